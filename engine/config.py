@@ -1,0 +1,76 @@
+"""Engine configuration: one typed dataclass, validated where it is built."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+_DTYPES = ("auto", "float32", "float16", "bfloat16")
+_KV_DTYPES = ("auto", "float32", "float16", "bfloat16", "int8")
+_QUANTIZATIONS = ("none", "int8", "int4", "auto")
+
+
+@dataclass
+class EngineConfig:
+    """Knobs of the engine. CLI flags use the same names with dashes."""
+
+    max_model_len: int | None = None
+    """Longest prompt + output in tokens; None = the model's maximum (capped at 8192 on CPU)."""
+    max_num_seqs: int = 64
+    """Most sequences running (holding KV blocks) at once."""
+    max_num_batched_tokens: int = 2048
+    """Token budget of one engine step (decode tokens + prefill chunk tokens)."""
+    block_size: int = 16
+    """Tokens per KV-cache block."""
+    num_kv_blocks: int | None = None
+    """KV-cache blocks in the pool; None = planned from memory."""
+    gpu_memory_utilization: float = 0.90
+    """Share of total device memory the engine may use (weights + activations + KV)."""
+    dtype: str = "auto"
+    """Weights/activations dtype: auto (fp32 on CPU, bf16 on GPUs that support it), float32,
+    float16 or bfloat16."""
+    kv_cache_dtype: str = "auto"
+    """KV-cache element type; auto = the activation dtype."""
+    quantization: str = "none"
+    """Weight quantization: none, int8, int4 or auto."""
+    enforce_eager: bool = False
+    """Disable CUDA graphs (plain eager path)."""
+    seed: int = 0
+    """Seed for requests that do not bring their own."""
+    cpu_kv_cache_gib: float = 2.0
+    """KV-cache budget on the CPU when num_kv_blocks is None."""
+
+    def __post_init__(self) -> None:
+        def positive(name: str, value: int | None) -> None:
+            if value is not None and (not isinstance(value, int) or value <= 0):
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+
+        positive("max_model_len", self.max_model_len)
+        positive("max_num_seqs", self.max_num_seqs)
+        positive("max_num_batched_tokens", self.max_num_batched_tokens)
+        positive("block_size", self.block_size)
+        positive("num_kv_blocks", self.num_kv_blocks)
+        if not 0.0 < self.gpu_memory_utilization <= 1.0:
+            raise ValueError(
+                f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}"
+            )
+        if self.dtype not in _DTYPES:
+            raise ValueError(f"dtype must be one of {_DTYPES}, got {self.dtype!r}")
+        if self.kv_cache_dtype not in _KV_DTYPES:
+            raise ValueError(
+                f"kv_cache_dtype must be one of {_KV_DTYPES}, got {self.kv_cache_dtype!r}"
+            )
+        if self.quantization not in _QUANTIZATIONS:
+            raise ValueError(
+                f"quantization must be one of {_QUANTIZATIONS}, got {self.quantization!r}"
+            )
+        if self.cpu_kv_cache_gib <= 0:
+            raise ValueError(f"cpu_kv_cache_gib must be > 0, got {self.cpu_kv_cache_gib}")
+
+    @classmethod
+    def from_kwargs(cls, **kwargs) -> EngineConfig:
+        """Build from keyword arguments, naming any that are not engine settings."""
+        names = {f.name for f in fields(cls)}
+        unknown = sorted(set(kwargs) - names)
+        if unknown:
+            raise ValueError(f"unknown engine setting(s) {unknown}; known: {sorted(names)}")
+        return cls(**kwargs)

@@ -1,0 +1,59 @@
+"""Attention metadata of one forward pass, owned by the model runner and read by attention.
+
+Models see `forward(input_ids, positions)`; attention layers read this context. Sequences in a
+batch are packed along the token axis, decodes first: the first `num_decodes` sequences
+contribute exactly one query token each, the rest are prefill chunks.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class AttentionMetadata:
+    slot_mapping: torch.Tensor
+    """[num_tokens] int64: KV-cache slot (block * block_size + offset) of each new token."""
+    query_start_loc: torch.Tensor
+    """[num_seqs + 1] int32: where each sequence's query tokens start in the packed batch."""
+    seq_lens: torch.Tensor
+    """[num_seqs] int32: context length of each sequence including this step's tokens."""
+    block_tables: torch.Tensor
+    """[num_seqs, max_blocks] int32: KV block ids of each sequence (padding is 0)."""
+    num_decodes: int
+    """The first num_decodes sequences are single-token decodes."""
+    max_query_len: int
+    max_seq_len: int
+    query_start_loc_cpu: list[int]
+    seq_lens_cpu: list[int]
+
+    @property
+    def num_seqs(self) -> int:
+        return len(self.seq_lens_cpu)
+
+    @property
+    def num_decode_tokens(self) -> int:
+        return self.num_decodes
+
+
+_context: AttentionMetadata | None = None
+
+
+def get_context() -> AttentionMetadata:
+    if _context is None:
+        raise RuntimeError("attention called outside ModelRunner.forward (no context set)")
+    return _context
+
+
+@contextmanager
+def forward_context(meta: AttentionMetadata) -> Iterator[None]:
+    global _context
+    previous, _context = _context, meta
+    try:
+        yield
+    finally:
+        _context = previous

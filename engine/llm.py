@@ -1,0 +1,71 @@
+"""LLM: the offline API. `LLM(model).generate(prompts, params)` runs requests to completion."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence
+from pathlib import Path
+
+from engine.llm_engine import LLMEngine
+from engine.request import RequestOutput
+from engine.sampling_params import SamplingParams
+
+
+class LLM:
+    """Offline generation over the continuous-batching engine.
+
+    `model`: a Hugging Face model folder or a .gguf file; None = the embedded default
+    (SmolLM2-135M-Instruct). `config`: EngineConfig settings (max_model_len, max_num_seqs, ...).
+    """
+
+    def __init__(
+        self,
+        model: str | Path | None = None,
+        device: str = "auto",
+        dtype: str = "auto",
+        **config,
+    ) -> None:
+        self.engine = LLMEngine(model, device=device, dtype=dtype, **config)
+        self._ids = itertools.count()
+
+    @property
+    def tokenizer(self):
+        return self.engine.tokenizer
+
+    def generate(
+        self,
+        prompts: str | Sequence[str] | Sequence[Sequence[int]],
+        params: SamplingParams | Sequence[SamplingParams] | None = None,
+    ) -> list[RequestOutput]:
+        """Run every prompt (text or token ids) to completion; outputs in prompt order."""
+        if isinstance(prompts, str):
+            prompts = [prompts]
+        prompts = list(prompts)
+        if params is None:
+            params = SamplingParams()
+        if isinstance(params, SamplingParams):
+            params = [params] * len(prompts)
+        if len(params) != len(prompts):
+            raise ValueError(f"got {len(prompts)} prompts but {len(params)} SamplingParams")
+        encoded = [self.engine.encode(p) if isinstance(p, str) else list(p) for p in prompts]
+        for token_ids, p in zip(encoded, params):
+            self.engine.validate(token_ids, p)  # all or nothing: raise before queueing any
+        ids = [f"offline-{next(self._ids)}" for _ in prompts]
+        for request_id, token_ids, p in zip(ids, encoded, params):
+            self.engine.add_request(request_id, token_ids, p)
+        return self._run(ids)
+
+    def chat(
+        self, conversations: Sequence[list[dict]], params: SamplingParams | None = None
+    ) -> list[RequestOutput]:
+        """Apply the chat template to each conversation, then generate."""
+        return self.generate([self.engine.apply_chat_template(c) for c in conversations], params)
+
+    def _run(self, ids: list[str]) -> list[RequestOutput]:
+        final: dict[str, RequestOutput] = {}
+        wanted = set(ids)
+        while len(final) < len(ids):
+            for out in self.engine.step():
+                if out.finished and out.request_id in wanted:
+                    final[out.request_id] = out
+        return [final[i] for i in ids]

@@ -1,0 +1,160 @@
+"""The one boundary type: a Request crosses engine -> scheduler -> block manager -> runner.
+
+It carries the ids, the KV block table, the sampling params, the status and the trace. Nothing
+else crosses those boundaries.
+"""
+
+from __future__ import annotations
+
+import enum
+import time
+from dataclasses import dataclass, field
+
+from engine.sampling_params import SamplingParams
+
+
+class RequestStatus(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED_STOPPED = "stop"
+    FINISHED_LENGTH = "length"
+    FINISHED_ABORTED = "abort"
+
+    @property
+    def is_finished(self) -> bool:
+        return self not in (RequestStatus.WAITING, RequestStatus.RUNNING)
+
+
+@dataclass
+class TraceEvent:
+    """One timestamped step of a request's life (arrival, queued, prefill chunk, ...)."""
+
+    time: float
+    event: str
+    detail: dict = field(default_factory=dict)
+
+
+@dataclass
+class RequestMetrics:
+    """Timestamps (time.time()) and counters of one request."""
+
+    arrival_time: float
+    first_scheduled_time: float | None = None
+    first_token_time: float | None = None
+    finished_time: float | None = None
+    num_preemptions: int = 0
+    num_prefill_chunks: int = 0
+
+
+@dataclass
+class Logprob:
+    """The chosen token's log-probability and the top alternatives at that step."""
+
+    token_id: int
+    logprob: float
+    top: list[tuple[int, float]] = field(default_factory=list)
+
+
+@dataclass
+class RequestOutput:
+    """What a caller sees of a request: cumulative tokens and text so far, or final."""
+
+    request_id: str
+    prompt_token_ids: list[int]
+    token_ids: list[int]
+    text: str
+    finished: bool
+    finish_reason: str | None
+    metrics: RequestMetrics
+    logprobs: list[Logprob] | None = None
+    stop_reason: str | int | None = None
+    trace: list[TraceEvent] = field(default_factory=list)
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+
+class Request:
+    """A request and its sequence state. Owned by the engine thread."""
+
+    def __init__(
+        self,
+        request_id: str,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        seed: int,
+        eos_token_ids: frozenset[int] = frozenset(),
+        arrival_time: float | None = None,
+    ) -> None:
+        self.request_id = request_id
+        self.prompt_token_ids = list(prompt_token_ids)
+        self.params = params
+        self.seed = seed
+        """Effective seed: the request's own, or one drawn from the engine's seed."""
+        self.eos_token_ids = eos_token_ids
+        self.token_ids: list[int] = list(prompt_token_ids)
+        """Prompt followed by the generated tokens."""
+        self.status = RequestStatus.WAITING
+        self.block_table: list[int] = []
+        self.num_computed_tokens = 0
+        """Tokens whose K/V is in the cache."""
+        self.logprobs: list[Logprob] | None = [] if params.logprobs is not None else None
+        self.stop_reason: str | int | None = None
+        now = time.time() if arrival_time is None else arrival_time
+        self.metrics = RequestMetrics(arrival_time=now)
+        self.trace: list[TraceEvent] = [TraceEvent(now, "arrived")]
+
+    # --- derived sizes -------------------------------------------------------------------
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.token_ids) - len(self.prompt_token_ids)
+
+    @property
+    def output_token_ids(self) -> list[int]:
+        return self.token_ids[len(self.prompt_token_ids) :]
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status.is_finished
+
+    @property
+    def finish_reason(self) -> str | None:
+        return self.status.value if self.status.is_finished else None
+
+    # --- life cycle ----------------------------------------------------------------------
+    def record(self, event: str, **detail) -> None:
+        self.trace.append(TraceEvent(time.time(), event, detail))
+
+    def append_token(self, token_id: int, logprob: Logprob | None = None) -> None:
+        """Add a sampled token and apply the token-level stop rules (EOS, stop ids, length)."""
+        self.token_ids.append(token_id)
+        if self.logprobs is not None and logprob is not None:
+            self.logprobs.append(logprob)
+        if self.metrics.first_token_time is None:
+            self.metrics.first_token_time = time.time()
+            self.record("first_token")
+        params = self.params
+        if not params.ignore_eos and token_id in self.eos_token_ids:
+            self.stop_reason = None
+            self.finish(RequestStatus.FINISHED_STOPPED)
+        elif token_id in params.stop_token_ids:
+            self.stop_reason = token_id
+            self.finish(RequestStatus.FINISHED_STOPPED)
+        elif self.num_output_tokens >= params.max_tokens:
+            self.finish(RequestStatus.FINISHED_LENGTH)
+
+    def finish(self, status: RequestStatus) -> None:
+        if self.status.is_finished:
+            return
+        self.status = status
+        self.metrics.finished_time = time.time()
+        self.record("finished", reason=status.value)

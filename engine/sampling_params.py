@@ -1,0 +1,79 @@
+"""SamplingParams: how one request picks tokens and when it stops."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class SamplingParams:
+    """Per-request sampling and stopping settings (OpenAI/vLLM names)."""
+
+    max_tokens: int = 16
+    """Most tokens to generate."""
+    temperature: float = 1.0
+    """0 = greedy."""
+    top_p: float = 1.0
+    """Nucleus sampling mass, in (0, 1]."""
+    top_k: int = -1
+    """Keep the k most likely tokens; -1 (or 0) = all."""
+    min_p: float = 0.0
+    """Drop tokens whose probability is below min_p x the top probability."""
+    repetition_penalty: float = 1.0
+    """> 1 discourages tokens already in the prompt or output (divides positive logits)."""
+    presence_penalty: float = 0.0
+    """Subtracted once from the logit of every token already generated."""
+    frequency_penalty: float = 0.0
+    """Subtracted per occurrence from the logit of tokens already generated."""
+    seed: int | None = None
+    """Same seed -> same tokens, whatever else is in the batch."""
+    stop: list[str] = field(default_factory=list)
+    """Stop strings; the output is cut before the first one."""
+    stop_token_ids: list[int] = field(default_factory=list)
+    """Extra token ids that end the request."""
+    ignore_eos: bool = False
+    """Keep generating past the model's end-of-sequence token."""
+    logprobs: int | None = None
+    """Return the chosen token's logprob plus this many top alternatives (0 = chosen only)."""
+    skip_special_tokens: bool = True
+    """Drop special tokens from the text."""
+
+    def __post_init__(self) -> None:
+        if isinstance(self.stop, str):
+            self.stop = [self.stop]
+        self.stop = list(self.stop)
+        self.stop_token_ids = list(self.stop_token_ids)
+        if not isinstance(self.max_tokens, int) or self.max_tokens <= 0:
+            raise ValueError(f"max_tokens must be a positive integer, got {self.max_tokens!r}")
+        if self.temperature < 0:
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if not 0.0 < self.top_p <= 1.0:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.top_k is None or self.top_k == 0:
+            self.top_k = -1
+        if not isinstance(self.top_k, int) or self.top_k < -1:
+            raise ValueError(f"top_k must be -1 (all) or a positive integer, got {self.top_k!r}")
+        if not 0.0 <= self.min_p <= 1.0:
+            raise ValueError(f"min_p must be in [0, 1], got {self.min_p}")
+        if self.repetition_penalty <= 0:
+            raise ValueError(f"repetition_penalty must be > 0, got {self.repetition_penalty}")
+        for name in ("presence_penalty", "frequency_penalty"):
+            value = getattr(self, name)
+            if not -2.0 <= value <= 2.0:
+                raise ValueError(f"{name} must be in [-2, 2], got {value}")
+        if self.logprobs is not None and not 0 <= self.logprobs <= 20:
+            raise ValueError(f"logprobs must be in [0, 20], got {self.logprobs}")
+        if any(not s for s in self.stop):
+            raise ValueError("stop strings must be non-empty")
+
+    @property
+    def is_greedy(self) -> bool:
+        return self.temperature == 0.0
+
+    @property
+    def has_penalties(self) -> bool:
+        return (
+            self.repetition_penalty != 1.0
+            or self.presence_penalty != 0.0
+            or self.frequency_penalty != 0.0
+        )

@@ -1,0 +1,159 @@
+"""Scheduler: continuous batching policy. Who runs this step, how many tokens each, who is
+preempted.
+
+Each step has a token budget (`max_num_batched_tokens`) and a sequence cap (`max_num_seqs`).
+Running decodes are scheduled first, then running prefills (chunked: a long prompt is split
+across steps), then new requests from the waiting queue. When KV blocks run out, the most
+recently admitted running request is preempted by recompute: its blocks are freed and it goes
+back to the head of the queue; later it re-prefills prompt + output so far and continues with
+exactly the tokens it would have produced.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+from engine.block_manager import BlockManager
+from engine.config import EngineConfig
+from engine.request import Request, RequestStatus
+
+
+@dataclass
+class ScheduledBatch:
+    requests: list[Request] = field(default_factory=list)
+    num_new_tokens: list[int] = field(default_factory=list)
+    num_decodes: int = 0
+    """The first num_decodes requests are single-token decodes."""
+    block_copies: list[tuple[int, int]] = field(default_factory=list)
+    """(src, dst) copy-on-write block copies the runner must do before the forward."""
+    preempted: list[Request] = field(default_factory=list)
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.requests
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(self.num_new_tokens)
+
+    def samples(self, index: int) -> bool:
+        """Whether request `index` reaches its last known token this step (and so samples)."""
+        req = self.requests[index]
+        return req.num_computed_tokens + self.num_new_tokens[index] == req.num_tokens
+
+
+class Scheduler:
+    def __init__(self, config: EngineConfig, block_manager: BlockManager) -> None:
+        self.config = config
+        self.block_manager = block_manager
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+        self.num_preemptions = 0
+
+    @property
+    def num_unfinished(self) -> int:
+        return len(self.waiting) + len(self.running)
+
+    def add(self, req: Request) -> None:
+        req.status = RequestStatus.WAITING
+        req.record("queued")
+        self.waiting.append(req)
+
+    def finish(self, req: Request, status: RequestStatus) -> None:
+        """End a request (stop string, abort): free its blocks and drop it from the queues."""
+        req.finish(status)
+        self._release(req)
+
+    def _release(self, req: Request) -> None:
+        self.block_manager.free(req)
+        if req in self.running:
+            self.running.remove(req)
+        elif req in self.waiting:
+            self.waiting.remove(req)
+
+    def schedule(self) -> ScheduledBatch:
+        batch = ScheduledBatch()
+        budget = self.config.max_num_batched_tokens
+        decodes = [r for r in self.running if r.num_tokens - r.num_computed_tokens == 1]
+        prefills = [r for r in self.running if r.num_tokens - r.num_computed_tokens > 1]
+        for req in decodes + prefills:
+            if budget == 0:
+                break
+            if req.status is not RequestStatus.RUNNING:  # preempted earlier in this step
+                continue
+            num_new = min(req.num_tokens - req.num_computed_tokens, budget)
+            if self._allocate_or_preempt(req, num_new, batch):
+                self._add_to_batch(batch, req, num_new)
+                budget -= num_new
+        if not batch.preempted:
+            while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
+                req = self.waiting[0]
+                num_new = min(req.num_tokens - req.num_computed_tokens, budget)
+                copies = self.block_manager.allocate(req, req.num_computed_tokens, num_new)
+                if copies is None:
+                    break
+                self.waiting.popleft()
+                req.status = RequestStatus.RUNNING
+                self.running.append(req)
+                batch.block_copies.extend(copies)
+                self._add_to_batch(batch, req, num_new)
+                budget -= num_new
+        return batch
+
+    def _allocate_or_preempt(self, req: Request, num_new: int, batch: ScheduledBatch) -> bool:
+        """Allocate blocks for req, preempting the newest unscheduled running requests (or req
+        itself) until it fits. Returns whether req stays scheduled."""
+        while True:
+            copies = self.block_manager.allocate(req, req.num_computed_tokens, num_new)
+            if copies is not None:
+                batch.block_copies.extend(copies)
+                return True
+            scheduled = set(map(id, batch.requests))
+            victim = next(
+                (r for r in reversed(self.running) if r is not req and id(r) not in scheduled),
+                req,
+            )
+            self._preempt(victim, batch)
+            if victim is req:
+                return False
+
+    def _preempt(self, req: Request, batch: ScheduledBatch) -> None:
+        self.running.remove(req)
+        self.block_manager.free(req)
+        req.num_computed_tokens = 0
+        req.status = RequestStatus.WAITING
+        req.metrics.num_preemptions += 1
+        req.record("preempted")
+        self.num_preemptions += 1
+        self.waiting.appendleft(req)
+        batch.preempted.append(req)
+
+    def _add_to_batch(self, batch: ScheduledBatch, req: Request, num_new: int) -> None:
+        if num_new == 1 and req.num_tokens - req.num_computed_tokens == 1:
+            batch.requests.insert(batch.num_decodes, req)
+            batch.num_new_tokens.insert(batch.num_decodes, num_new)
+            batch.num_decodes += 1
+        else:
+            batch.requests.append(req)
+            batch.num_new_tokens.append(num_new)
+            req.metrics.num_prefill_chunks += 1
+            req.record("prefill_chunk", tokens=num_new, start=req.num_computed_tokens)
+        if req.metrics.first_scheduled_time is None:
+            req.metrics.first_scheduled_time = time.time()
+            req.record("scheduled")
+
+    def update(self, batch: ScheduledBatch, sampled: dict[int, tuple[int, object]]) -> list[Request]:
+        """Advance computed counts, append sampled tokens (index -> (token, logprob)), and
+        release requests that finished. Returns the requests that got a token or finished."""
+        touched = []
+        for i, (req, num_new) in enumerate(zip(batch.requests, batch.num_new_tokens)):
+            req.num_computed_tokens += num_new
+            if i in sampled:
+                token, logprob = sampled[i]
+                req.append_token(token, logprob)
+                touched.append(req)
+                if req.is_finished:
+                    self._release(req)
+        return touched
