@@ -1,0 +1,92 @@
+"""Bad input raises a clear ValueError naming the limit, and the engine keeps working."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+
+from engine import LLM, SamplingParams
+
+OK = SamplingParams(max_tokens=4, temperature=0.0)
+
+
+@pytest.fixture(scope="module")
+def llm(tiny_llama):
+    return LLM(str(tiny_llama), device="cpu", max_model_len=64)
+
+
+def test_empty_prompt(llm):
+    with pytest.raises(ValueError, match="prompt is empty"):
+        llm.generate([[]], OK)
+    with pytest.raises(ValueError, match="prompt is empty"):
+        llm.generate([""], OK)
+
+
+def test_prompt_longer_than_max_model_len(llm):
+    with pytest.raises(ValueError, match=r"maximum context length is 64 tokens.*70 in the prompt"):
+        llm.generate([list(range(70))], OK)
+    with pytest.raises(ValueError, match=r"asks for 65 \(60 in the prompt, 5 to generate\)"):
+        llm.generate([list(range(60))], SamplingParams(max_tokens=5))
+
+
+def test_token_ids_out_of_vocab(llm):
+    with pytest.raises(ValueError, match=r"in \[0, 320\)"):
+        llm.generate([[1, 2, 99999]], OK)
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (dict(max_tokens=0), "max_tokens must be a positive integer"),
+        (dict(max_tokens=-3), "max_tokens must be a positive integer"),
+        (dict(top_p=0.0), r"top_p must be in \(0, 1\]"),
+        (dict(top_p=1.5), r"top_p must be in \(0, 1\]"),
+        (dict(temperature=-1.0), "temperature must be >= 0"),
+        (dict(top_k=-5), "top_k must be -1"),
+        (dict(min_p=2.0), r"min_p must be in \[0, 1\]"),
+        (dict(logprobs=99), r"logprobs must be in \[0, 20\]"),
+    ],
+)
+def test_bad_sampling_params(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        SamplingParams(**kwargs)
+
+
+def test_a_failed_batch_queues_nothing_and_the_engine_keeps_working(llm):
+    with pytest.raises(ValueError):
+        llm.generate([[1, 2, 3], list(range(100))], OK)
+    assert not llm.engine.has_unfinished()
+    out = llm.generate([[1, 2, 3]], OK)[0]
+    assert len(out.token_ids) == 4
+
+
+def test_unknown_architecture(tiny_llama, tmp_path):
+    folder = tmp_path / "gpt2ish"
+    shutil.copytree(tiny_llama, folder)
+    cfg = json.loads((folder / "config.json").read_text())
+    cfg["architectures"], cfg["model_type"] = ["GPT2LMHeadModel"], "gpt2"
+    (folder / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ValueError, match="unsupported model architecture.*LlamaForCausalLM"):
+        LLM(str(folder), device="cpu")
+
+
+def test_missing_model_and_missing_weights(tiny_llama, tmp_path):
+    with pytest.raises(ValueError, match="not found"):
+        LLM(str(tmp_path / "nope"), device="cpu")
+    folder = tmp_path / "noweights"
+    shutil.copytree(tiny_llama, folder)
+    for f in folder.glob("*.safetensors"):
+        f.unlink()
+    with pytest.raises(ValueError, match=r"no \*\.safetensors"):
+        LLM(str(folder), device="cpu")
+
+
+def test_unknown_setting_and_bad_limits(tiny_llama):
+    with pytest.raises(ValueError, match="unknown engine setting"):
+        LLM(str(tiny_llama), device="cpu", max_num_seq=4)
+    with pytest.raises(ValueError, match="max_model_len=5000 exceeds"):
+        LLM(str(tiny_llama), device="cpu", max_model_len=5000)
+    with pytest.raises(ValueError, match="KV cache holds 32 tokens"):
+        LLM(str(tiny_llama), device="cpu", num_kv_blocks=2, max_model_len=64)
