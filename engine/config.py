@@ -7,6 +7,7 @@ from dataclasses import dataclass, fields
 _DTYPES = ("auto", "float32", "float16", "bfloat16")
 _KV_DTYPES = ("auto", "float32", "float16", "bfloat16", "int8")
 _QUANTIZATIONS = ("none", "int8", "int4", "auto")
+_LOAD_FORMATS = ("auto", "random")
 
 
 @dataclass
@@ -38,6 +39,9 @@ class EngineConfig:
     """Seed for requests that do not bring their own."""
     cpu_kv_cache_gib: float = 2.0
     """KV-cache budget on the CPU when num_kv_blocks is None."""
+    load_format: str = "auto"
+    """auto = the checkpoint's weights; random = random weights in the config's shapes
+    (benchmarks: only config.json is needed, prompts are token ids)."""
 
     def __post_init__(self) -> None:
         def positive(name: str, value: int | None) -> None:
@@ -63,6 +67,8 @@ class EngineConfig:
             raise ValueError(
                 f"quantization must be one of {_QUANTIZATIONS}, got {self.quantization!r}"
             )
+        if self.load_format not in _LOAD_FORMATS:
+            raise ValueError(f"load_format must be one of {_LOAD_FORMATS}, got {self.load_format!r}")
         if self.cpu_kv_cache_gib <= 0:
             raise ValueError(f"cpu_kv_cache_gib must be > 0, got {self.cpu_kv_cache_gib}")
 

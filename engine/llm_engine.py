@@ -30,8 +30,12 @@ class LLMEngine:
         self.folder = resolve_model_folder(model)
         self.model_name = Path(model).stem if model is not None else "SmolLM2-135M-Instruct"
         self.model_config = ModelConfig.from_folder(self.folder)
-        self.tokenizer = load_tokenizer(self.folder)
-        self.eos_token_ids = eos_token_ids(self.folder, self.tokenizer)
+        self.tokenizer = None  # random-weight benchmarks may come without one: token ids only
+        if self.config.load_format != "random" or (self.folder / "tokenizer_config.json").exists():
+            self.tokenizer = load_tokenizer(self.folder)
+        self.eos_token_ids = (
+            eos_token_ids(self.folder, self.tokenizer) if self.tokenizer is not None else frozenset()
+        )
         self.dtype, self.kv_dtype = resolve_dtypes(self.config, self.model_config, self.device)
         self.config.dtype = str(self.dtype).removeprefix("torch.")
         self.config.kv_cache_dtype = str(self.kv_dtype).removeprefix("torch.")
@@ -66,6 +70,8 @@ class LLMEngine:
 
     # --- requests ----------------------------------------------------------------------------
     def encode(self, prompt: str) -> list[int]:
+        if self.tokenizer is None:
+            raise ValueError("this model has no tokenizer: pass prompts as token ids")
         return self.tokenizer.encode(prompt)
 
     def apply_chat_template(self, messages: list[dict]) -> list[int]:
@@ -86,9 +92,10 @@ class LLMEngine:
         seed = params.seed if params.seed is not None else self._rng.getrandbits(63)
         req = Request(request_id, token_ids, params, seed, self.eos_token_ids, arrival_time)
         self._requests[request_id] = req
-        self._detokenizers[request_id] = IncrementalDetokenizer(
-            self.tokenizer, token_ids, params.skip_special_tokens, params.stop
-        )
+        if self.tokenizer is not None:
+            self._detokenizers[request_id] = IncrementalDetokenizer(
+                self.tokenizer, token_ids, params.skip_special_tokens, params.stop
+            )
         self.scheduler.add(req)
 
     def validate(self, token_ids: list[int], params: SamplingParams) -> None:
@@ -135,22 +142,17 @@ class LLMEngine:
         return [self._output(req) for req in touched]
 
     def _output(self, req: Request) -> RequestOutput:
-        detok = self._detokenizers[req.request_id]
-        if req.status is not RequestStatus.FINISHED_ABORTED and detok.stopped_on is None:
-            detok.step([req.token_ids[-1]])
-            if detok.stopped_on is not None:
-                req.stop_reason = detok.stopped_on
-                self.scheduler.finish(req, RequestStatus.FINISHED_STOPPED)
-            elif req.is_finished:
-                detok.finish()
+        detok = self._detokenizers.get(req.request_id)
+        if detok is not None and req.status is not RequestStatus.FINISHED_ABORTED:
+            self._detokenize(req, detok)
         if req.is_finished:
             del self._requests[req.request_id]
-            del self._detokenizers[req.request_id]
+            self._detokenizers.pop(req.request_id, None)
         return RequestOutput(
             request_id=req.request_id,
             prompt_token_ids=req.prompt_token_ids,
             token_ids=req.output_token_ids,
-            text=detok.text,
+            text=detok.text if detok is not None else "",
             finished=req.is_finished,
             finish_reason=req.finish_reason,
             metrics=req.metrics,
@@ -158,6 +160,17 @@ class LLMEngine:
             stop_reason=req.stop_reason,
             trace=list(req.trace) if req.is_finished else [],
         )
+
+    def _detokenize(self, req: Request, detok: IncrementalDetokenizer) -> None:
+        """Feed the new token to the detokenizer; a matched stop string finishes the request."""
+        if detok.stopped_on is not None:
+            return
+        detok.step([req.token_ids[-1]])
+        if detok.stopped_on is not None:
+            req.stop_reason = detok.stopped_on
+            self.scheduler.finish(req, RequestStatus.FINISHED_STOPPED)
+        elif req.is_finished:
+            detok.finish()
 
     def get_request(self, request_id: str) -> Request | None:
         return self._requests.get(request_id)

@@ -32,7 +32,10 @@ class ModelRunner:
         self.config = config
         self.device = device
         self.dtype = dtype
-        self.model = load_model(folder, model_config, config.max_model_len, dtype, device)
+        self.model = load_model(
+            folder, model_config, config.max_model_len, dtype, device,
+            random_weights=config.load_format == "random",
+        )
         self.block_size = config.block_size
         self.kv_cache = torch.empty(0)
         self.max_blocks_per_seq = -(-config.max_model_len // config.block_size)

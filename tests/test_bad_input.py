@@ -90,3 +90,12 @@ def test_unknown_setting_and_bad_limits(tiny_llama):
         LLM(str(tiny_llama), device="cpu", max_model_len=5000)
     with pytest.raises(ValueError, match="KV cache holds 32 tokens"):
         LLM(str(tiny_llama), device="cpu", num_kv_blocks=2, max_model_len=64)
+
+
+def test_random_weights_need_only_a_config(tiny_llama, tmp_path):
+    (tmp_path / "config.json").write_text((tiny_llama / "config.json").read_text())
+    llm = LLM(str(tmp_path), device="cpu", load_format="random")
+    out = llm.generate([[5, 6, 7]], SamplingParams(max_tokens=3, ignore_eos=True))[0]
+    assert len(out.token_ids) == 3 and out.text == ""
+    with pytest.raises(ValueError, match="no tokenizer: pass prompts as token ids"):
+        llm.generate(["text"], OK)

@@ -1,1 +1,28 @@
 """Attention kernels: pure-PyTorch references (torch_ref) and Triton kernels for CUDA."""
+
+from __future__ import annotations
+
+import functools
+import os
+
+
+@functools.cache
+def _triton_imports() -> bool:
+    try:
+        import triton  # noqa: F401
+        import triton.language  # noqa: F401
+    except Exception:  # ImportError, or a broken install failing at import time
+        return False
+    return True
+
+
+def triton_available() -> bool:
+    """True when the Triton kernels can run here: triton imports and CUDA is available, or
+    TRITON_INTERPRET=1 (Triton's CPU interpreter: the kernels then take CPU tensors)."""
+    if not _triton_imports():
+        return False
+    if os.environ.get("TRITON_INTERPRET", "").lower() in ("1", "true", "on", "yes"):
+        return True
+    import torch
+
+    return torch.cuda.is_available()

@@ -162,9 +162,11 @@ def _convert(path: Path, out: Path) -> None:
         )
         tokenizer = AutoTokenizer.from_pretrained(source, gguf_file=name, local_files_only=True)
     except (ValueError, KeyError, NotImplementedError) as e:
+        import transformers
+
         raise ValueError(
-            f"cannot convert {path}: GGUF architecture {architecture!r} is not supported by the "
-            f"installed transformers ({e})"
+            f"cannot convert {path} (GGUF architecture {architecture!r}) with the installed "
+            f"transformers {transformers.__version__}: {type(e).__name__}: {e}"
         ) from e
 
     # Tied weights share storage; keep the first name (the embedding) as save_pretrained does.

@@ -58,18 +58,35 @@ def iter_safetensors(folder: Path) -> Iterator[tuple[str, torch.Tensor]]:
 
 
 def load_model(
-    folder: Path, cfg: ModelConfig, max_positions: int, dtype: torch.dtype, device: torch.device
+    folder: Path,
+    cfg: ModelConfig,
+    max_positions: int,
+    dtype: torch.dtype,
+    device: torch.device,
+    random_weights: bool = False,
 ) -> LlamaForCausalLM:
-    """Build the model on `device` in `dtype` and load its weights."""
+    """Build the model on `device` in `dtype` and load its weights (or draw random ones)."""
     with torch.device("meta"):
         model = LlamaForCausalLM(cfg, max_positions)
-    model = model.to_empty(device=device)
-    # Buffers (RoPE tables) were on meta: rebuild them on the device in fp32.
+    model = model.to_empty(device=device).to(dtype=dtype)
+    # Buffers (RoPE tables) were on meta: rebuild them on the device, in fp32.
     rope = type(model.rope)(cfg.head_dim, max_positions, cfg.rope_theta, cfg.rope_scaling)
     model.rope.cos, model.rope.sin = rope.cos.to(device), rope.sin.to(device)
-    model.to(dtype=dtype)
-    model.rope.cos, model.rope.sin = rope.cos.to(device), rope.sin.to(device)
-    model.load_weights(iter_safetensors(folder))
+    if random_weights:
+        init_random_weights(model)
+    else:
+        model.load_weights(iter_safetensors(folder))
     if cfg.tie_word_embeddings:
         model.lm_head.weight = model.embed_tokens.weight
     return model.eval()
+
+
+@torch.no_grad()
+def init_random_weights(model: LlamaForCausalLM, seed: int = 0) -> None:
+    """Random weights in real shapes, for speed and memory benchmarks (never zeros)."""
+    gen = torch.Generator(device=model.embed_tokens.weight.device).manual_seed(seed)
+    for name, param in model.named_parameters():
+        if "norm" in name:
+            param.fill_(1.0)
+        else:
+            param.normal_(0.0, 0.02, generator=gen)
