@@ -76,21 +76,22 @@ def prefill_attention_ref(
     """Chunked prefill: each sequence's queries are its last q_len tokens of seq_len; causal
     within the chunk, full over the cached prefix."""
     num_heads, head_dim = q.shape[1], q.shape[2]
-    num_kv_heads = k_cache.shape[2]
-    group = num_heads // num_kv_heads
     out = torch.empty_like(q)
     for i, seq_len in enumerate(seq_lens):
         start, end = query_start_loc[i], query_start_loc[i + 1]
         q_len = end - start
-        k = _gather(k_cache, block_tables[i], seq_len).to(q.dtype)  # [seq_len, kvh, hd]
-        v = _gather(v_cache, block_tables[i], seq_len).to(q.dtype)
-        # [kvh, group, q_len, hd] against [kvh, 1, seq_len, hd]
-        qs = q[start:end].view(q_len, num_kv_heads, group, head_dim).permute(1, 2, 0, 3)
-        ks = k.transpose(0, 1).unsqueeze(1)
-        vs = v.transpose(0, 1).unsqueeze(1)
-        q_pos = torch.arange(seq_len - q_len, seq_len, device=q.device)
-        k_pos = torch.arange(seq_len, device=q.device)
-        mask = k_pos[None, :] <= q_pos[:, None]  # [q_len, seq_len]
-        o = F.scaled_dot_product_attention(qs, ks, vs, attn_mask=mask, scale=scale)
-        out[start:end] = o.permute(2, 0, 1, 3).reshape(q_len, num_heads, head_dim)
+        # [1, heads, len, head_dim]; enable_gqa maps query head h to KV head h // group
+        qs = q[start:end].transpose(0, 1).unsqueeze(0)
+        ks = _gather(k_cache, block_tables[i], seq_len).to(q.dtype).transpose(0, 1).unsqueeze(0)
+        vs = _gather(v_cache, block_tables[i], seq_len).to(q.dtype).transpose(0, 1).unsqueeze(0)
+        if q_len == seq_len:
+            o = F.scaled_dot_product_attention(qs, ks, vs, is_causal=True, scale=scale,
+                                               enable_gqa=True)
+        else:
+            q_pos = torch.arange(seq_len - q_len, seq_len, device=q.device)
+            k_pos = torch.arange(seq_len, device=q.device)
+            mask = k_pos[None, :] <= q_pos[:, None]  # [q_len, seq_len]
+            o = F.scaled_dot_product_attention(qs, ks, vs, attn_mask=mask, scale=scale,
+                                               enable_gqa=True)
+        out[start:end] = o[0].transpose(0, 1)  # [q_len, num_heads, head_dim]
     return out
