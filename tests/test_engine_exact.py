@@ -56,3 +56,35 @@ def test_exact_under_preemption_and_chunked_prefill(reference):
     assert sum(o.metrics.num_preemptions for o in outs) > 0
     assert max(o.metrics.num_prefill_chunks for o in outs) > 1
     assert llm.engine.block_manager.num_free_blocks == 12  # everything returned
+
+
+def test_sharded_checkpoint_loads_the_same(tiny_llama, tmp_path):
+    hf = AutoModelForCausalLM.from_pretrained(tiny_llama, dtype=torch.float32)
+    hf.save_pretrained(tmp_path, max_shard_size="100KB")
+    assert (tmp_path / "model.safetensors.index.json").exists()
+    for f in tiny_llama.glob("tokenizer*"):
+        (tmp_path / f.name).write_bytes(f.read_bytes())
+    prompts = _prompts()[:3]
+    a = LLM(str(tiny_llama), device="cpu").generate(prompts, GREEDY)
+    b = LLM(str(tmp_path), device="cpu").generate(prompts, GREEDY)
+    assert [o.token_ids for o in a] == [o.token_ids for o in b]
+
+
+def test_abort_frees_blocks_at_once(tiny_llama):
+    llm = LLM(str(tiny_llama), device="cpu")
+    engine = llm.engine
+    params = SamplingParams(max_tokens=50, temperature=0.0, ignore_eos=True)
+    engine.add_request("a", list(range(1, 40)), params)
+    engine.add_request("b", list(range(1, 60)), params)
+    for _ in range(3):
+        engine.step()
+    used = engine.block_manager.num_used_blocks
+    engine.abort("b")
+    assert engine.block_manager.num_used_blocks == used - 4  # 62 tokens -> 4 blocks of 16
+    outs = {o.request_id: o for o in engine.step()}
+    assert outs["b"].finished and outs["b"].finish_reason == "abort"
+    assert len(outs["b"].token_ids) == 3
+    while engine.has_unfinished():
+        for o in engine.step():
+            assert o.request_id == "a"
+    assert engine.block_manager.num_used_blocks == 0
