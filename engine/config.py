@@ -68,7 +68,9 @@ class EngineConfig:
                 f"quantization must be one of {_QUANTIZATIONS}, got {self.quantization!r}"
             )
         if self.load_format not in _LOAD_FORMATS:
-            raise ValueError(f"load_format must be one of {_LOAD_FORMATS}, got {self.load_format!r}")
+            raise ValueError(
+                f"load_format must be one of {_LOAD_FORMATS}, got {self.load_format!r}"
+            )
         if self.cpu_kv_cache_gib <= 0:
             raise ValueError(f"cpu_kv_cache_gib must be > 0, got {self.cpu_kv_cache_gib}")
 

@@ -30,6 +30,8 @@ class AttentionMetadata:
     max_seq_len: int
     query_start_loc_cpu: list[int]
     seq_lens_cpu: list[int]
+    decode_num_splits: int | None = None
+    """Fixed split count for decode attention (CUDA graphs); None = chosen per call."""
 
     @property
     def num_seqs(self) -> int:

@@ -8,15 +8,18 @@ from __future__ import annotations
 import random
 from pathlib import Path
 
-import torch
-
 from engine.block_manager import BlockManager
 from engine.config import EngineConfig
 from engine.detokenizer import IncrementalDetokenizer
 from engine.model_runner import ModelRunner
 from engine.models.config import ModelConfig
 from engine.models.loader import resolve_model_folder
-from engine.planning import plan_num_kv_blocks, resolve_device, resolve_dtypes, resolve_max_model_len
+from engine.planning import (
+    plan_num_kv_blocks,
+    resolve_device,
+    resolve_dtypes,
+    resolve_max_model_len,
+)
 from engine.request import Request, RequestOutput, RequestStatus
 from engine.sampling_params import SamplingParams
 from engine.scheduler import Scheduler
@@ -34,13 +37,19 @@ class LLMEngine:
         if self.config.load_format != "random" or (self.folder / "tokenizer_config.json").exists():
             self.tokenizer = load_tokenizer(self.folder)
         self.eos_token_ids = (
-            eos_token_ids(self.folder, self.tokenizer) if self.tokenizer is not None else frozenset()
+            eos_token_ids(self.folder, self.tokenizer)
+            if self.tokenizer is not None
+            else frozenset()
         )
         self.dtype, self.kv_dtype = resolve_dtypes(self.config, self.model_config, self.device)
         self.config.dtype = str(self.dtype).removeprefix("torch.")
         self.config.kv_cache_dtype = str(self.kv_dtype).removeprefix("torch.")
-        self.config.max_model_len = resolve_max_model_len(self.config, self.model_config, self.device)
-        self.runner = ModelRunner(self.folder, self.model_config, self.config, self.device, self.dtype)
+        self.config.max_model_len = resolve_max_model_len(
+            self.config, self.model_config, self.device
+        )
+        self.runner = ModelRunner(
+            self.folder, self.model_config, self.config, self.device, self.dtype
+        )
         if self.config.num_kv_blocks is None:
             self.config.num_kv_blocks = plan_num_kv_blocks(
                 self.config, self.model_config, self.device, self.kv_dtype

@@ -20,8 +20,9 @@ def resolve_device(device: str) -> torch.device:
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     dev = torch.device(device)
     if dev.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError("device='cuda' was asked for, but no CUDA GPU is visible; "
-                         "use device='cpu' or 'auto'")
+        raise ValueError(
+            "device='cuda' was asked for, but no CUDA GPU is visible; use device='cpu' or 'auto'"
+        )
     if dev.type not in ("cpu", "cuda"):
         raise ValueError(f"unsupported device {device!r}; use 'auto', 'cuda' or 'cpu'")
     return dev
@@ -56,8 +57,10 @@ def resolve_max_model_len(config: EngineConfig, model: ModelConfig, device: torc
             return min(limit, CPU_MAX_MODEL_LEN)
         return limit
     if config.max_model_len > limit:
-        raise ValueError(f"max_model_len={config.max_model_len} exceeds {why} ({limit}); "
-                         f"set max_model_len <= {limit}")
+        raise ValueError(
+            f"max_model_len={config.max_model_len} exceeds {why} ({limit}); "
+            f"set max_model_len <= {limit}"
+        )
     return config.max_model_len
 
 

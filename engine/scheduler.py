@@ -144,7 +144,9 @@ class Scheduler:
             req.metrics.first_scheduled_time = time.time()
             req.record("scheduled")
 
-    def update(self, batch: ScheduledBatch, sampled: dict[int, tuple[int, object]]) -> list[Request]:
+    def update(
+        self, batch: ScheduledBatch, sampled: dict[int, tuple[int, object]]
+    ) -> list[Request]:
         """Advance computed counts, append sampled tokens (index -> (token, logprob)), and
         release requests that finished. Returns the requests that got a token or finished."""
         touched = []

@@ -47,8 +47,14 @@ def bench_hf_static(model, prompts, output_len: int, pad_id: int) -> tuple[float
     ids = torch.tensor([[pad_id] * (width - len(p)) + p for p in prompts])
     mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
     start = time.perf_counter()
-    out = model.generate(ids, attention_mask=mask, max_new_tokens=output_len,
-                         min_new_tokens=output_len, do_sample=False, pad_token_id=pad_id)
+    out = model.generate(
+        ids,
+        attention_mask=mask,
+        max_new_tokens=output_len,
+        min_new_tokens=output_len,
+        do_sample=False,
+        pad_token_id=pad_id,
+    )
     elapsed = time.perf_counter() - start
     return elapsed, out[:, width:].tolist()
 
@@ -56,8 +62,9 @@ def bench_hf_static(model, prompts, output_len: int, pad_id: int) -> tuple[float
 def bench_hf_batch(model, prompts, output_len: int) -> float:
     from transformers import GenerationConfig
 
-    cfg = GenerationConfig(max_new_tokens=output_len, min_new_tokens=output_len, do_sample=False,
-                           eos_token_id=None)
+    cfg = GenerationConfig(
+        max_new_tokens=output_len, min_new_tokens=output_len, do_sample=False, eos_token_id=None
+    )
     start = time.perf_counter()
     model.generate_batch(prompts, generation_config=cfg, max_new_tokens=output_len)
     return time.perf_counter() - start
@@ -99,9 +106,11 @@ def main() -> None:
         except Exception as exc:  # report, don't hide: the row says why it is missing
             rows[f"transformers generate_batch: failed ({type(exc).__name__}: {exc})"[:120]] = 0.0
 
-    table = Table(title=f"CPU, {os.cpu_count()} cores, SmolLM2-135M fp32: {args.num_requests} "
-                        f"requests, prompts U[{args.min_prompt},{args.max_prompt}], "
-                        f"{args.output_len} output tokens each")
+    table = Table(
+        title=f"CPU, {os.cpu_count()} cores, SmolLM2-135M fp32: {args.num_requests} "
+        f"requests, prompts U[{args.min_prompt},{args.max_prompt}], "
+        f"{args.output_len} output tokens each"
+    )
     table.add_column("engine")
     table.add_column("output tok/s", justify="right")
     table.add_column("vs static batch", justify="right")
@@ -113,8 +122,9 @@ def main() -> None:
     if agreement:
         print(f"greedy agreement with transformers: {agreement}")
     if args.json:
-        args.json.write_text(json.dumps({"output_tok_per_s": rows, "agreement": agreement},
-                                        indent=2))
+        args.json.write_text(
+            json.dumps({"output_tok_per_s": rows, "agreement": agreement}, indent=2)
+        )
 
 
 if __name__ == "__main__":

@@ -27,16 +27,20 @@ def main() -> None:
     args = ap.parse_args()
     start = time.perf_counter()
     llm = LLM(args.model)
-    print(f"loaded {llm.engine.model_name} on {llm.engine.device} "
-          f"in {time.perf_counter() - start:.1f}s")
+    print(
+        f"loaded {llm.engine.model_name} on {llm.engine.device} "
+        f"in {time.perf_counter() - start:.1f}s"
+    )
     convos = [[{"role": "user", "content": q}] for q in QUESTIONS]
     start = time.perf_counter()
     outs = llm.chat(convos, SamplingParams(max_tokens=args.max_tokens, temperature=0.0))
     elapsed = time.perf_counter() - start
     for q, out in zip(QUESTIONS, outs):
         m = out.metrics
-        print(f"\n> {q}\n{out.text.strip()}\n[{len(out.token_ids)} tokens, "
-              f"{out.finish_reason}, first token after {m.first_token_time - m.arrival_time:.2f}s]")
+        print(
+            f"\n> {q}\n{out.text.strip()}\n[{len(out.token_ids)} tokens, "
+            f"{out.finish_reason}, first token after {m.first_token_time - m.arrival_time:.2f}s]"
+        )
     total = sum(len(o.token_ids) for o in outs)
     print(f"\n{total} tokens in {elapsed:.1f}s: {total / elapsed:.1f} tok/s")
 

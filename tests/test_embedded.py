@@ -27,7 +27,8 @@ def test_chat_answers_and_stops_on_eos(llm):
 def test_stop_string_cuts_text(llm):
     full = llm.generate(["The capital of France is"], SamplingParams(max_tokens=8, temperature=0))
     assert "." in full[0].text
-    out = llm.generate(["The capital of France is"],
-                       SamplingParams(max_tokens=8, temperature=0, stop=["."]))[0]
+    out = llm.generate(
+        ["The capital of France is"], SamplingParams(max_tokens=8, temperature=0, stop=["."])
+    )[0]
     assert out.finish_reason == "stop" and out.stop_reason == "."
     assert out.text == full[0].text.split(".")[0]

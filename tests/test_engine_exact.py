@@ -26,10 +26,14 @@ def reference(tiny_model):
     for p in _prompts():
         ids = torch.tensor([p])
         out = hf.generate(
-            ids, attention_mask=torch.ones_like(ids), max_new_tokens=NEW_TOKENS,
-            do_sample=False, eos_token_id=None, pad_token_id=0,
+            ids,
+            attention_mask=torch.ones_like(ids),
+            max_new_tokens=NEW_TOKENS,
+            do_sample=False,
+            eos_token_id=None,
+            pad_token_id=0,
         )
-        refs.append(out[0, len(p):].tolist())
+        refs.append(out[0, len(p) :].tolist())
     assert len({tuple(r) for r in refs}) > 1, "reference outputs are degenerate"
     return arch, folder, refs
 
@@ -49,8 +53,9 @@ def test_exact_under_preemption_and_chunked_prefill(reference):
     arch, folder, refs = reference
     # 12 blocks x 16 tokens for 8 prompts up to 120 tokens each: the pool cannot hold them all,
     # and a 24-token step budget forces long prompts to be split into chunks.
-    llm = LLM(str(folder), device="cpu", num_kv_blocks=12, max_num_batched_tokens=24,
-              max_model_len=160)
+    llm = LLM(
+        str(folder), device="cpu", num_kv_blocks=12, max_num_batched_tokens=24, max_model_len=160
+    )
     outs = llm.generate(_prompts(), GREEDY)
     assert [o.token_ids for o in outs] == refs
     assert sum(o.metrics.num_preemptions for o in outs) > 0

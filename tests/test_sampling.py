@@ -37,8 +37,9 @@ def test_same_seed_same_tokens_alone_and_in_busy_batch(llm):
 
 
 def test_same_seed_survives_preemption(tiny_llama):
-    small = LLM(str(tiny_llama), device="cpu", num_kv_blocks=8, max_num_batched_tokens=32,
-                max_model_len=128)
+    small = LLM(
+        str(tiny_llama), device="cpu", num_kv_blocks=8, max_num_batched_tokens=32, max_model_len=128
+    )
     prompts = [PROMPT, list(range(1, 70)), list(range(100, 160))]
     outs = small.generate(prompts, _seeded(11))
     assert sum(o.metrics.num_preemptions for o in outs) > 0
@@ -52,16 +53,25 @@ def test_different_seeds_differ(llm):
 
 
 def test_unseeded_requests_differ_from_each_other(llm):
-    outs = llm.generate([PROMPT] * 3, SamplingParams(max_tokens=24, temperature=1.0,
-                                                     ignore_eos=True))
+    outs = llm.generate(
+        [PROMPT] * 3, SamplingParams(max_tokens=24, temperature=1.0, ignore_eos=True)
+    )
     assert len({tuple(o.token_ids) for o in outs}) == 3
 
 
 def _tensors(n: int, vocab: int, **kw) -> SamplingTensors:
     base = dict(
-        temperature=torch.ones(n), top_k=torch.full((n,), vocab), top_p=torch.ones(n),
-        min_p=torch.zeros(n), seeds=torch.arange(n), steps=torch.zeros(n, dtype=torch.int64),
-        all_greedy=False, any_top_k=False, any_top_p=False, any_min_p=False, max_logprobs=None,
+        temperature=torch.ones(n),
+        top_k=torch.full((n,), vocab),
+        top_p=torch.ones(n),
+        min_p=torch.zeros(n),
+        seeds=torch.arange(n),
+        steps=torch.zeros(n, dtype=torch.int64),
+        all_greedy=False,
+        any_top_k=False,
+        any_top_p=False,
+        any_min_p=False,
+        max_logprobs=None,
     )
     base.update(kw)
     return SamplingTensors(**base)
@@ -97,18 +107,24 @@ def test_top_k_top_p_min_p_restrict_the_support():
 
 def test_penalties():
     logits = torch.tensor([[2.0, -2.0, 1.0, 0.5]])
-    t = _tensors(1, 4, repetition=torch.tensor([2.0]), presence=torch.tensor([0.5]),
-                 frequency=torch.tensor([0.25]),
-                 output_counts=torch.tensor([[0.0, 0.0, 3.0, 0.0]]),
-                 seen_mask=torch.tensor([[True, True, True, False]]))
+    t = _tensors(
+        1,
+        4,
+        repetition=torch.tensor([2.0]),
+        presence=torch.tensor([0.5]),
+        frequency=torch.tensor([0.25]),
+        output_counts=torch.tensor([[0.0, 0.0, 3.0, 0.0]]),
+        seen_mask=torch.tensor([[True, True, True, False]]),
+    )
     out = apply_penalties(logits, t)
     # repetition: 2 -> 1, -2 -> -4, 1 -> 0.5; then token 2 (3 times): 0.5 - 0.75 - 0.5
     assert torch.allclose(out, torch.tensor([[1.0, -4.0, -0.75, 0.5]]))
 
 
 def test_greedy_and_logprobs(llm):
-    out = llm.generate([PROMPT], SamplingParams(max_tokens=5, temperature=0.0, logprobs=3,
-                                                ignore_eos=True))[0]
+    out = llm.generate(
+        [PROMPT], SamplingParams(max_tokens=5, temperature=0.0, logprobs=3, ignore_eos=True)
+    )[0]
     assert len(out.logprobs) == 5
     for token, lp in zip(out.token_ids, out.logprobs):
         assert lp.token_id == token and len(lp.top) == 3
@@ -117,12 +133,15 @@ def test_greedy_and_logprobs(llm):
 
 
 def test_stop_token_ids_and_max_tokens(llm):
-    free = llm.generate([PROMPT], SamplingParams(max_tokens=12, temperature=0.0,
-                                                 ignore_eos=True))[0]
+    free = llm.generate([PROMPT], SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True))[
+        0
+    ]
     assert free.finish_reason == "length" and len(free.token_ids) == 12
     stop_at = free.token_ids[4]
     first = free.token_ids.index(stop_at)
-    out = llm.generate([PROMPT], SamplingParams(max_tokens=12, temperature=0.0,
-                                                stop_token_ids=[stop_at], ignore_eos=True))[0]
+    out = llm.generate(
+        [PROMPT],
+        SamplingParams(max_tokens=12, temperature=0.0, stop_token_ids=[stop_at], ignore_eos=True),
+    )[0]
     assert out.finish_reason == "stop" and out.stop_reason == stop_at
     assert out.token_ids == free.token_ids[: first + 1]

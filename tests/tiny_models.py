@@ -38,8 +38,13 @@ def tiny_config(arch: str):
     if arch == "llama":
         return LlamaConfig(
             **_COMMON,
-            rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
-                          "high_freq_factor": 4.0, "original_max_position_embeddings": 128},
+            rope_scaling={
+                "rope_type": "llama3",
+                "factor": 8.0,
+                "low_freq_factor": 1.0,
+                "high_freq_factor": 4.0,
+                "original_max_position_embeddings": 128,
+            },
             rope_theta=500000.0,
             tie_word_embeddings=False,
         )

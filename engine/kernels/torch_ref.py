@@ -58,9 +58,7 @@ def decode_attention_ref(
     group = num_heads // num_kv_heads
     # [num_seqs, num_kv_heads, group, head_dim]
     qg = q.view(num_seqs, num_kv_heads, group, head_dim)
-    out = F.scaled_dot_product_attention(
-        qg, k, v, attn_mask=mask[:, None, None, :], scale=scale
-    )
+    out = F.scaled_dot_product_attention(qg, k, v, attn_mask=mask[:, None, None, :], scale=scale)
     return out.reshape(num_seqs, num_heads, head_dim)
 
 
@@ -75,7 +73,6 @@ def prefill_attention_ref(
 ) -> torch.Tensor:  # [num_tokens, num_heads, head_dim]
     """Chunked prefill: each sequence's queries are its last q_len tokens of seq_len; causal
     within the chunk, full over the cached prefix."""
-    num_heads, head_dim = q.shape[1], q.shape[2]
     out = torch.empty_like(q)
     for i, seq_len in enumerate(seq_lens):
         start, end = query_start_loc[i], query_start_loc[i + 1]
@@ -85,13 +82,15 @@ def prefill_attention_ref(
         ks = _gather(k_cache, block_tables[i], seq_len).to(q.dtype).transpose(0, 1).unsqueeze(0)
         vs = _gather(v_cache, block_tables[i], seq_len).to(q.dtype).transpose(0, 1).unsqueeze(0)
         if q_len == seq_len:
-            o = F.scaled_dot_product_attention(qs, ks, vs, is_causal=True, scale=scale,
-                                               enable_gqa=True)
+            o = F.scaled_dot_product_attention(
+                qs, ks, vs, is_causal=True, scale=scale, enable_gqa=True
+            )
         else:
             q_pos = torch.arange(seq_len - q_len, seq_len, device=q.device)
             k_pos = torch.arange(seq_len, device=q.device)
             mask = k_pos[None, :] <= q_pos[:, None]  # [q_len, seq_len]
-            o = F.scaled_dot_product_attention(qs, ks, vs, attn_mask=mask, scale=scale,
-                                               enable_gqa=True)
+            o = F.scaled_dot_product_attention(
+                qs, ks, vs, attn_mask=mask, scale=scale, enable_gqa=True
+            )
         out[start:end] = o[0].transpose(0, 1)  # [q_len, num_heads, head_dim]
     return out

@@ -101,6 +101,8 @@ class ModelConfig:
     def from_folder(cls, folder: str | Path) -> ModelConfig:
         path = Path(folder) / "config.json"
         if not path.is_file():
-            raise ValueError(f"model folder {folder} has no config.json (expected a Hugging Face "
-                             "model folder: config.json, *.safetensors, tokenizer files)")
+            raise ValueError(
+                f"model folder {folder} has no config.json (expected a Hugging Face "
+                "model folder: config.json, *.safetensors, tokenizer files)"
+            )
         return cls.from_dict(json.loads(path.read_text()))

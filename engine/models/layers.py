@@ -55,7 +55,9 @@ class RotaryEmbedding(nn.Module):
         self, head_dim: int, max_positions: int, theta: float, scaling: dict | None
     ) -> None:
         super().__init__()
-        inv_freq = 1.0 / theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim)
+        inv_freq = 1.0 / theta ** (
+            torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim
+        )
         if scaling is not None:
             inv_freq = _llama3_inv_freq(inv_freq, scaling)
         freqs = torch.outer(torch.arange(max_positions, dtype=torch.float32), inv_freq)

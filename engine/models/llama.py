@@ -18,10 +18,16 @@ from engine.models.layers import PagedAttention, RMSNorm, RotaryEmbedding, silu_
 class Attention(nn.Module):
     def __init__(self, cfg: ModelConfig, rope: RotaryEmbedding) -> None:
         super().__init__()
-        self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        self.num_heads, self.num_kv_heads, self.head_dim = (
+            cfg.num_heads,
+            cfg.num_kv_heads,
+            cfg.head_dim,
+        )
         self.q_size = cfg.num_heads * cfg.head_dim
         self.kv_size = cfg.num_kv_heads * cfg.head_dim
-        self.qkv_proj = nn.Linear(cfg.hidden_size, self.q_size + 2 * self.kv_size, bias=cfg.qkv_bias)
+        self.qkv_proj = nn.Linear(
+            cfg.hidden_size, self.q_size + 2 * self.kv_size, bias=cfg.qkv_bias
+        )
         self.o_proj = nn.Linear(self.q_size, cfg.hidden_size, bias=cfg.o_bias)
         self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
         self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
@@ -139,8 +145,9 @@ class LlamaForCausalLM(nn.Module):
                 sizes = shard_sizes[target.split(".")[-2]]
                 dst = param.narrow(0, sum(sizes[:shard]), sizes[shard])
             if dst.shape != tensor.shape:
-                raise ValueError(f"weight {name!r}: shape {tuple(tensor.shape)}, "
-                                 f"expected {tuple(dst.shape)}")
+                raise ValueError(
+                    f"weight {name!r}: shape {tuple(tensor.shape)}, expected {tuple(dst.shape)}"
+                )
             dst.copy_(tensor)
             loaded.add(f"{target}#{shard}")
         expected = set()
@@ -152,5 +159,7 @@ class LlamaForCausalLM(nn.Module):
                 expected.add(f"{pname}#None")
         missing = sorted(expected - loaded)
         if missing:
-            raise ValueError(f"checkpoint is missing weights: {missing[:5]}"
-                             + (f" and {len(missing) - 5} more" if len(missing) > 5 else ""))
+            raise ValueError(
+                f"checkpoint is missing weights: {missing[:5]}"
+                + (f" and {len(missing) - 5} more" if len(missing) > 5 else "")
+            )

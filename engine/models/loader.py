@@ -22,12 +22,16 @@ def resolve_model_folder(model: str | Path | None) -> Path:
         model = default_model_path()
     path = Path(model).expanduser()
     if not path.exists():
-        raise ValueError(f"model {str(model)!r} not found: expected a Hugging Face model folder "
-                         "(config.json, *.safetensors, tokenizer files) or a .gguf file")
+        raise ValueError(
+            f"model {str(model)!r} not found: expected a Hugging Face model folder "
+            "(config.json, *.safetensors, tokenizer files) or a .gguf file"
+        )
     if path.is_file():
         if path.suffix.lower() != ".gguf":
-            raise ValueError(f"model file {path} is not a .gguf file; pass a .gguf file or a "
-                             "Hugging Face model folder")
+            raise ValueError(
+                f"model file {path} is not a .gguf file; pass a .gguf file or a "
+                "Hugging Face model folder"
+            )
         from engine.models.gguf_loader import gguf_to_hf_folder
 
         return gguf_to_hf_folder(path)
@@ -45,8 +49,10 @@ def _safetensors_files(folder: Path) -> list[Path]:
         return files
     files = sorted(folder.glob("*.safetensors"))
     if not files:
-        raise ValueError(f"model folder {folder} has no *.safetensors weights "
-                         "(expected model.safetensors or a sharded index)")
+        raise ValueError(
+            f"model folder {folder} has no *.safetensors weights "
+            "(expected model.safetensors or a sharded index)"
+        )
     return files
 
 

@@ -1,0 +1,99 @@
+"""CUDA graphs for decode steps: the model forward captured once per batch size of a ladder
+(1, 2, 4, 8, then steps of 8 up to max_num_seqs) and replayed with padded inputs.
+
+Padding rows get slot -1 (their K/V is not stored) and seq_len 0 (attention returns zeros),
+so they never touch real sequences. Logits and sampling run after the replay, eagerly.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from engine.context import AttentionMetadata, forward_context
+
+
+def graph_batch_sizes(max_num_seqs: int) -> list[int]:
+    sizes = [s for s in (1, 2, 4) if s < max_num_seqs]
+    sizes += list(range(8, max_num_seqs, 8 if max_num_seqs <= 64 else 16))
+    return sorted(set(sizes + [max_num_seqs]))
+
+
+class DecodeGraphs:
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        max_num_seqs: int,
+        max_blocks_per_seq: int,
+        max_model_len: int,
+        hidden_size: int,
+        dtype: torch.dtype,
+        device: torch.device,
+        num_splits_for: callable,
+    ) -> None:
+        self.model = model
+        self.sizes = graph_batch_sizes(max_num_seqs)
+        self.max_model_len = max_model_len
+        self.num_splits_for = num_splits_for  # batch size -> fixed decode split count
+        n = self.sizes[-1]
+        self.input_ids = torch.zeros(n, dtype=torch.int64, device=device)
+        self.positions = torch.zeros(n, dtype=torch.int64, device=device)
+        self.slot_mapping = torch.full((n,), -1, dtype=torch.int64, device=device)
+        self.seq_lens = torch.zeros(n, dtype=torch.int32, device=device)
+        self.block_tables = torch.zeros(n, max_blocks_per_seq, dtype=torch.int32, device=device)
+        self.query_start_loc = torch.arange(n + 1, dtype=torch.int32, device=device)
+        self.hidden = torch.zeros(n, hidden_size, dtype=dtype, device=device)
+        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self.pool = None
+
+    @property
+    def max_batch(self) -> int:
+        return self.sizes[-1]
+
+    def _meta(self, bs: int) -> AttentionMetadata:
+        return AttentionMetadata(
+            slot_mapping=self.slot_mapping[:bs],
+            query_start_loc=self.query_start_loc[: bs + 1],
+            seq_lens=self.seq_lens[:bs],
+            block_tables=self.block_tables[:bs],
+            num_decodes=bs,
+            max_query_len=1,
+            max_seq_len=self.max_model_len,
+            query_start_loc_cpu=list(range(bs + 1)),
+            seq_lens_cpu=[0] * bs,
+            decode_num_splits=self.num_splits_for(bs),
+        )
+
+    @torch.inference_mode()
+    def capture(self) -> None:
+        """Capture every size, largest first (the smaller graphs reuse its memory pool)."""
+        for bs in reversed(self.sizes):
+            meta = self._meta(bs)
+            with forward_context(meta):
+                self.hidden[:bs] = self.model(self.input_ids[:bs], self.positions[:bs])  # warm-up
+                torch.cuda.synchronize()
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph, pool=self.pool):
+                    self.hidden[:bs] = self.model(self.input_ids[:bs], self.positions[:bs])
+            if self.pool is None:
+                self.pool = graph.pool()
+            self.graphs[bs] = graph
+        torch.cuda.synchronize()
+
+    def run(
+        self,
+        input_ids: torch.Tensor,  # [n]
+        positions: torch.Tensor,  # [n]
+        meta: AttentionMetadata,  # of the real (unpadded) decode batch
+    ) -> torch.Tensor:  # [n, hidden]
+        n = input_ids.shape[0]
+        bs = next(s for s in self.sizes if s >= n)
+        self.input_ids[:n].copy_(input_ids, non_blocking=True)
+        self.positions[:n].copy_(positions, non_blocking=True)
+        self.slot_mapping[:n].copy_(meta.slot_mapping, non_blocking=True)
+        self.slot_mapping[n:bs].fill_(-1)
+        self.seq_lens[:n].copy_(meta.seq_lens, non_blocking=True)
+        self.seq_lens[n:bs].fill_(0)
+        width = meta.block_tables.shape[1]
+        self.block_tables[:n, :width].copy_(meta.block_tables, non_blocking=True)
+        self.graphs[bs].replay()
+        return self.hidden[:n]

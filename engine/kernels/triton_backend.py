@@ -1,0 +1,69 @@
+"""The Triton attention backend (CUDA): the AttentionBackend interface over our kernels."""
+
+from __future__ import annotations
+
+import torch
+
+from engine.attention import AttentionBackend
+from engine.context import AttentionMetadata
+from engine.kernels.decode_attention import decode_attention, decode_workspace
+from engine.kernels.prefill_attention import prefill_attention
+from engine.kernels.store_kv import store_kv
+
+
+class TritonBackend(AttentionBackend):
+    name = "triton"
+
+    def __init__(self) -> None:
+        self._workspaces: dict[tuple, torch.Tensor] = {}
+
+    def store_kv(self, k, v, k_cache, v_cache, slot_mapping) -> None:
+        store_kv(k, v, k_cache, v_cache, slot_mapping)
+
+    def _workspace(self, q: torch.Tensor, num_splits: int) -> torch.Tensor | None:
+        """A persistent split-K workspace (fixed addresses, as CUDA-graph replay needs)."""
+        if num_splits <= 1:
+            return None
+        num_seqs, num_heads, head_dim = q.shape
+        key = (num_heads, head_dim, num_splits, q.device)
+        ws = self._workspaces.get(key)
+        if ws is None or ws.shape[0] < num_seqs:
+            ws = decode_workspace(max(num_seqs, 256), num_heads, head_dim, num_splits, q.device)
+            self._workspaces[key] = ws
+        return ws
+
+    def decode(self, q, k_cache, v_cache, meta: AttentionMetadata, scale: float, out=None):
+        n = meta.num_decodes
+        splits = meta.decode_num_splits
+        return decode_attention(
+            q,
+            k_cache,
+            v_cache,
+            meta.block_tables[:n],
+            meta.seq_lens[:n],
+            scale,
+            num_splits=splits,
+            max_seq_len=meta.max_seq_len,
+            workspace=self._workspace(q, splits) if splits else None,
+            out=out,
+        )
+
+    def attention(self, q, k_cache, v_cache, meta: AttentionMetadata, scale: float):
+        # q: [num_tokens, num_heads, head_dim]; decodes first, then prefill chunks
+        n = meta.num_decodes
+        out = torch.empty_like(q)
+        if n:
+            self.decode(q[:n], k_cache, v_cache, meta, scale, out=out[:n])
+        if n < meta.num_seqs:
+            prefill_attention(
+                q,
+                k_cache,
+                v_cache,
+                meta.block_tables[n:],
+                meta.query_start_loc[n:],
+                meta.seq_lens[n:],
+                meta.max_query_len,
+                scale,
+                out=out,
+            )
+        return out
