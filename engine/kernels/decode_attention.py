@@ -1,0 +1,363 @@
+"""Triton split-K (flash-decoding) paged attention for single-token decodes (decode_attention).
+
+Grid of the main kernel: (num_seqs, num_kv_heads, num_splits). Each program takes every query
+head that shares one KV head (GQA group, padded to 16 rows for tl.dot) and one contiguous range
+of the sequence's tokens, so each KV block is read once per group. It writes a partial
+(acc, max, sum) per query head into an fp32 workspace; a second kernel merges the splits. With
+num_splits == 1 the main kernel normalises and writes the output itself (one launch).
+
+Workspace: fp32 [max_num_seqs, num_heads, num_splits, head_dim + 2]; [..., :head_dim] holds
+the unnormalised accumulator, [..., head_dim] the running max (log2 domain), [..., head_dim+1]
+the running sum. Every program writes its whole slice, so the buffer needs no zeroing.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+LOG2E = 1.4426950408889634  # kernels use exp2; scores are pre-multiplied by log2(e)
+MIN_TOKENS_PER_SPLIT = 64  # one BLOCK_N tile: at batch 1 more splits keep winning
+MAX_SPLITS = 64
+_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
+
+def check_paged_inputs(
+    name: str,
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+) -> None:
+    """Shared argument checks of the paged attention wrappers (raise ValueError)."""
+    if q.dim() != 3 or q.stride(-1) != 1:
+        raise ValueError(
+            f"{name}: q must be [tokens, num_heads, head_dim] with a unit-stride "
+            f"last dim, got shape {tuple(q.shape)} strides {q.stride()}"
+        )
+    if k_cache.dim() != 4 or k_cache.shape != v_cache.shape:
+        raise ValueError(
+            f"{name}: k_cache/v_cache must both be [num_blocks, block_size, "
+            f"num_kv_heads, head_dim], got {tuple(k_cache.shape)} and "
+            f"{tuple(v_cache.shape)}"
+        )
+    num_heads, head_dim = q.shape[1], q.shape[2]
+    num_kv_heads = k_cache.shape[2]
+    if k_cache.shape[3] != head_dim:
+        raise ValueError(f"{name}: q head_dim {head_dim} != cache head_dim {k_cache.shape[3]}")
+    if num_kv_heads == 0 or num_heads % num_kv_heads != 0:
+        raise ValueError(
+            f"{name}: num_heads {num_heads} is not a multiple of num_kv_heads {num_kv_heads}"
+        )
+    if q.dtype not in _DTYPES or k_cache.dtype not in _DTYPES or v_cache.dtype != k_cache.dtype:
+        raise ValueError(
+            f"{name}: q and the caches must be fp16/bf16/fp32 (caches alike), got "
+            f"{q.dtype}, {k_cache.dtype}, {v_cache.dtype}"
+        )
+    if k_cache.stride(-1) != 1 or k_cache.stride() != v_cache.stride():
+        raise ValueError(
+            f"{name}: k_cache/v_cache must share strides with a unit-stride last dim, got "
+            f"{k_cache.stride()} and {v_cache.stride()}"
+        )
+    if block_tables.dim() != 2 or block_tables.dtype != torch.int32 or block_tables.stride(1) != 1:
+        raise ValueError(
+            f"{name}: block_tables must be int32 [num_seqs, max_blocks] with "
+            f"contiguous rows, got {block_tables.dtype} {tuple(block_tables.shape)}"
+        )
+    if seq_lens.dim() != 1 or seq_lens.dtype != torch.int32 or not seq_lens.is_contiguous():
+        raise ValueError(
+            f"{name}: seq_lens must be contiguous int32 [num_seqs], got "
+            f"{seq_lens.dtype} {tuple(seq_lens.shape)}"
+        )
+    if block_tables.shape[0] != seq_lens.shape[0]:
+        raise ValueError(
+            f"{name}: block_tables has {block_tables.shape[0]} rows but seq_lens "
+            f"has {seq_lens.shape[0]} entries"
+        )
+    devices = {t.device for t in (q, k_cache, v_cache, block_tables, seq_lens)}
+    if len(devices) != 1:
+        raise ValueError(f"{name}: all tensors must be on one device, got {devices}")
+
+
+def dot_dtype(dtype: torch.dtype, kernel: object) -> tl.dtype:
+    """The dtype tl.dot operands are cast to: the input dtype, except bf16 under Triton's CPU
+    interpreter (its tl.dot multiplies raw bf16 bit patterns), which computes in fp32."""
+    if dtype == torch.float32:
+        return tl.float32
+    if dtype == torch.float16:
+        return tl.float16
+    return tl.bfloat16 if isinstance(kernel, triton.runtime.JITFunction) else tl.float32
+
+
+def default_num_splits(
+    num_seqs: int, num_kv_heads: int, max_seq_len: int, device: torch.device
+) -> int:
+    """Splits per sequence: enough programs for ~2 per SM, but >= MIN_TOKENS_PER_SPLIT
+    tokens each (long contexts at small batch split most)."""
+    num_sms = 132
+    if device.type == "cuda":
+        num_sms = torch.cuda.get_device_properties(device).multi_processor_count
+    by_work = triton.cdiv(max(max_seq_len, 1), MIN_TOKENS_PER_SPLIT)
+    by_occupancy = triton.cdiv(2 * num_sms, max(num_seqs * num_kv_heads, 1))
+    return max(1, min(by_work, by_occupancy, MAX_SPLITS))
+
+
+@triton.jit
+def _decode_split_kernel(
+    q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, seq_lens_ptr, ws_ptr, out_ptr,
+    qk_scale,  # softmax scale * log2(e)
+    num_splits,
+    stride_qs, stride_qh,
+    stride_cb, stride_co, stride_ch,  # k_cache and v_cache share strides
+    stride_bt,
+    stride_ws_s, stride_ws_h, stride_ws_p,
+    stride_os, stride_oh,
+    GROUP: tl.constexpr, BLOCK_G: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr,
+    DIRECT_OUT: tl.constexpr, DOT_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr,
+):  # fmt: skip
+    seq = tl.program_id(0)
+    kv_head = tl.program_id(1)
+    split = tl.program_id(2)
+    seq_len = tl.load(seq_lens_ptr + seq)
+    # This split's token range, whole BLOCK_N tiles; trailing splits of short sequences are
+    # empty and write (acc=0, max=-inf, sum=0), which the merge ignores.
+    tokens_per_split = ((seq_len + num_splits - 1) // num_splits + BLOCK_N - 1) // BLOCK_N
+    tokens_per_split *= BLOCK_N
+    start = split * tokens_per_split
+    end = tl.minimum(start + tokens_per_split, seq_len)
+
+    offs_g = tl.arange(0, BLOCK_G)
+    offs_d = tl.arange(0, BLOCK_D)
+    offs_n = tl.arange(0, BLOCK_N)
+    heads = kv_head * GROUP + offs_g  # [BLOCK_G]
+    g_mask = offs_g < GROUP
+    d_mask = offs_d < HEAD_DIM
+    qd_mask = g_mask[:, None] & d_mask[None, :]
+    # [BLOCK_G, BLOCK_D]
+    q = tl.load(
+        q_ptr + seq * stride_qs + heads[:, None] * stride_qh + offs_d[None, :],
+        mask=qd_mask,
+        other=0.0,
+    ).to(DOT_DTYPE)
+
+    m_i = tl.full([BLOCK_G], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_G], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_G, BLOCK_D], dtype=tl.float32)
+    table = block_tables_ptr + seq.to(tl.int64) * stride_bt
+    for n0 in range(start, end, BLOCK_N):
+        toks = n0 + offs_n  # [BLOCK_N]
+        n_mask = toks < end
+        page = tl.load(table + toks // BLOCK_SIZE, mask=n_mask, other=0).to(tl.int64)
+        offset = toks % BLOCK_SIZE
+        kv_mask = n_mask[:, None] & d_mask[None, :]
+        # [BLOCK_N, BLOCK_D] element offsets of these tokens' rows in either cache
+        kv_rows = page[:, None] * stride_cb + offset[:, None] * stride_co + kv_head * stride_ch
+        k = tl.load(k_cache_ptr + kv_rows + offs_d[None, :], mask=kv_mask, other=0.0)
+        v = tl.load(v_cache_ptr + kv_rows + offs_d[None, :], mask=kv_mask, other=0.0)
+        # [BLOCK_G, BLOCK_N]
+        s = tl.dot(q, tl.trans(k.to(DOT_DTYPE)), input_precision=DOT_PRECISION) * qk_scale
+        s = tl.where(n_mask[None, :], s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        p = tl.exp2(s - m_new[:, None])
+        alpha = tl.exp2(m_i - m_new)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        acc = acc * alpha[:, None] + tl.dot(
+            p.to(DOT_DTYPE), v.to(DOT_DTYPE), input_precision=DOT_PRECISION
+        )
+        m_i = m_new
+
+    if DIRECT_OUT:
+        l_safe = tl.where(l_i > 0.0, l_i, 1.0)
+        o = acc / l_safe[:, None]
+        tl.store(
+            out_ptr + seq * stride_os + heads[:, None] * stride_oh + offs_d[None, :],
+            o.to(out_ptr.dtype.element_ty),
+            mask=qd_mask,
+        )
+    else:
+        ws = ws_ptr + seq.to(tl.int64) * stride_ws_s + heads * stride_ws_h + split * stride_ws_p
+        tl.store(ws[:, None] + offs_d[None, :], acc, mask=qd_mask)
+        tl.store(ws + HEAD_DIM, m_i, mask=g_mask)
+        tl.store(ws + HEAD_DIM + 1, l_i, mask=g_mask)
+
+
+@triton.jit
+def _decode_merge_kernel(
+    ws_ptr, out_ptr,
+    num_splits,
+    stride_ws_s, stride_ws_h, stride_ws_p,
+    stride_os, stride_oh,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_P: tl.constexpr,
+):  # fmt: skip
+    # One program per (sequence, query head): softmax-weighted merge of the split partials.
+    seq = tl.program_id(0)
+    head = tl.program_id(1)
+    offs_p = tl.arange(0, BLOCK_P)
+    offs_d = tl.arange(0, BLOCK_D)
+    p_mask = offs_p < num_splits
+    d_mask = offs_d < HEAD_DIM
+    ws = ws_ptr + seq.to(tl.int64) * stride_ws_s + head * stride_ws_h + offs_p * stride_ws_p
+    m = tl.load(ws + HEAD_DIM, mask=p_mask, other=float("-inf"))  # [BLOCK_P]
+    l = tl.load(ws + HEAD_DIM + 1, mask=p_mask, other=0.0)  # [BLOCK_P]
+    # [BLOCK_P, BLOCK_D]
+    acc = tl.load(ws[:, None] + offs_d[None, :], mask=p_mask[:, None] & d_mask[None, :], other=0.0)
+    m_max = tl.max(m, 0)
+    # All splits empty (seq_len 0 padding): weights 0 and output 0, not NaN.
+    m_max = tl.where(m_max == float("-inf"), 0.0, m_max)
+    w = tl.exp2(m - m_max)  # [BLOCK_P]
+    num = tl.sum(acc * w[:, None], 0)  # [BLOCK_D]
+    den = tl.sum(l * w, 0)
+    den = tl.where(den > 0.0, den, 1.0)
+    tl.store(
+        out_ptr + seq * stride_os + head * stride_oh + offs_d,
+        (num / den).to(out_ptr.dtype.element_ty),
+        mask=d_mask,
+    )
+
+
+def tile_configs(block_d: int) -> list[dict]:
+    """Decode launch configs, best first (H200 sweep: BLOCK_N 64, 3 stages); later ones need
+    less shared memory, for GPUs where the first does not fit."""
+    if block_d <= 128:
+        return [
+            dict(BLOCK_N=64, num_warps=4, num_stages=3),
+            dict(BLOCK_N=64, num_warps=4, num_stages=2),
+            dict(BLOCK_N=32, num_warps=4, num_stages=1),
+        ]
+    return [
+        dict(BLOCK_N=32, num_warps=4, num_stages=2),
+        dict(BLOCK_N=16, num_warps=4, num_stages=1),
+    ]
+
+
+_chosen: dict[tuple, dict] = {}
+
+
+def launch_first_fitting(kernel, grid, configs: list[dict], *args, **constexprs) -> None:
+    """Launch kernel with the first config (more constexprs + launch options) that fits the
+    device's shared memory. The choice is remembered per kernel, constexprs, dtypes and device,
+    so later calls (and CUDA-graph capture, after a warm-up call) go straight to it. Triton
+    raises OutOfResources while loading the binary, before launching: a failed try is harmless."""
+    tensors = tuple((a.dtype, a.device) for a in args if isinstance(a, torch.Tensor))
+    key = (kernel, tuple(constexprs.items()), tensors)
+    if key in _chosen:
+        configs = [_chosen[key]]
+    for i, config in enumerate(configs):
+        try:
+            kernel[grid](*args, **constexprs, **config)
+        except triton.runtime.errors.OutOfResources:
+            if i == len(configs) - 1:
+                raise
+            continue
+        _chosen[key] = config
+        return
+
+
+def decode_workspace(
+    max_num_seqs: int, num_heads: int, head_dim: int, num_splits: int, device: torch.device | str
+) -> torch.Tensor:
+    """Allocate the fp32 split-K workspace [max_num_seqs, num_heads, num_splits, head_dim + 2]
+    once (e.g. before CUDA-graph capture) and pass it to every decode_attention call."""
+    return torch.empty(
+        max_num_seqs, num_heads, num_splits, head_dim + 2, dtype=torch.float32, device=device
+    )
+
+
+def decode_attention(
+    q: torch.Tensor,  # [num_seqs, num_heads, head_dim]
+    k_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim]
+    v_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim]
+    block_tables: torch.Tensor,  # [num_seqs, max_blocks] int32
+    seq_lens: torch.Tensor,  # [num_seqs] int32
+    scale: float,
+    *,
+    num_splits: int | None = None,
+    max_seq_len: int | None = None,
+    workspace: torch.Tensor | None = None,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:  # [num_seqs, num_heads, head_dim]
+    """One query token per sequence attending to its first seq_lens[i] cached tokens.
+
+    num_splits: token-range splits per sequence; None picks one from max_seq_len (or, if that
+    is None too, from seq_lens.max(), which syncs with the device). For CUDA graphs pass a
+    fixed num_splits and a workspace from decode_workspace (shape[0] >= num_seqs); with
+    num_splits == 1 no workspace is used. out: optional [num_seqs, num_heads, head_dim]
+    output (q's dtype) to write into. Sequences with seq_len 0 produce zeros.
+    """
+    check_paged_inputs("decode_attention", q, k_cache, v_cache, block_tables, seq_lens)
+    num_seqs, num_heads, head_dim = q.shape
+    if seq_lens.shape[0] != num_seqs:
+        raise ValueError(
+            f"decode_attention: q has {num_seqs} sequences but seq_lens has {seq_lens.shape[0]}"
+        )
+    num_kv_heads, block_size = k_cache.shape[2], k_cache.shape[1]
+    if out is None:
+        out = torch.empty_like(q)
+    elif out.shape != q.shape or out.dtype != q.dtype or out.device != q.device:
+        raise ValueError(
+            f"decode_attention: out must be {tuple(q.shape)} {q.dtype} on {q.device}, got "
+            f"{tuple(out.shape)} {out.dtype} on {out.device}"
+        )
+    if num_seqs == 0:
+        return out
+    if num_splits is None:
+        if workspace is not None:
+            num_splits = workspace.shape[2]
+        else:
+            if max_seq_len is None:
+                max_seq_len = int(seq_lens.max())
+            num_splits = default_num_splits(num_seqs, num_kv_heads, max_seq_len, q.device)
+    if out.stride(-1) != 1:
+        raise ValueError(f"decode_attention: out must have a unit-stride last dim, {out.stride()}")
+    if num_splits < 1:
+        raise ValueError(f"decode_attention: num_splits must be >= 1, got {num_splits}")
+    if num_splits > 1:
+        expected = (num_heads, num_splits, head_dim + 2)
+        if workspace is None:
+            workspace = decode_workspace(num_seqs, num_heads, head_dim, num_splits, q.device)
+        elif (
+            workspace.dtype != torch.float32
+            or workspace.device != q.device
+            or tuple(workspace.shape[1:]) != expected
+            or workspace.shape[0] < num_seqs
+            or not workspace.is_contiguous()
+        ):
+            raise ValueError(
+                f"decode_attention: workspace must be contiguous fp32 [>={num_seqs}, "
+                f"{', '.join(map(str, expected))}] on {q.device}, got "
+                f"{workspace.dtype} {tuple(workspace.shape)} on {workspace.device}"
+            )
+    # With one split the kernel writes `out` directly and never touches the workspace.
+    ws = workspace if num_splits > 1 else out
+    ws_strides = workspace.stride()[:3] if num_splits > 1 else (0, 0, 0)
+    group = num_heads // num_kv_heads
+    block_d = max(16, triton.next_power_of_2(head_dim))
+    # fmt: off
+    launch_first_fitting(
+        _decode_split_kernel, (num_seqs, num_kv_heads, num_splits),
+        tile_configs(block_d),
+        q, k_cache, v_cache, block_tables, seq_lens, ws, out,
+        scale * LOG2E, num_splits,
+        q.stride(0), q.stride(1),
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        block_tables.stride(0),
+        *ws_strides,
+        out.stride(0), out.stride(1),
+        GROUP=group, BLOCK_G=max(16, triton.next_power_of_2(group)),
+        HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_SIZE=block_size,
+        DIRECT_OUT=num_splits == 1, DOT_DTYPE=dot_dtype(q.dtype, _decode_split_kernel),
+        DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+    )
+    if num_splits > 1:
+        _decode_merge_kernel[(num_seqs, num_heads)](
+            ws, out, num_splits,
+            *ws_strides,
+            out.stride(0), out.stride(1),
+            HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_P=triton.next_power_of_2(num_splits),
+            num_warps=4,
+        )
+    # fmt: on
+    return out
