@@ -27,11 +27,17 @@ def store_kv_ref(
     v_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, slot_mapping, v.to(v_cache.dtype))
 
 
+def _gather_blocks(cache: torch.Tensor, block_ids: torch.Tensor) -> torch.Tensor:
+    # [len(block_ids), block_size, num_kv_heads, head_dim]; index_select copies whole blocks
+    # (far faster on the CPU than advanced indexing)
+    flat = cache.view(cache.shape[0], -1).index_select(0, block_ids.reshape(-1).long())
+    return flat.view(-1, *cache.shape[1:])
+
+
 def _gather(cache: torch.Tensor, block_table: torch.Tensor, length: int) -> torch.Tensor:
-    # [num_blocks_used * block_size, num_kv_heads, head_dim] -> first `length` tokens
-    block_size = cache.shape[1]
-    num_blocks = -(-length // block_size)
-    return cache[block_table[:num_blocks].long()].flatten(0, 1)[:length]
+    # [length, num_kv_heads, head_dim]: the first `length` tokens of one sequence
+    num_blocks = -(-length // cache.shape[1])
+    return _gather_blocks(cache, block_table[:num_blocks]).flatten(0, 1)[:length]
 
 
 def decode_attention_ref(
@@ -49,10 +55,11 @@ def decode_attention_ref(
     block_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
     max_len = int(seq_lens.max())
     num_blocks = -(-max_len // block_size)
-    tables = block_tables[:, :num_blocks].long()
+    tables = block_tables[:, :num_blocks]
+    shape = (num_seqs, num_blocks * block_size, num_kv_heads, head_dim)
     # [num_seqs, num_kv_heads, max_len, head_dim]
-    k = k_cache[tables].flatten(1, 2)[:, :max_len].transpose(1, 2).to(q.dtype)
-    v = v_cache[tables].flatten(1, 2)[:, :max_len].transpose(1, 2).to(q.dtype)
+    k = _gather_blocks(k_cache, tables).view(shape)[:, :max_len].transpose(1, 2).to(q.dtype)
+    v = _gather_blocks(v_cache, tables).view(shape)[:, :max_len].transpose(1, 2).to(q.dtype)
     positions = torch.arange(max_len, device=q.device)
     mask = positions[None, :] < seq_lens[:, None].to(q.device)  # [num_seqs, max_len]
     group = num_heads // num_kv_heads
