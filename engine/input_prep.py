@@ -24,8 +24,9 @@ def upload(lists: list[list], dtype: torch.dtype, device: torch.device) -> list[
 
 def prepare_inputs(
     batch: ScheduledBatch, block_size: int, device: torch.device
-) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata, list[int]]:
-    """(input_ids [T], positions [T], metadata, logits row of each sampling request)."""
+) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata, torch.Tensor]:
+    """(input_ids [T], positions [T], metadata, logits_rows [num_sampling]): the hidden-state
+    row of each request that samples this step."""
     input_ids: list[int] = []
     positions: list[int] = []
     slots: list[int] = []
@@ -49,8 +50,10 @@ def prepare_inputs(
     tables = [
         x for r in batch.requests for x in r.block_table + [0] * (max_blocks - len(r.block_table))
     ]
-    ids, pos, slot_mapping, qsl, lens, flat_tables = upload(
-        [input_ids, positions, slots, query_start_loc, seq_lens, tables], torch.int64, device
+    ids, pos, slot_mapping, qsl, lens, flat_tables, logits_rows = upload(
+        [input_ids, positions, slots, query_start_loc, seq_lens, tables, logits_indices],
+        torch.int64,
+        device,
     )
     meta = AttentionMetadata(
         slot_mapping=slot_mapping,
@@ -63,7 +66,7 @@ def prepare_inputs(
         query_start_loc_cpu=query_start_loc,
         seq_lens_cpu=seq_lens,
     )
-    return ids, pos, meta, logits_indices
+    return ids, pos, meta, logits_rows
 
 
 def prepare_sampling(reqs: list[Request], vocab: int, device: torch.device) -> SamplingTensors:

@@ -94,7 +94,7 @@ class ModelRunner:
         reached the end of its known tokens."""
         for src, dst in batch.block_copies:
             self.kv_cache[:, :, dst] = self.kv_cache[:, :, src]
-        input_ids, positions, meta, logits_indices = prepare_inputs(
+        input_ids, positions, meta, logits_rows = prepare_inputs(
             batch, self.block_size, self.device
         )
         if self.graphs is not None and batch.num_decodes == len(batch.requests) <= (
@@ -104,11 +104,11 @@ class ModelRunner:
         else:
             with forward_context(meta):
                 hidden = self.model(input_ids, positions)  # [num_tokens, hidden]
-        if not logits_indices:
-            return {}
         sampling_rows = [i for i in range(len(batch.requests)) if batch.samples(i)]
+        if not sampling_rows:
+            return {}
         reqs = [batch.requests[i] for i in sampling_rows]
-        logits = self.model.compute_logits(hidden[logits_indices])  # [num_sampling, vocab]
+        logits = self.model.compute_logits(hidden[logits_rows])  # [num_sampling, vocab]
         out = sample(logits, prepare_sampling(reqs, self.model_config.vocab_size, self.device))
         tokens = out.token_ids.tolist()
         result: dict[int, tuple[int, Logprob | None]] = {}

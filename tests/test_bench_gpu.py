@@ -1,0 +1,146 @@
+"""The GPU benchmark's CPU-checkable parts: floor arithmetic, targets, presets, a tiny run."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+import torch
+
+from engine.models.config import ModelConfig
+from scripts import bench_gpu
+from scripts.bench_floor import (
+    Hardware,
+    ModelShape,
+    batch1_decode_floor_tok_s,
+    decode_step_floor_s,
+    kv_bytes_per_token,
+    throughput_floor,
+    ttft_floor_s,
+    verdict,
+)
+
+H200 = Hardware(bandwidth=4.28e12, matmul_flops=784e12)  # DESIGN.md's measured rates
+PRESETS = ["llama-3-8b", "qwen3-0.6b", "qwen2.5-7b", "mistral-7b", "llama-2-7b"]
+
+
+def shape(name: str) -> ModelShape:
+    return ModelShape.from_model_config(ModelConfig.from_dict(bench_gpu.load_preset(name)))
+
+
+@pytest.mark.parametrize("name", PRESETS)
+def test_every_preset_is_a_config_the_engine_accepts(name, tmp_path):
+    folder = bench_gpu.materialise_preset(name, tmp_path)
+    assert [p.name for p in folder.iterdir()] == ["config.json"]
+    cfg = ModelConfig.from_folder(folder)
+    assert cfg.vocab_size > 0 and cfg.num_layers > 0
+
+
+def test_unknown_preset_names_the_known_ones():
+    with pytest.raises(ValueError, match="llama-3-8b"):
+        bench_gpu.load_preset("llama-9-400b")
+
+
+def test_presets_have_the_public_shapes():
+    llama3 = ModelConfig.from_dict(bench_gpu.load_preset("llama-3-8b"))
+    assert (llama3.num_layers, llama3.num_kv_heads, llama3.head_dim) == (32, 8, 128)
+    assert llama3.num_params == pytest.approx(8.03e9, rel=0.005)
+    qwen = ModelConfig.from_dict(bench_gpu.load_preset("qwen3-0.6b"))
+    assert qwen.tie_word_embeddings and qwen.qk_norm
+    assert qwen.num_params == pytest.approx(0.596e9, rel=0.01)
+
+
+def test_kv_bytes_per_token_uses_kv_heads():
+    # DESIGN.md's worked examples: Llama-3-8B 128 KiB/token (GQA), Llama-2-7B 512 KiB (MHA).
+    assert shape("llama-3-8b").kv_bytes_per_token == 131072
+    assert shape("llama-2-7b").kv_bytes_per_token == 512 * 1024
+    assert kv_bytes_per_token(28, 8, 128, 2) == shape("qwen3-0.6b").kv_bytes_per_token
+
+
+def test_batch1_decode_floor_matches_design():
+    # Workload B: ~266 tok/s on the H200 (16 GB of weights read per token).
+    assert batch1_decode_floor_tok_s(shape("llama-3-8b"), H200, 128, 512) == pytest.approx(
+        266, abs=1.5
+    )
+
+
+def test_ttft_floor_matches_design():
+    llama3 = shape("llama-3-8b")
+    assert ttft_floor_s(llama3, H200, 1024) * 1e3 == pytest.approx(21, abs=0.5)
+    assert ttft_floor_s(llama3, H200, 4096) * 1e3 == pytest.approx(90, abs=1.0)
+
+
+def test_throughput_floor_of_workload_a_matches_design():
+    rng = random.Random(0)
+    prompts = [rng.randint(100, 1024) for _ in range(256)]
+    floor = throughput_floor(shape("llama-3-8b"), H200, prompts, [512] * 256)
+    assert floor.num_decode_steps == 511
+    assert floor.output_tokens == 256 * 512
+    assert floor.tok_s == pytest.approx(16_000, rel=0.04)  # DESIGN.md: ~16k
+    assert 2.5 < floor.prefill_s < 3.5  # ~144k prompt tokens x 16 GFLOP / 784 TFLOP/s
+
+
+def test_throughput_floor_sums_the_decode_steps_it_simulates():
+    s = shape("qwen3-0.6b")
+    # Prompts 10 and 20, outputs 3 and 2: the first token comes from prefill, so decode step 1
+    # runs both (contexts 11 + 21) and step 2 only the first (12).
+    floor = throughput_floor(s, H200, [10, 20], [3, 2])
+    expected = decode_step_floor_s(s, H200, 2, 32) + decode_step_floor_s(s, H200, 1, 12)
+    assert floor.decode_s == pytest.approx(expected)
+    assert floor.num_decode_steps == 2 and floor.output_tokens == 5
+
+
+def test_decode_step_is_memory_bound_and_grows_with_context():
+    s = shape("llama-3-8b")
+    t0 = decode_step_floor_s(s, H200, 1, 0)
+    assert t0 == pytest.approx(s.weight_bytes / H200.bandwidth)
+    t1 = decode_step_floor_s(s, H200, 1, 1_000_000)
+    assert t1 - t0 == pytest.approx(1_000_000 * 131072 / H200.bandwidth)
+
+
+def test_throughput_floor_rejects_mismatched_lengths():
+    with pytest.raises(ValueError):
+        throughput_floor(shape("qwen3-0.6b"), H200, [10, 20], [5])
+
+
+@pytest.mark.parametrize(
+    ("workload", "achieved", "floor", "result"),
+    [
+        ("A", 12_000, 16_000, "pass"),
+        ("A", 11_999, 16_000, "FAIL"),
+        ("B", 226, 266, "pass"),
+        ("B", 225, 266, "FAIL"),
+        ("C-1024", 27.0, 21.0, "pass"),
+        ("C-4096", 118.0, 90.0, "FAIL"),
+        ("D", 10_000, 35_000, "pass"),
+        ("D", None, 35_000, "n/a"),
+    ],
+)
+def test_verdict_against_design_targets(workload, achieved, floor, result):
+    assert verdict(workload, achieved, floor)[1] == result
+
+
+def test_random_prompts_are_seeded_in_range_and_not_zeros():
+    a = bench_gpu.random_prompts(8, 100, 1024, 1000, seed=3)
+    assert a == bench_gpu.random_prompts(8, 100, 1024, 1000, seed=3)
+    assert all(100 <= len(p) <= 1024 and min(p) >= 1 and max(p) < 1000 for p in a)
+    assert len({len(p) for p in a}) > 1
+
+
+def test_tiny_run_end_to_end_on_cpu(tmp_path):
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # tiny shapes: threads only add overhead on a busy CI box
+    try:
+        rc = bench_gpu.main(["--device", "cpu", "--tiny", "--out", str(tmp_path)])
+    finally:
+        torch.set_num_threads(threads)
+    results = json.loads((tmp_path / "bench_gpu.json").read_text())
+    assert rc == 0
+    assert [r["workload"] for r in results["rows"]] == ["A", "B", "C-32", "C-64", "D"]
+    for row in results["rows"]:
+        assert row["achieved"] > 0 and row["floor"] > 0, row
+    a = results["rows"][0]
+    assert a["detail"]["output_tokens"] == 4 * 8  # ignore_eos: every request ran to length
+    assert results["hardware"]["bandwidth"] > 0
+    assert results["engines"]["llama-3-8b"]["config"]["load_format"] == "random"
