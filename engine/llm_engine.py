@@ -56,6 +56,7 @@ class LLMEngine:
             )
         self._check_pool_fits()
         self.runner.allocate_kv_cache(self.config.num_kv_blocks, self.kv_dtype)
+        self.runner.capture_cuda_graphs()
         self.block_manager = BlockManager(self.config.num_kv_blocks, self.config.block_size)
         self.scheduler = Scheduler(self.config, self.block_manager)
         self._rng = random.Random(self.config.seed)
