@@ -7,6 +7,8 @@ so they never touch real sequences. Logits and sampling run after the replay, ea
 
 from __future__ import annotations
 
+import gc
+
 import torch
 
 from engine.context import AttentionMetadata, forward_context
@@ -28,12 +30,12 @@ class DecodeGraphs:
         hidden_size: int,
         dtype: torch.dtype,
         device: torch.device,
-        num_splits_for: callable,
+        num_splits: dict[int, int],
     ) -> None:
         self.model = model
         self.sizes = graph_batch_sizes(max_num_seqs)
         self.max_model_len = max_model_len
-        self.num_splits_for = num_splits_for  # batch size -> fixed decode split count
+        self.num_splits = num_splits  # batch size -> fixed decode split count
         n = self.sizes[-1]
         self.input_ids = torch.zeros(n, dtype=torch.int64, device=device)
         self.positions = torch.zeros(n, dtype=torch.int64, device=device)
@@ -60,12 +62,23 @@ class DecodeGraphs:
             max_seq_len=self.max_model_len,
             query_start_loc_cpu=list(range(bs + 1)),
             seq_lens_cpu=[0] * bs,
-            decode_num_splits=self.num_splits_for(bs),
+            decode_num_splits=self.num_splits[bs],
         )
 
     @torch.inference_mode()
     def capture(self) -> None:
-        """Capture every size, largest first (the smaller graphs reuse its memory pool)."""
+        """Capture every size, largest first (the smaller graphs reuse its memory pool).
+
+        Python's garbage collector stays off meanwhile: collecting an unreachable engine's
+        graphs frees device memory, which would invalidate the capture in progress."""
+        gc.collect()
+        gc.disable()
+        try:
+            self._capture_all()
+        finally:
+            gc.enable()
+
+    def _capture_all(self) -> None:
         for bs in reversed(self.sizes):
             meta = self._meta(bs)
             with forward_context(meta):

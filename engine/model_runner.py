@@ -12,7 +12,7 @@ import torch
 from engine.attention import select_backend
 from engine.config import EngineConfig
 from engine.context import forward_context
-from engine.cuda_graphs import DecodeGraphs
+from engine.cuda_graphs import DecodeGraphs, graph_batch_sizes
 from engine.input_prep import prepare_inputs, prepare_sampling
 from engine.models.config import ModelConfig
 from engine.models.loader import load_model
@@ -72,18 +72,20 @@ class ModelRunner:
             return
         from engine.kernels.decode_attention import default_num_splits
 
-        cfg = self.model_config
+        cfg, max_len = self.model_config, self.config.max_model_len
+        sizes = graph_batch_sizes(self.config.max_num_seqs)
+        splits = {
+            bs: default_num_splits(bs, cfg.num_kv_heads, max_len, self.device) for bs in sizes
+        }
         self.graphs = DecodeGraphs(
             self.model,
             self.config.max_num_seqs,
             self.max_blocks_per_seq,
-            self.config.max_model_len,
+            max_len,
             cfg.hidden_size,
             self.dtype,
             self.device,
-            lambda bs: default_num_splits(
-                bs, cfg.num_kv_heads, self.config.max_model_len, self.device
-            ),
+            splits,
         )
         self.graphs.capture()
 

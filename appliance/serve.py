@@ -1,0 +1,144 @@
+"""run_server: `appliance serve` as a process: refuse unsafe binds, listen, load the engine with
+progress, print the URL, serve, and on SIGTERM/SIGINT drain in-flight requests and exit 0."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import ssl
+import sys
+from collections.abc import Callable
+from typing import Any
+
+from aiohttp import web
+from rich.console import Console
+from rich.progress import Progress as RichBar
+from rich.progress import SpinnerColumn, TextColumn, TimeElapsedColumn
+
+from appliance.server.app import Progress, create_app
+from appliance.server.keys import STATE
+from appliance.server.state import Phase
+from appliance.settings import ServeSettings
+
+logger = logging.getLogger("appliance.server")
+
+
+class ConsoleProgress(Progress):
+    """Startup phases as rich spinners with elapsed time, on stderr."""
+
+    def __init__(self, console: Console) -> None:
+        self.bar = RichBar(
+            SpinnerColumn(finished_text="[green]done"),
+            TextColumn("{task.description}"),
+            TimeElapsedColumn(),
+            console=console,
+        )
+        self.task = None
+
+    def phase(self, name: str) -> None:
+        if self.task is None:
+            self.bar.start()
+        else:
+            self.bar.update(self.task, total=1, completed=1)
+        self.task = self.bar.add_task(name, total=None)
+
+    def done(self) -> None:
+        if self.task is not None:
+            self.bar.update(self.task, total=1, completed=1)
+        self.bar.stop()
+
+
+def run_server(settings: ServeSettings, loader: Callable[[], Any] | None = None) -> int:
+    """Run until a signal; the exit status is 0 after a drain, 1 on a startup failure and 2
+    for a refused configuration. `loader` builds the engine (default: LLMEngine from settings)."""
+    refusal = settings.bind_refusal()
+    if refusal:
+        print(f"appliance serve: {refusal}", file=sys.stderr)
+        return 2
+    logging.basicConfig(
+        level=settings.log_level.upper(),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    try:
+        ssl_ctx = make_ssl_context(settings)
+    except (OSError, ssl.SSLError) as exc:
+        print(f"appliance serve: cannot load the TLS certificate/key: {exc}", file=sys.stderr)
+        return 2
+    return asyncio.run(serve(settings, ssl_ctx, loader))
+
+
+def make_ssl_context(settings: ServeSettings) -> ssl.SSLContext | None:
+    if not settings.ssl_certfile:
+        return None
+    ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ctx.load_cert_chain(settings.ssl_certfile, settings.ssl_keyfile)
+    return ctx
+
+
+async def serve(
+    settings: ServeSettings,
+    ssl_ctx: ssl.SSLContext | None = None,
+    loader: Callable[[], Any] | None = None,
+) -> int:
+    """The server's life on the running loop (the main thread's, so that signals reach it)."""
+    console = Console(stderr=True)
+    app = create_app(settings, loader=loader, progress=ConsoleProgress(console))
+    runner = web.AppRunner(app, handler_cancellation=True, shutdown_timeout=3.0, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, settings.host, settings.port, ssl_context=ssl_ctx)
+    try:
+        await site.start()
+    except OSError as exc:
+        console.print(f"[red]cannot listen on {settings.host}:{settings.port}: {exc.strerror}")
+        await runner.cleanup()
+        return 1
+    signals = _Signals(settings.drain_timeout)
+    try:
+        state = app[STATE]
+        while state.phase is Phase.LOADING and not signals.stop.is_set():
+            await asyncio.sleep(0.05)
+        if state.phase is Phase.FAILED:
+            console.print(f"[red]the engine failed to start: {state.load_error}")
+            return 1
+        if not signals.stop.is_set():
+            scheme = "https" if ssl_ctx else "http"
+            host = f"[{settings.host}]" if ":" in settings.host else settings.host
+            port = runner.addresses[0][1] if runner.addresses else settings.port
+            print(
+                f"appliance: serving {state.model_name} at {scheme}://{host}:{port}/v1 "
+                "(health: /health, stats: /v1/stats; Ctrl-C drains and stops)",
+                flush=True,
+            )
+            await signals.stop.wait()
+        drained = await state.drain(settings.drain_timeout, signals.force)
+        logger.info("drain %s; stopping", "complete" if drained else "timed out: cut the rest")
+        return 0
+    finally:
+        signals.close()
+        await runner.cleanup()
+
+
+class _Signals:
+    """SIGTERM/SIGINT: the first starts the drain, a second one cuts it short."""
+
+    def __init__(self, drain_timeout: float) -> None:
+        self.stop, self.force = asyncio.Event(), asyncio.Event()
+        self.drain_timeout = drain_timeout
+        self.loop = asyncio.get_running_loop()
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            self.loop.add_signal_handler(signum, self._on_signal, signum)
+
+    def _on_signal(self, signum: int) -> None:
+        name = signal.Signals(signum).name
+        if self.stop.is_set():
+            logger.warning("second %s: cutting in-flight requests now", name)
+            self.force.set()
+        else:
+            logger.info("%s: draining (up to %gs)", name, self.drain_timeout)
+            self.stop.set()
+
+    def close(self) -> None:
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            self.loop.remove_signal_handler(signum)

@@ -1,0 +1,110 @@
+"""Operational routes: /health, /metrics, /tokenize, /detokenize, /v1/stats (+ SSE stream),
+/v1/requests/{id} and /openapi.json."""
+
+from __future__ import annotations
+
+import asyncio
+from functools import partial
+
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST
+
+from appliance.server.errors import APIError
+from appliance.server.keys import METRICS, STATE, TRACKER
+from appliance.server.openai_routes import SSE_HEADERS, check_model, offload
+from appliance.server.openapi import openapi_spec
+from appliance.server.protocol import parse_detokenize, parse_tokenize, read_json
+from appliance.server.responses import dumps, send_event
+from appliance.server.state import Phase
+
+routes = web.RouteTableDef()
+STATS_INTERVAL_S = 0.25
+
+
+@routes.get("/health")
+async def health(request: web.Request) -> web.Response:
+    """200 {"status": "ok"} when serving; 503 with "loading", "draining" or "error" otherwise."""
+    state = request.app[STATE]
+    status = state.phase.value
+    if state.phase is Phase.READY and not state.async_engine.is_running:
+        status = Phase.FAILED.value
+    body: dict = {"status": status}
+    if status == Phase.FAILED.value and state.load_error:
+        body["error"] = state.load_error
+    return web.json_response(body, status=200 if status == "ok" else 503)
+
+
+@routes.get("/metrics")
+async def metrics(request: web.Request) -> web.Response:
+    body = request.app[METRICS].render()
+    return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+
+@routes.post("/tokenize")
+async def tokenize(request: web.Request) -> web.Response:
+    state = request.app[STATE]
+    state.require_ready()
+    data = await read_json(request)
+    prompt, messages, add_special = parse_tokenize(data)
+    check_model(state, data.get("model"))
+    engine = state.engine
+    if messages is not None:
+        size = sum(len(m["content"]) for m in messages)
+        try:
+            tokens = await offload(request.app, partial(engine.apply_chat_template, messages), size)
+        except ValueError as exc:
+            raise APIError(
+                400, f"cannot apply the chat template: {exc}", param="messages"
+            ) from None
+    else:
+        encode = partial(engine.tokenizer.encode, prompt, add_special_tokens=add_special)
+        tokens = await offload(request.app, encode, len(prompt))
+    return web.json_response(
+        {"tokens": tokens, "count": len(tokens), "max_model_len": engine.config.max_model_len}
+    )
+
+
+@routes.post("/detokenize")
+async def detokenize(request: web.Request) -> web.Response:
+    state = request.app[STATE]
+    state.require_ready()
+    data = await read_json(request)
+    tokens = parse_detokenize(data, len(state.engine.tokenizer))
+    check_model(state, data.get("model"))
+    return web.json_response({"prompt": state.engine.tokenizer.decode(tokens)})
+
+
+@routes.get("/v1/stats")
+async def stats(request: web.Request) -> web.Response:
+    snapshot = request.app[TRACKER].snapshot(request.app[STATE])
+    return web.json_response(snapshot, dumps=dumps)
+
+
+@routes.get("/v1/stats/stream")
+async def stats_stream(request: web.Request) -> web.StreamResponse:
+    """The /v1/stats document as Server-Sent Events, about four times a second."""
+    app = request.app
+    resp = web.StreamResponse(headers=SSE_HEADERS)
+    await resp.prepare(request)
+    try:
+        while True:
+            await send_event(resp, app[TRACKER].snapshot(app[STATE]))
+            await asyncio.sleep(STATS_INTERVAL_S)
+    except ConnectionResetError:
+        pass
+    return resp
+
+
+@routes.get("/v1/requests/{request_id}")
+async def request_trace(request: web.Request) -> web.Response:
+    rid = request.match_info["request_id"]
+    record = request.app[TRACKER].records.get(rid)
+    if record is None:
+        raise APIError(404, f"no recent request with id {rid!r}", param="request_id",
+                       code="request_not_found")  # fmt: skip
+    return web.json_response(record.trace(), dumps=dumps)
+
+
+@routes.get("/openapi.json")
+async def openapi(request: web.Request) -> web.Response:
+    return web.json_response(openapi_spec())

@@ -1,0 +1,198 @@
+"""create_app: the aiohttp Application: middlewares, routes, shared state and long-lived tasks.
+
+The engine is either handed in (tests hand in a fake) or loaded in a worker thread by a
+cleanup-context task, so the HTTP server answers `/health` (503 "loading") while it loads.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+import time
+import uuid
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from aiohttp import web
+
+from appliance.server.admin_routes import routes as admin_routes
+from appliance.server.auth import make_auth_middleware
+from appliance.server.errors import error_middleware
+from appliance.server.keys import EXECUTOR, METRICS, REQUEST_LOG, STATE, TRACKER
+from appliance.server.metrics import Metrics
+from appliance.server.openai_routes import routes as openai_routes
+from appliance.server.request_keys import KEY_NAME, RECEIVED_AT, REQUEST_ID
+from appliance.server.request_log import RequestLog
+from appliance.server.state import Phase, ServerState
+from appliance.server.stats import StatsTracker
+from appliance.settings import ServeSettings
+from engine.sampling_params import SamplingParams
+
+logger = logging.getLogger("appliance.server")
+_REQUEST_ID = re.compile(r"^[A-Za-z0-9._:~-]{1,128}$")
+SAMPLE_INTERVAL_S = 0.25
+
+
+class Progress:
+    """Startup progress callbacks (the CLI shows them with rich; tests ignore them)."""
+
+    def phase(self, name: str) -> None: ...
+
+    def done(self) -> None: ...
+
+
+@web.middleware
+async def request_id_middleware(request: web.Request, handler) -> web.StreamResponse:
+    """Give every request an id (an incoming X-Request-Id if it is sane) and log its outcome."""
+    incoming = request.headers.get("X-Request-Id", "")
+    request[REQUEST_ID] = incoming if _REQUEST_ID.match(incoming) else uuid.uuid4().hex
+    request[RECEIVED_AT] = time.time()
+    response = await handler(request)
+    logger.info(
+        "%s %s %s %d %.1fms key=%s",
+        request[REQUEST_ID], request.method, request.path, response.status,
+        (time.time() - request[RECEIVED_AT]) * 1000, request.get(KEY_NAME, "-"),
+    )  # fmt: skip
+    return response
+
+
+async def _on_prepare(request: web.Request, response: web.StreamResponse) -> None:
+    if REQUEST_ID in request:
+        response.headers["X-Request-Id"] = request[REQUEST_ID]
+    origins = request.app[STATE].settings.cors_origin
+    origin = request.headers.get("Origin")
+    if origins and origin and ("*" in origins or origin in origins):
+        response.headers["Access-Control-Allow-Origin"] = origin
+        response.headers["Vary"] = "Origin"
+        response.headers["Access-Control-Expose-Headers"] = "X-Request-Id, Retry-After"
+
+
+@web.middleware
+async def cors_preflight_middleware(request: web.Request, handler) -> web.StreamResponse:
+    origins = request.app[STATE].settings.cors_origin
+    if (
+        request.method == "OPTIONS"
+        and origins
+        and "Access-Control-Request-Method" in request.headers
+    ):
+        return web.Response(
+            status=204,
+            headers={
+                "Access-Control-Allow-Methods": "GET, POST, OPTIONS",
+                "Access-Control-Allow-Headers": "Authorization, Content-Type, X-Request-Id",
+                "Access-Control-Max-Age": "600",
+            },
+        )
+    return await handler(request)
+
+
+def create_app(
+    config: ServeSettings,
+    engine: Any = None,
+    *,
+    loader: Callable[[], Any] | None = None,
+    progress: Progress | None = None,
+) -> web.Application:
+    """Build the app. `engine`: an already loaded LLMEngine (or fake); otherwise `loader` (by
+    default LLMEngine from the settings) runs in a worker thread once the app starts."""
+    app = web.Application(
+        client_max_size=config.max_body_bytes,
+        middlewares=[
+            request_id_middleware,
+            error_middleware,
+            cors_preflight_middleware,
+            make_auth_middleware(config.api_keys),
+        ],
+    )
+    state = ServerState(config)
+    app[STATE] = state
+    app[TRACKER] = StatsTracker()
+    app[METRICS] = Metrics(state)
+    app[TRACKER].on_finish.append(app[METRICS].request_closed)
+    app[EXECUTOR] = ThreadPoolExecutor(max_workers=2, thread_name_prefix="tokenize")
+    app.router.add_routes(openai_routes)
+    app.router.add_routes(admin_routes)
+    app.on_response_prepare.append(_on_prepare)
+    app.cleanup_ctx.append(_request_log_ctx)
+    app.cleanup_ctx.append(_engine_ctx(engine, loader or _default_loader(config), progress))
+    app.cleanup_ctx.append(_sampler_ctx)
+    return app
+
+
+def _default_loader(config: ServeSettings) -> Callable[[], Any]:
+    def load() -> Any:
+        from engine.llm_engine import LLMEngine
+
+        return LLMEngine(config.model, device=config.device, **config.engine_kwargs())
+
+    return load
+
+
+async def _request_log_ctx(app: web.Application):
+    path = app[STATE].settings.log_requests
+    if path:
+        log = RequestLog(path)
+        app[REQUEST_LOG] = log
+        app[TRACKER].on_finish.append(log.write)
+    yield
+    if path:
+        app[REQUEST_LOG].close()
+    app[EXECUTOR].shutdown(wait=False, cancel_futures=True)
+
+
+def _engine_ctx(engine: Any, loader: Callable[[], Any], progress: Progress | None):
+    async def ctx(app: web.Application):
+        state = app[STATE]
+        task = None
+        if engine is not None:
+            state.attach(engine)
+            state.ready()
+        else:
+            task = asyncio.create_task(_load(state, loader, progress or Progress()))
+        yield
+        if task is not None:
+            task.cancel()
+        if state.async_engine is not None:
+            await asyncio.get_running_loop().run_in_executor(None, state.async_engine.shutdown)
+
+    return ctx
+
+
+async def _load(state: ServerState, loader: Callable[[], Any], progress: Progress) -> None:
+    loop = asyncio.get_running_loop()
+    try:
+        progress.phase("loading the model")
+        engine = await loop.run_in_executor(None, loader)
+        state.attach(engine)
+        if state.settings.warmup:
+            progress.phase("warming up")
+            params = SamplingParams(max_tokens=2, temperature=0.0)
+            async for _ in state.async_engine.generate("warmup", "Hello", params):
+                pass
+            try:  # the first render compiles the template: do it now, not on a client's request
+                engine.apply_chat_template([{"role": "user", "content": "Hello"}])
+            except ValueError:
+                pass
+        state.ready()
+        progress.done()
+    except asyncio.CancelledError:
+        raise
+    except BaseException as exc:
+        logger.exception("the engine failed to load")
+        state.phase, state.load_error = Phase.FAILED, f"{type(exc).__name__}: {exc}"
+        progress.done()
+
+
+async def _sampler_ctx(app: web.Application):
+    async def sample() -> None:
+        while True:
+            state = app[STATE]
+            if state.async_engine is not None:
+                app[TRACKER].sample_engine(state.async_engine.stats())
+            await asyncio.sleep(SAMPLE_INTERVAL_S)
+
+    task = asyncio.create_task(sample())
+    yield
+    task.cancel()

@@ -1,0 +1,57 @@
+"""API-key authentication: `Authorization: Bearer KEY` (or `X-Api-Key`), constant-time compare.
+
+Open without a key: /health (for probes and load balancers) and /openapi.json. Keys are never
+logged; the matching key's name is stored on the request for logs and traces.
+"""
+
+from __future__ import annotations
+
+import hmac
+
+from aiohttp import web
+
+from appliance.server.errors import APIError
+from appliance.server.request_keys import KEY_NAME
+from appliance.settings import ApiKey
+
+PUBLIC_PATHS = frozenset({"/health", "/openapi.json"})
+
+
+def match_key(presented: str, keys: list[ApiKey]) -> ApiKey | None:
+    """The key equal to `presented`, comparing against every key in constant time each."""
+    found = None
+    given = presented.encode()
+    for key in keys:
+        if hmac.compare_digest(given, key.key.encode()):
+            found = key
+    return found
+
+
+def presented_key(request: web.Request) -> str | None:
+    header = request.headers.get("Authorization", "")
+    scheme, _, value = header.partition(" ")
+    if scheme.lower() == "bearer" and value.strip():
+        return value.strip()
+    return request.headers.get("X-Api-Key") or None
+
+
+def make_auth_middleware(keys: list[ApiKey]):
+    @web.middleware
+    async def auth_middleware(request: web.Request, handler) -> web.StreamResponse:
+        if not keys or request.path in PUBLIC_PATHS or request.method == "OPTIONS":
+            return await handler(request)
+        presented = presented_key(request)
+        key = match_key(presented, keys) if presented else None
+        if key is None:
+            message = (
+                "missing API key: send 'Authorization: Bearer KEY'"
+                if presented is None
+                else "invalid API key"
+            )
+            raise APIError(
+                401, message, code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"}
+            )
+        request[KEY_NAME] = key.name
+        return await handler(request)
+
+    return auth_middleware

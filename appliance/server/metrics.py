@@ -1,0 +1,110 @@
+"""Prometheus metrics under vLLM's names (so existing vLLM dashboards work), one registry per app.
+
+Engine gauges and counters are read from the AsyncEngine snapshot at scrape time; request
+histograms are observed when a request closes.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+from appliance.server.records import RequestRecord
+from appliance.server.state import ServerState
+
+TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0,
+                2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0)  # fmt: skip
+TPOT_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5,
+                5.0, 7.5, 10.0, 20.0, 40.0, 80.0)  # fmt: skip
+E2E_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0,
+               60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0)  # fmt: skip
+
+
+class _EngineCollector:
+    """Gauges/counters straight from the engine snapshot, with vLLM's names and label."""
+
+    def __init__(self, state: ServerState) -> None:
+        self.state = state
+
+    def collect(self):
+        state = self.state
+        labels = ["model_name"]
+        model = [state.model_name]
+        stats = state.async_engine.stats() if state.async_engine else {}
+        total = stats.get("kv_blocks_total") or 0
+        usage = (stats.get("kv_blocks_used", 0) / total) if total else 0.0
+        gauges = {
+            "vllm:num_requests_running": ("Requests running on the engine.", "num_running"),
+            "vllm:num_requests_waiting": ("Requests waiting to be scheduled.", "num_waiting"),
+        }
+        for name, (doc, key) in gauges.items():
+            g = GaugeMetricFamily(name, doc, labels=labels)
+            g.add_metric(model, stats.get(key, 0))
+            yield g
+        for name in ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"):
+            g = GaugeMetricFamily(name, "KV-cache usage; 1 means 100 percent.", labels=labels)
+            g.add_metric(model, usage)
+            yield g
+        counters = {
+            "vllm:num_preemptions": ("Preemptions by the scheduler.", "num_preemptions_total"),
+            "vllm:prompt_tokens": ("Prefill tokens processed.", "prompt_tokens_total"),
+            "vllm:generation_tokens": ("Tokens generated.", "generation_tokens_total"),
+        }
+        for name, (doc, key) in counters.items():
+            c = CounterMetricFamily(name, doc, labels=labels)
+            c.add_metric(model, stats.get(key, 0))
+            yield c
+        g = GaugeMetricFamily("appliance:requests_in_flight", "HTTP requests admitted.")
+        g.add_metric([], len(state.inflight))
+        yield g
+
+
+class Metrics:
+    """The app's Prometheus registry and its request-level instruments."""
+
+    def __init__(self, state: ServerState) -> None:
+        self.state = state
+        self.registry = CollectorRegistry()
+        self.registry.register(_EngineCollector(state))
+        labels = ["model_name"]
+        r = self.registry
+
+        def hist(name: str, doc: str, buckets) -> Histogram:
+            return Histogram(name, doc, labels, buckets=buckets, registry=r)
+
+        self.ttft = hist("vllm:time_to_first_token_seconds", "Time to first token.", TTFT_BUCKETS)
+        self.tpot = hist(
+            "vllm:time_per_output_token_seconds", "Time per output token.", TPOT_BUCKETS
+        )
+        self.itl = hist("vllm:inter_token_latency_seconds", "Inter-token latency.", TPOT_BUCKETS)
+        self.e2e = hist("vllm:e2e_request_latency_seconds", "End-to-end latency.", E2E_BUCKETS)
+        self.queue = hist("vllm:request_queue_time_seconds", "Time waiting to run.", E2E_BUCKETS)
+        self.success = Counter("vllm:request_success", "Finished requests.",
+                               labels + ["finished_reason"], registry=r)  # fmt: skip
+        self.rejected = Counter("appliance:requests_rejected", "Requests refused with 429.",
+                                labels, registry=r)  # fmt: skip
+        self.failed = Counter("appliance:requests_failed", "Requests ended by an error.",
+                              labels + ["reason"], registry=r)  # fmt: skip
+
+    def observe_itl(self, seconds: float) -> None:
+        self.itl.labels(self.state.model_name).observe(seconds)
+
+    def request_closed(self, record: RequestRecord) -> None:
+        model = self.state.model_name
+        if record.status != "finished":
+            reason = (record.error or record.status).split(":", 1)[0]
+            self.failed.labels(model, reason if record.status == "timeout" else record.status).inc()
+            return
+        if record.ttft_s is not None:
+            self.ttft.labels(model).observe(record.ttft_s)
+        if record.e2e_s is not None:
+            self.e2e.labels(model).observe(record.e2e_s)
+        for c in record.choices:
+            if c.tpot_s is not None:
+                self.tpot.labels(model).observe(c.tpot_s)
+            if c.queue_s is not None:
+                self.queue.labels(model).observe(c.queue_s)
+            self.success.labels(model, c.finish_reason or "abort").inc()
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

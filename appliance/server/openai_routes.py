@@ -1,0 +1,214 @@
+"""OpenAI-compatible routes: /v1/models, /v1/completions and /v1/chat/completions (with SSE)."""
+
+from __future__ import annotations
+
+import asyncio
+from contextlib import aclosing
+from functools import partial
+
+from aiohttp import web
+
+from appliance.server.errors import APIError, bad_request
+from appliance.server.generation import Choice, Generation
+from appliance.server.keys import EXECUTOR, METRICS, STATE, TRACKER
+from appliance.server.protocol import GenerateRequest, parse_chat, parse_completion, read_json
+from appliance.server.records import ChoiceRecord, RequestRecord
+from appliance.server.request_keys import KEY_NAME, RECEIVED_AT, REQUEST_ID
+from appliance.server.responses import Formatter, dumps, send_event, usage
+from appliance.server.state import ServerState
+
+routes = web.RouteTableDef()
+OFFLOAD_CHARS = 2048
+"""Prompts longer than this are tokenized in a worker thread, not on the event loop."""
+SSE_HEADERS = {
+    "Content-Type": "text/event-stream; charset=utf-8",
+    "Cache-Control": "no-cache",
+    "X-Accel-Buffering": "no",
+}
+
+
+@routes.get("/v1/models")
+async def list_models(request: web.Request) -> web.Response:
+    state = request.app[STATE]
+    state.require_ready()
+    return web.json_response({"object": "list", "data": [_model_card(state)]})
+
+
+@routes.get("/v1/models/{model}")
+async def get_model(request: web.Request) -> web.Response:
+    state = request.app[STATE]
+    state.require_ready()
+    check_model(state, request.match_info["model"])
+    return web.json_response(_model_card(state))
+
+
+def _model_card(state: ServerState) -> dict:
+    return {
+        "id": state.model_name,
+        "object": "model",
+        "created": int(state.started_at),
+        "owned_by": "llm-appliance",
+        "root": state.engine.model_name,
+        "max_model_len": state.engine.config.max_model_len,
+    }
+
+
+def check_model(state: ServerState, model: str | None) -> None:
+    """A missing model means the served one; any other name is a 404."""
+    if model is None or model in (state.model_name, state.engine.model_name):
+        return
+    raise APIError(
+        404,
+        f"The model '{model}' does not exist; this server serves '{state.model_name}'",
+        param="model",
+        code="model_not_found",
+    )
+
+
+@routes.post("/v1/completions")
+async def completions(request: web.Request) -> web.StreamResponse:
+    return await serve_generation(request, parse_completion(await read_json(request)))
+
+
+@routes.post("/v1/chat/completions")
+async def chat_completions(request: web.Request) -> web.StreamResponse:
+    return await serve_generation(request, parse_chat(await read_json(request)))
+
+
+async def offload(app: web.Application, fn, size: int):
+    """Run fn in the tokenizer pool when the input is large, inline when it is small."""
+    if size < OFFLOAD_CHARS:
+        return fn()
+    return await asyncio.get_running_loop().run_in_executor(app[EXECUTOR], fn)
+
+
+async def _prompt_ids(app: web.Application, state: ServerState, req: GenerateRequest) -> list:
+    engine = state.engine
+    if req.messages is not None:
+        size = sum(len(m["content"]) for m in req.messages)
+        try:
+            return [await offload(app, partial(engine.apply_chat_template, req.messages), size)]
+        except ValueError as exc:
+            raise bad_request(f"cannot apply the chat template: {exc}", "messages") from None
+    return [
+        p
+        if isinstance(p, list)
+        else await offload(app, partial(engine.tokenizer.encode, p), len(p))
+        for p in req.prompts
+    ]
+
+
+def resolve_max_tokens(req: GenerateRequest, prompt_len: int, limit: int) -> int:
+    """The request's max_tokens (chat default: the rest of the context), checked against it."""
+    wanted = req.max_tokens if req.max_tokens is not None else max(1, limit - prompt_len)
+    if prompt_len + wanted > limit:
+        raise bad_request(
+            f"This model's maximum context length is {limit} tokens; the request asks for "
+            f"{prompt_len + wanted} ({prompt_len} in the prompt, {wanted} to generate)",
+            param="max_tokens" if req.max_tokens is not None else "messages",
+            code="context_length_exceeded",
+        )
+    return wanted
+
+
+async def serve_generation(request: web.Request, req: GenerateRequest) -> web.StreamResponse:
+    app = request.app
+    state, tracker, metrics = app[STATE], app[TRACKER], app[METRICS]
+    state.require_ready()
+    check_model(state, req.model)
+    prompts = await _prompt_ids(app, state, req)
+    limit = state.engine.config.max_model_len
+    max_tokens = [resolve_max_tokens(req, len(ids), limit) for ids in prompts]
+    k = len(prompts) * req.n
+    if k > state.settings.max_n:
+        raise bad_request(
+            f"the request asks for {k} choices ({len(prompts)} prompts x n={req.n}); "
+            f"this server allows at most {state.settings.max_n}",
+            param="n",
+        )
+    rid = state.unique_id(request[REQUEST_ID])
+    request[REQUEST_ID] = rid  # the X-Request-Id header names the trace this request got
+    choices = []
+    for i in range(k):
+        p = i // req.n
+        engine_id = rid if k == 1 else f"{rid}-{i}"
+        rec = ChoiceRecord(i, engine_id, p, len(prompts[p]))
+        choices.append(Choice(rec, prompts[p], req.params(i, max_tokens[p])))
+    try:
+        entry = state.admit(rid, [c.engine_id for c in choices], tracker.mean_e2e())
+    except APIError:
+        tracker.rejected()
+        metrics.rejected.labels(state.model_name).inc()
+        raise
+    record = RequestRecord(rid, req.endpoint, state.model_name, request.get(KEY_NAME),
+                           req.stream, received_at=request[RECEIVED_AT])  # fmt: skip
+    record.choices = [c.record for c in choices]
+    record.events.append({"time": record.received_at, "event": "received"})
+    record.event("admitted", num_choices=k)
+    tracker.add(record)
+
+    def on_itl(seconds: float) -> None:
+        tracker.observe_itl(seconds)
+        metrics.observe_itl(seconds)
+
+    gen = Generation(state.async_engine, state.settings, record, entry, choices, on_itl)
+    fmt = Formatter(
+        req.endpoint, rid, state.model_name, int(record.received_at), state.engine.tokenizer
+    )
+    outcome = ["error", 500, None]
+    try:
+        await gen.start()
+        if req.stream:
+            return await _stream(request, gen, fmt, req, outcome)
+        async with aclosing(gen.outputs()) as events:
+            async for _ in events:
+                pass
+        body = fmt.full(choices, usage(record.prompt_tokens, record.completion_tokens))
+        outcome[:] = ["finished", 200, None]
+        return web.json_response(body, dumps=dumps)
+    except APIError as err:
+        outcome[:] = ["timeout" if err.status == 504 else "error", err.status, _err(err)]
+        raise
+    except (asyncio.CancelledError, ConnectionResetError):
+        outcome[:] = ["cancelled", 499, "client disconnected"]
+        raise
+    finally:
+        gen.abort_unfinished()
+        state.release(entry)
+        record.close(*outcome)
+        tracker.finish(record)
+
+
+def _err(err: APIError) -> str:
+    return f"{err.code or err.type}: {err.message}"
+
+
+async def _stream(
+    request: web.Request, gen: Generation, fmt: Formatter, req: GenerateRequest, outcome: list
+) -> web.StreamResponse:
+    """Send the choices as SSE; an error after the headers ends the stream with an error event."""
+    resp = web.StreamResponse(headers=SSE_HEADERS)
+    await resp.prepare(request)
+    record = gen.record
+    try:
+        if fmt.chat:
+            for c in gen.choices:
+                await send_event(resp, fmt.role_chunk(c.record.index, req.include_usage))
+        try:
+            async with aclosing(gen.outputs()) as events:
+                async for choice, _ in events:
+                    chunk = fmt.delta_chunk(choice, req.include_usage)
+                    if chunk is not None:
+                        await send_event(resp, chunk)
+            if req.include_usage:
+                u = usage(record.prompt_tokens, record.completion_tokens)
+                await send_event(resp, fmt.usage_chunk(u))
+            outcome[:] = ["finished", 200, None]
+        except APIError as err:
+            await send_event(resp, err.to_dict())
+            outcome[:] = ["timeout" if err.status == 504 else "error", err.status, _err(err)]
+        await send_event(resp, "[DONE]")
+        await resp.write_eof()
+    except ConnectionResetError:
+        outcome[:] = ["cancelled", 499, "client disconnected"]
+    return resp

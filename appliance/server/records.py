@@ -1,0 +1,153 @@
+"""RequestRecord: one HTTP request's life as the server saw it (ids, counts, timings, trace).
+
+Handlers fill it in as the request advances; /v1/requests/{id}, /v1/stats, the metrics and
+the request log all read it.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from engine.request import RequestOutput
+
+
+@dataclass
+class ChoiceRecord:
+    """One engine sub-request (one choice of one prompt)."""
+
+    index: int
+    engine_id: str
+    prompt_index: int
+    prompt_tokens: int
+    completion_tokens: int = 0
+    finish_reason: str | None = None
+    first_token_at: float | None = None
+    finished_at: float | None = None
+    queue_s: float | None = None
+    num_preemptions: int = 0
+    engine_trace: list[dict] = field(default_factory=list)
+
+    def update(self, output: RequestOutput, now: float) -> int:
+        """Take in an output; returns how many new tokens it brought."""
+        new = len(output.token_ids) - self.completion_tokens
+        if new > 0 and self.first_token_at is None:
+            self.first_token_at = now
+        self.completion_tokens = len(output.token_ids)
+        m = output.metrics
+        if m.first_scheduled_time is not None:
+            self.queue_s = max(0.0, m.first_scheduled_time - m.arrival_time)
+        self.num_preemptions = m.num_preemptions
+        if output.finished:
+            self.finish_reason = output.finish_reason
+            self.finished_at = now
+            self.engine_trace = [
+                {"time": e.time, "event": e.event, **({"detail": e.detail} if e.detail else {})}
+                for e in output.trace
+            ]
+        return max(0, new)
+
+    @property
+    def tpot_s(self) -> float | None:
+        if self.first_token_at is None or self.finished_at is None or self.completion_tokens < 2:
+            return None
+        return (self.finished_at - self.first_token_at) / (self.completion_tokens - 1)
+
+
+@dataclass
+class RequestRecord:
+    """One HTTP request; `status` is queued, running, finished, error, timeout or cancelled."""
+
+    request_id: str
+    endpoint: str
+    model: str
+    key_name: str | None = None
+    stream: bool = False
+    received_at: float = field(default_factory=time.time)
+    status: str = "queued"
+    http_status: int | None = None
+    error: str | None = None
+    finished_at: float | None = None
+    choices: list[ChoiceRecord] = field(default_factory=list)
+    events: list[dict] = field(default_factory=list)
+
+    def event(self, name: str, **detail) -> None:
+        self.events.append(
+            {"time": time.time(), "event": name, **({"detail": detail} if detail else {})}
+        )
+
+    @property
+    def prompt_tokens(self) -> int:
+        """Prompt tokens counted once per prompt (choices of one prompt share it)."""
+        seen: dict[int, int] = {}
+        for c in self.choices:
+            seen.setdefault(c.prompt_index, c.prompt_tokens)
+        return sum(seen.values())
+
+    @property
+    def completion_tokens(self) -> int:
+        return sum(c.completion_tokens for c in self.choices)
+
+    @property
+    def ttft_s(self) -> float | None:
+        firsts = [c.first_token_at for c in self.choices if c.first_token_at is not None]
+        return min(firsts) - self.received_at if firsts else None
+
+    @property
+    def e2e_s(self) -> float | None:
+        return None if self.finished_at is None else self.finished_at - self.received_at
+
+    def close(self, status: str, http_status: int, error: str | None = None) -> None:
+        self.status, self.http_status, self.error = status, http_status, error
+        self.finished_at = time.time()
+        self.event("closed", status=status, http_status=http_status)
+
+    def summary(self) -> dict:
+        """One row of the request table."""
+        queue = [c.queue_s for c in self.choices if c.queue_s is not None]
+        tpots = [c.tpot_s for c in self.choices if c.tpot_s is not None]
+        return {
+            "id": self.request_id,
+            "endpoint": self.endpoint,
+            "state": self.status,
+            "http_status": self.http_status,
+            "received_at": self.received_at,
+            "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": self.completion_tokens,
+            "n": len(self.choices),
+            "queue_s": max(queue) if queue else None,
+            "ttft_s": self.ttft_s,
+            "tpot_s": sum(tpots) / len(tpots) if tpots else None,
+            "e2e_s": self.e2e_s,
+            "num_preemptions": sum(c.num_preemptions for c in self.choices),
+            "finish_reasons": [c.finish_reason for c in self.choices],
+            "error": self.error,
+        }
+
+    def trace(self) -> dict:
+        """The full trace: server events and each choice's engine events, in time order."""
+        events = [{**e, "source": "server"} for e in self.events]
+        for c in self.choices:
+            events += [{**e, "source": "engine", "choice": c.index} for e in c.engine_trace]
+        events.sort(key=lambda e: e["time"])
+        for e in events:
+            e["t_ms"] = round((e["time"] - self.received_at) * 1000, 3)
+        return {
+            **self.summary(),
+            "key_name": self.key_name,
+            "stream": self.stream,
+            "choices": [
+                {
+                    "index": c.index,
+                    "engine_id": c.engine_id,
+                    "prompt_tokens": c.prompt_tokens,
+                    "completion_tokens": c.completion_tokens,
+                    "finish_reason": c.finish_reason,
+                    "queue_s": c.queue_s,
+                    "tpot_s": c.tpot_s,
+                    "num_preemptions": c.num_preemptions,
+                }
+                for c in self.choices
+            ],
+            "events": events,
+        }

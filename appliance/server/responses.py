@@ -1,0 +1,150 @@
+"""OpenAI response bodies: completion and chat objects, stream chunks, logprobs, usage."""
+
+from __future__ import annotations
+
+import json
+
+from aiohttp import web
+
+from appliance.server.generation import Choice
+from engine.request import Logprob
+
+
+def dumps(obj) -> str:
+    return json.dumps(obj, ensure_ascii=False, separators=(",", ":"))
+
+
+async def send_event(resp: web.StreamResponse, payload: dict | str) -> None:
+    data = payload if isinstance(payload, str) else dumps(payload)
+    await resp.write(f"data: {data}\n\n".encode())
+
+
+def _finite(logprob: float) -> float:
+    """JSON has no -Infinity: a token the model rules out gets a very low finite logprob."""
+    return logprob if logprob > -9999.0 else -9999.0
+
+
+def usage(prompt_tokens: int, completion_tokens: int) -> dict:
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+    }
+
+
+class Formatter:
+    """Builds the bodies of one request (completions or chat); knows ids, model and tokenizer."""
+
+    def __init__(self, endpoint: str, request_id: str, model: str, created: int, tokenizer) -> None:
+        self.chat = endpoint == "chat"
+        self.id = f"{'chatcmpl' if self.chat else 'cmpl'}-{request_id}"
+        self.model = model
+        self.created = created
+        self.tokenizer = tokenizer
+
+    def _envelope(self, choices: list[dict], chunk: bool) -> dict:
+        if self.chat:
+            obj = "chat.completion.chunk" if chunk else "chat.completion"
+        else:
+            obj = "text_completion"
+        return {
+            "id": self.id,
+            "object": obj,
+            "created": self.created,
+            "model": self.model,
+            "system_fingerprint": None,
+            "choices": choices,
+        }
+
+    # --- whole responses ----------------------------------------------------------------
+    def full(self, choices: list[Choice], usage_: dict) -> dict:
+        out = []
+        for c in choices:
+            last = c.last
+            text = last.text if last is not None else ""
+            lps = (
+                self.logprobs(last.logprobs or [], 0)
+                if last and last.logprobs is not None
+                else None
+            )
+            item: dict = {"index": c.record.index, "logprobs": lps}
+            if self.chat:
+                item["message"] = {"role": "assistant", "content": text}
+            else:
+                item["text"] = text
+            item["finish_reason"] = c.record.finish_reason
+            item["stop_reason"] = last.stop_reason if last is not None else None
+            out.append(item)
+        return {**self._envelope(out, chunk=False), "usage": usage_}
+
+    # --- streaming ----------------------------------------------------------------------
+    def role_chunk(self, index: int, with_usage: bool) -> dict:
+        choice = {
+            "index": index,
+            "delta": {"role": "assistant", "content": ""},
+            "logprobs": None,
+            "finish_reason": None,
+        }
+        return self._with_usage(self._envelope([choice], chunk=True), with_usage)
+
+    def delta_chunk(self, c: Choice, with_usage: bool) -> dict | None:
+        """The next chunk of a choice (new text/logprobs, or its finish), or None if nothing new."""
+        out = c.last
+        text = out.text[c.sent_text :]
+        lps = None
+        if out.logprobs is not None and len(out.logprobs) > c.sent_logprobs:
+            lps = self.logprobs(out.logprobs[c.sent_logprobs :], c.sent_text)
+        if not text and lps is None and not out.finished:
+            return None
+        c.sent_text = len(out.text)
+        c.sent_logprobs = len(out.logprobs or [])
+        finish = out.finish_reason if out.finished else None
+        item: dict = {"index": c.record.index, "logprobs": lps, "finish_reason": finish}
+        if self.chat:
+            item["delta"] = {"content": text} if text or not out.finished else {}
+        else:
+            item["text"] = text
+        if out.finished:
+            item["stop_reason"] = out.stop_reason
+        return self._with_usage(self._envelope([item], chunk=True), with_usage)
+
+    def usage_chunk(self, usage_: dict) -> dict:
+        return {**self._envelope([], chunk=True), "usage": usage_}
+
+    @staticmethod
+    def _with_usage(chunk: dict, with_usage: bool) -> dict:
+        if with_usage:
+            chunk["usage"] = None
+        return chunk
+
+    # --- logprobs -----------------------------------------------------------------------
+    def _token(self, token_id: int) -> str:
+        return self.tokenizer.decode([token_id])
+
+    def logprobs(self, items: list[Logprob], text_offset: int) -> dict:
+        if self.chat:
+            return {
+                "content": [
+                    {
+                        **self._lp_entry(lp.token_id, lp.logprob),
+                        "top_logprobs": [self._lp_entry(t, v) for t, v in lp.top],
+                    }
+                    for lp in items
+                ]
+            }
+        tokens, offsets = [], []
+        for lp in items:
+            offsets.append(text_offset)
+            token = self._token(lp.token_id)
+            text_offset += len(token)
+            tokens.append(token)
+        return {
+            "tokens": tokens,
+            "token_logprobs": [_finite(lp.logprob) for lp in items],
+            "top_logprobs": [{self._token(t): _finite(v) for t, v in lp.top} for lp in items],
+            "text_offset": offsets,
+        }
+
+    def _lp_entry(self, token_id: int, logprob: float) -> dict:
+        token = self._token(token_id)
+        return {"token": token, "logprob": _finite(logprob), "bytes": list(token.encode("utf-8"))}

@@ -1,0 +1,117 @@
+"""Where a decode step's time goes: schedule, input preparation, forward (graph replay or
+eager), logits + sampling, update. Each phase is synchronised so GPU time lands in its phase.
+
+    PYTHONPATH=. python scripts/profile_step.py --preset llama-3-8b --batch 1 [--eager]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from collections import defaultdict
+from contextlib import contextmanager
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from engine import LLM, SamplingParams  # noqa: E402
+from engine.context import forward_context  # noqa: E402
+from engine.input_prep import prepare_inputs, prepare_sampling  # noqa: E402
+from engine.sampler import sample  # noqa: E402
+
+PROFILES = Path(__file__).resolve().parents[1] / "profiles" / "models"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--preset", default="llama-3-8b")
+    ap.add_argument("--batch", type=int, default=1)
+    ap.add_argument("--context", type=int, default=512)
+    ap.add_argument("--steps", type=int, default=50)
+    ap.add_argument("--eager", action="store_true")
+    args = ap.parse_args()
+    folder = Path(tempfile.mkdtemp())
+    (folder / "config.json").write_text((PROFILES / f"{args.preset}.json").read_text())
+    llm = LLM(
+        str(folder),
+        load_format="random",
+        max_model_len=args.context + args.steps + 8,
+        max_num_seqs=max(args.batch, 1),
+        enforce_eager=args.eager,
+    )
+    engine, runner = llm.engine, llm.engine.runner
+    params = SamplingParams(max_tokens=args.steps + 4, temperature=0.0, ignore_eos=True)
+    g = torch.Generator().manual_seed(0)
+    for i in range(args.batch):
+        engine.add_request(
+            str(i), torch.randint(1, 1000, (args.context,), generator=g).tolist(), params
+        )
+    while any(r.num_computed_tokens < r.num_prompt_tokens for r in engine.scheduler.running) or (
+        engine.scheduler.waiting
+    ):
+        engine.step()
+    for _ in range(3):
+        engine.step()  # warm
+    phases: dict[str, float] = defaultdict(float)
+
+    @contextmanager
+    def phase(name: str):
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        yield
+        torch.cuda.synchronize()
+        phases[name] += time.perf_counter() - start
+
+    vocab = runner.model_config.vocab_size
+    wall = time.perf_counter()
+    for _ in range(args.steps):
+        with phase("schedule"):
+            batch = engine.scheduler.schedule()
+        with phase("prepare_inputs"):
+            ids, pos, meta, rows = prepare_inputs(batch, runner.block_size, runner.device)
+        with phase("forward (graph)" if runner.graphs is not None else "forward (eager)"):
+            if runner.graphs is not None:
+                hidden = runner.graphs.run(ids, pos, meta)
+            else:
+                with forward_context(meta):
+                    hidden = runner.model(ids, pos)
+        with phase("lm_head"):
+            logits = runner.model.compute_logits(hidden[rows])
+        with phase("prepare_sampling"):
+            st = prepare_sampling(batch.requests, vocab, runner.device)
+        with phase("sample + sync"):
+            tokens = sample(logits, st).token_ids.tolist()
+        with phase("update + outputs"):
+            sampled = {i: (t, None) for i, t in enumerate(tokens)}
+            for req in engine.scheduler.update(batch, sampled):
+                engine._output(req)
+    wall = time.perf_counter() - wall
+    total = sum(phases.values())
+    report = {k: round(v / args.steps * 1e3, 3) for k, v in phases.items()}
+    print(
+        json.dumps(
+            {
+                "preset": args.preset,
+                "batch": args.batch,
+                "ms_per_step": report,
+                "sum_ms": round(total / args.steps * 1e3, 3),
+                "wall_ms": round(wall / args.steps * 1e3, 3),
+            },
+            indent=1,
+        )
+    )
+    # and the real step loop, unsynchronised, for comparison
+    t = time.perf_counter()
+    for _ in range(min(args.steps, 3)):
+        engine.step()
+    torch.cuda.synchronize()
+    print(f"engine.step(): {(time.perf_counter() - t) / 3 * 1e3:.2f} ms per step")
+
+
+if __name__ == "__main__":
+    main()

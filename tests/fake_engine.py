@@ -1,0 +1,238 @@
+"""A small, deterministic stand-in for LLMEngine (same public contract) for fast server tests.
+
+Tokens are words "w<id>": text " w12 w57" encodes to [12, 57] and decodes back. Generated
+tokens are a hash of (seed, prompt, position), so the same seed gives the same text. Prompt
+markers steer behaviour: token 3 ("w3") makes a request stall after its first token, token 4
+("w4") makes it end with EOS after three tokens. KV blocks are reserved for prompt + max_tokens
+at admission, so `kv_blocks_used` returns to 0 exactly when requests finish or are aborted.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import random
+import time
+import zlib
+from collections import deque
+
+import torch
+
+from engine.config import EngineConfig
+from engine.request import Logprob, RequestMetrics, RequestOutput, TraceEvent
+from engine.sampling_params import SamplingParams
+
+VOCAB = 512
+EOS_ID = 2
+STALL_MARK = 3
+EOS_MARK = 4
+
+
+class FakeTokenizer:
+    eos_token_id = EOS_ID
+    chat_template = "role: content"
+
+    def __len__(self) -> int:
+        return VOCAB
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        ids = []
+        for word in text.split():
+            if word.startswith("w") and word[1:].isdigit() and int(word[1:]) < VOCAB:
+                ids.append(int(word[1:]))
+            else:
+                ids.append(16 + zlib.crc32(word.encode()) % (VOCAB - 16))
+        return ids
+
+    def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
+        return "".join(f" w{i}" for i in ids if not (skip_special_tokens and i == EOS_ID))
+
+
+class _Req:
+    def __init__(self, rid: str, prompt: list[int], params: SamplingParams, seed: int, now: float):
+        self.rid, self.prompt, self.params, self.seed = rid, prompt, params, seed
+        self.out: list[int] = []
+        self.logprobs: list[Logprob] | None = [] if params.logprobs is not None else None
+        self.metrics = RequestMetrics(arrival_time=now)
+        self.trace = [TraceEvent(now, "arrived")]
+        self.blocks = 0
+        self.finish_reason: str | None = None
+        self.stop_reason: str | int | None = None
+        self.text = ""
+
+
+class FakeEngine:
+    """Honours LLMEngine's contract: add_request/abort/step/has_unfinished/stats/tokenizer."""
+
+    def __init__(self, step_time: float = 0.002, markers: bool = True, **config) -> None:
+        defaults = dict(
+            max_model_len=128,
+            max_num_seqs=4,
+            max_num_batched_tokens=256,
+            block_size=4,
+            num_kv_blocks=256,
+            dtype="float32",
+            kv_cache_dtype="float32",
+        )
+        self.config = EngineConfig(**{**defaults, **config})
+        self.tokenizer = FakeTokenizer()
+        self.model_name = "fake-model"
+        self.device = torch.device("cpu")
+        self.step_time = step_time
+        self.markers = markers
+        """Whether prompt tokens 3 (stall) and 4 (EOS after three tokens) steer requests."""
+        self.crash_next_step = False
+        self._rng = random.Random(0)
+        self._reqs: dict[str, _Req] = {}
+        self._waiting: deque[_Req] = deque()
+        self._running: list[_Req] = []
+        self._aborted: list[_Req] = []
+        self._blocks_used = 0
+        self._totals = {"prompt": 0, "gen": 0, "steps": 0}
+
+    def apply_chat_template(self, messages: list[dict]) -> list[int]:
+        text = " ".join(f"{m['role']}: {m['content']}" for m in messages)
+        return self.tokenizer.encode(text + " assistant:")
+
+    def add_request(self, request_id, prompt, params, arrival_time=None) -> None:
+        if request_id in self._reqs:
+            raise ValueError(f"request id {request_id!r} is already in use")
+        ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
+        if not ids:
+            raise ValueError("the prompt is empty: send at least one token")
+        if any(not 0 <= t < VOCAB for t in ids):
+            raise ValueError(f"prompt token ids must be integers in [0, {VOCAB})")
+        limit = self.config.max_model_len
+        if len(ids) + params.max_tokens > limit:
+            raise ValueError(f"maximum context length is {limit} tokens")
+        seed = params.seed if params.seed is not None else self._rng.getrandbits(63)
+        req = _Req(request_id, ids, params, seed, arrival_time or time.time())
+        self._reqs[request_id] = req
+        self._waiting.append(req)
+
+    def abort(self, request_id: str) -> None:
+        req = self._reqs.get(request_id)
+        if req is None or req.finish_reason is not None:
+            return
+        self._finish(req, "abort")
+        self._aborted.append(req)
+
+    def has_unfinished(self) -> bool:
+        return bool(self._waiting or self._running or self._aborted)
+
+    def stats(self) -> dict:
+        return {
+            "num_running": len(self._running),
+            "num_waiting": len(self._waiting),
+            "kv_blocks_used": self._blocks_used,
+            "kv_blocks_total": self.config.num_kv_blocks,
+            "num_preemptions_total": 0,
+            "prompt_tokens_total": self._totals["prompt"],
+            "generation_tokens_total": self._totals["gen"],
+            "num_steps": self._totals["steps"],
+        }
+
+    def step(self) -> list[RequestOutput]:
+        if self.crash_next_step:
+            raise RuntimeError("simulated engine crash")
+        touched, self._aborted = list(self._aborted), []
+        self._admit()
+        if self._running:
+            time.sleep(self.step_time)
+            self._totals["steps"] += 1
+        for req in list(self._running):
+            if self.markers and STALL_MARK in req.prompt and req.out:
+                continue
+            self._advance(req)
+            touched.append(req)
+        return [self._output(r) for r in touched]
+
+    # --- internals ----------------------------------------------------------------------
+    def _admit(self) -> None:
+        bs = self.config.block_size
+        while self._waiting and len(self._running) < self.config.max_num_seqs:
+            req = self._waiting[0]
+            need = -(-(len(req.prompt) + req.params.max_tokens) // bs)
+            if self._blocks_used + need > self.config.num_kv_blocks:
+                break
+            self._waiting.popleft()
+            req.blocks = need
+            self._blocks_used += need
+            self._running.append(req)
+            now = time.time()
+            req.metrics.first_scheduled_time = now
+            req.trace.append(TraceEvent(now, "scheduled"))
+            req.trace.append(TraceEvent(now, "prefill_chunk", {"tokens": len(req.prompt)}))
+            req.metrics.num_prefill_chunks = 1
+            self._totals["prompt"] += len(req.prompt)
+
+    def _advance(self, req: _Req) -> None:
+        p = req.params
+        pos = len(req.out)
+        key = f"{req.seed}:{req.prompt}:{pos}".encode()
+        token = 16 + zlib.crc32(key) % (VOCAB - 16)
+        if self.markers and EOS_MARK in req.prompt and pos == 3 and not p.ignore_eos:
+            token = EOS_ID
+        req.out.append(token)
+        self._totals["gen"] += 1
+        if req.logprobs is not None:
+            top = [(token, -0.5)] + [((token + k) % VOCAB, -1.0 - k) for k in range(1, p.logprobs)]
+            req.logprobs.append(Logprob(token, -0.5, top[: p.logprobs]))
+        now = time.time()
+        if req.metrics.first_token_time is None:
+            req.metrics.first_token_time = now
+            req.trace.append(TraceEvent(now, "first_token"))
+        req.text = self.tokenizer.decode(req.out, p.skip_special_tokens)
+        for s in p.stop:
+            if s in req.text:
+                req.text = req.text[: req.text.index(s)]
+                req.stop_reason = s
+                return self._finish(req, "stop")
+        if token == EOS_ID:
+            return self._finish(req, "stop")
+        if token in p.stop_token_ids:
+            req.stop_reason = token
+            return self._finish(req, "stop")
+        if len(req.out) >= p.max_tokens:
+            self._finish(req, "length")
+
+    def _finish(self, req: _Req, reason: str) -> None:
+        req.finish_reason = reason
+        now = time.time()
+        req.metrics.finished_time = now
+        req.trace.append(TraceEvent(now, "finished", {"reason": reason}))
+        if req in self._running:
+            self._running.remove(req)
+            self._blocks_used -= req.blocks
+        elif req in self._waiting:
+            self._waiting.remove(req)
+
+    def _output(self, req: _Req) -> RequestOutput:
+        finished = req.finish_reason is not None
+        if finished:
+            self._reqs.pop(req.rid, None)
+        return RequestOutput(
+            request_id=req.rid,
+            prompt_token_ids=list(req.prompt),
+            token_ids=list(req.out),
+            text=req.text,
+            finished=finished,
+            finish_reason=req.finish_reason,
+            metrics=req.metrics,
+            logprobs=list(req.logprobs) if req.logprobs is not None else None,
+            stop_reason=req.stop_reason,
+            trace=list(req.trace) if finished else [],
+        )
+
+
+@contextlib.asynccontextmanager
+async def fake_client(engine: FakeEngine | None = None, **settings):
+    """An aiohttp TestClient on create_app(ServeSettings(**settings), engine or FakeEngine())."""
+    from aiohttp.test_utils import TestClient, TestServer
+
+    from appliance.server import create_app
+    from appliance.settings import ServeSettings
+
+    engine = engine or FakeEngine()
+    app = create_app(ServeSettings(**{"warmup": False, **settings}), engine)
+    async with TestClient(TestServer(app)) as client:
+        yield client

@@ -1,0 +1,98 @@
+"""The `appliance` command line: settings merged from flags, env and TOML; LAN-bind refusal;
+subcommands of later issues say so."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from appliance.cli import main
+from appliance.settings import ServeSettings, SettingsError, load_settings
+
+
+def test_flags_beat_env_beat_file_beat_defaults(tmp_path):
+    cfg = tmp_path / "appliance.toml"
+    cfg.write_text('port = 9000\nmax-queue = 7\n[serve]\nhost = "127.0.0.2"\nstall_timeout = 5\n')
+    env = {"APPLIANCE_PORT": "9100", "APPLIANCE_MAX_QUEUE": "9", "APPLIANCE_ENFORCE_EAGER": "yes"}
+    s = load_settings({"port": 9200, "config": str(cfg)}, env=env)
+    assert s.port == 9200  # flag
+    assert s.max_queue == 9  # env over file
+    assert s.host == "127.0.0.2" and s.stall_timeout == 5.0  # file
+    assert s.enforce_eager is True and s.drain_timeout == 30.0  # env bool, default
+    assert s.engine_kwargs() == {"dtype": "auto", "enforce_eager": True}
+
+
+def test_config_file_from_env_and_cli_lists(tmp_path):
+    cfg = tmp_path / "c.toml"
+    cfg.write_text('cors_origin = ["http://a.example"]\nmax_model_len = 512\n')
+    s = load_settings(
+        {}, env={"APPLIANCE_CONFIG": str(cfg), "APPLIANCE_API_KEY": "k1:abcdefgh1,abcdefgh2"}
+    )
+    assert s.cors_origin == ["http://a.example"] and s.max_model_len == 512
+    assert [k.name for k in s.api_keys] == ["k1", "key2"]
+    assert s.engine_kwargs()["max_model_len"] == 512
+
+
+@pytest.mark.parametrize(
+    "cli,env,message",
+    [
+        ({}, {"APPLIANCE_PORT": "eighty"}, "APPLIANCE_PORT='eighty' is not a valid int"),
+        ({"port": 70000}, {}, "port must be in [0, 65535]"),
+        ({"drain_timeout": -1.0}, {}, "drain_timeout must be >= 0"),
+        ({"ssl_certfile": "c.pem"}, {}, "needs both --ssl-certfile and --ssl-keyfile"),
+        ({"api_key": ["short"]}, {}, "at least 8 characters"),
+        ({"api_key_file": "/nonexistent/keys"}, {}, "cannot read --api-key-file"),
+        ({"max_queue": "lots"}, {}, "setting max_queue must be int"),
+    ],
+)
+def test_bad_settings_say_what_is_wrong(cli, env, message):
+    with pytest.raises(SettingsError) as info:
+        load_settings(cli, env=env)
+    assert message in str(info.value)
+
+
+def test_unknown_key_in_config_file(tmp_path):
+    cfg = tmp_path / "c.toml"
+    cfg.write_text("prot = 1\n")
+    with pytest.raises(SettingsError, match="unknown setting 'prot'"):
+        load_settings({"config": str(cfg)}, env={})
+
+
+def test_lan_bind_needs_a_key():
+    assert ServeSettings().bind_refusal() is None
+    assert ServeSettings(host="::1").bind_refusal() is None
+    refusal = ServeSettings(host="0.0.0.0").bind_refusal()
+    assert "--api-key" in refusal and "--insecure-no-auth" in refusal
+    assert ServeSettings(host="0.0.0.0", api_key=["abcdefgh12"]).bind_refusal() is None
+    assert ServeSettings(host="192.168.1.5", insecure_no_auth=True).bind_refusal() is None
+
+
+def test_serve_refuses_lan_bind_without_key(capsys, monkeypatch):
+    monkeypatch.delenv("APPLIANCE_API_KEY", raising=False)
+    assert main(["serve", "--host", "0.0.0.0", "--port", "0"]) == 2
+    err = capsys.readouterr().err
+    assert "refusing to listen on 0.0.0.0" in err and "--api-key" in err
+
+
+def test_later_subcommands_exit_2(capsys):
+    for command in ("profile", "top", "bench", "tune"):
+        assert main([command]) == 2
+        assert "later issue" in capsys.readouterr().err
+
+
+def test_bad_settings_exit_2(capsys):
+    assert main(["serve", "--port", "99999"]) == 2
+    assert "port must be in" in capsys.readouterr().err
+
+
+def test_python_dash_m_help():
+    out = subprocess.run(
+        [sys.executable, "-m", "appliance", "serve", "--help"],
+        capture_output=True, text=True, timeout=60, check=True,
+    )  # fmt: skip
+    flags = ["--max-queue", "--api-key-file", "--drain-timeout", "--ttft-timeout",
+             "--log-requests", "--insecure-no-auth", "--ssl-certfile", "--cors-origin"]  # fmt: skip
+    for flag in flags:
+        assert flag in out.stdout
