@@ -7,6 +7,8 @@ attention backend the model runner bound (pure PyTorch on CPU, Triton on CUDA).
 from __future__ import annotations
 
 import math
+import os
+from functools import cache
 
 import torch
 import torch.nn.functional as F
@@ -14,6 +16,17 @@ from torch import nn
 
 from engine.attention import AttentionBackend
 from engine.context import get_context
+
+
+@cache
+def fused_kernels_enabled() -> bool:
+    """Fused Triton kernels for RMSNorm, RoPE and SiLU-and-mul on CUDA tensors (set
+    APPLIANCE_FUSED_KERNELS=0 to use the plain PyTorch ops everywhere)."""
+    if os.environ.get("APPLIANCE_FUSED_KERNELS", "1") == "0" or not torch.cuda.is_available():
+        return False
+    from engine.kernels import triton_available
+
+    return triton_available()
 
 
 class RMSNorm(nn.Module):
@@ -26,6 +39,10 @@ class RMSNorm(nn.Module):
         self, x: torch.Tensor, residual: torch.Tensor | None = None
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """Normalise x; with `residual`, first add it and also return the sum."""
+        if x.is_cuda and fused_kernels_enabled():
+            from engine.kernels.rmsnorm import rms_norm
+
+            return rms_norm(x, self.weight, self.eps, residual)
         if residual is not None:
             x = x + residual
             residual = x
@@ -69,6 +86,10 @@ class RotaryEmbedding(nn.Module):
         self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
         # q: [num_tokens, num_heads, head_dim], k: [num_tokens, num_kv_heads, head_dim]
+        if q.is_cuda and fused_kernels_enabled():
+            from engine.kernels.rope import apply_rope
+
+            return apply_rope(q, k, positions, self.cos, self.sin)  # in place
         cos = self.cos[positions].to(q.dtype).unsqueeze(1)  # [num_tokens, 1, head_dim]
         sin = self.sin[positions].to(q.dtype).unsqueeze(1)
         return q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
@@ -80,6 +101,11 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
 
 
 def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
+    # x: [num_tokens, 2 * intermediate] (gate, up) -> [num_tokens, intermediate]
+    if x.is_cuda and fused_kernels_enabled():
+        from engine.kernels.silu_mul import silu_and_mul as fused
+
+        return fused(x)
     gate, up = x.chunk(2, dim=-1)
     return F.silu(gate) * up
 

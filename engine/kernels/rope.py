@@ -1,0 +1,141 @@
+"""Triton kernel for rotate-half rotary embedding of q and k in place (apply_rope).
+
+Computes what engine.models.layers.RotaryEmbedding computes, rounding where it rounds: cos/sin
+cast to q's dtype, x * cos and rotate_half(x) * sin each rounded to that dtype, then added. In
+fp16/bf16 the result is therefore bit-identical to the PyTorch (and Hugging Face) version.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from engine.kernels.rmsnorm import round_to
+
+_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
+
+@triton.jit
+def _rope_one(
+    x_ptr, stride_t, stride_h, token, c1, c2, s1, s2,
+    NUM_HEADS: tl.constexpr, HALF: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_HALF: tl.constexpr,
+):  # fmt: skip
+    # Rotates x[token] ([NUM_HEADS, 2 * HALF]) in place; c*/s* are [1, BLOCK_HALF] in x's dtype.
+    dtype = x_ptr.dtype.element_ty
+    offs_h = tl.arange(0, BLOCK_H)
+    offs_d = tl.arange(0, BLOCK_HALF)
+    mask = (offs_h[:, None] < NUM_HEADS) & (offs_d[None, :] < HALF)
+    ptr1 = x_ptr + token * stride_t + offs_h[:, None] * stride_h + offs_d[None, :]
+    ptr2 = ptr1 + HALF
+    # [BLOCK_H, BLOCK_HALF], both halves loaded before either is overwritten
+    x1 = tl.load(ptr1, mask=mask, other=0.0).to(tl.float32)
+    x2 = tl.load(ptr2, mask=mask, other=0.0).to(tl.float32)
+    # rotate_half(x) = cat(-x2, x1); each product is rounded to x's dtype, as in PyTorch.
+    out1 = round_to(round_to(x1 * c1, dtype) + round_to(-x2 * s1, dtype), dtype)
+    out2 = round_to(round_to(x2 * c2, dtype) + round_to(x1 * s2, dtype), dtype)
+    tl.store(ptr1, out1.to(dtype), mask=mask)
+    tl.store(ptr2, out2.to(dtype), mask=mask)
+
+
+@triton.jit
+def _rope_kernel(
+    q_ptr, k_ptr, pos_ptr, cos_ptr, sin_ptr,
+    stride_qt, stride_qh, stride_kt, stride_kh, stride_cos, stride_sin,
+    NUM_Q_HEADS: tl.constexpr, NUM_K_HEADS: tl.constexpr, HALF: tl.constexpr,
+    BLOCK_QH: tl.constexpr, BLOCK_KH: tl.constexpr, BLOCK_HALF: tl.constexpr,
+):  # fmt: skip
+    # One program per token: all q heads and all k heads at that token's position.
+    token = tl.program_id(0).to(tl.int64)
+    pos = tl.load(pos_ptr + token).to(tl.int64)
+    offs_d = tl.arange(0, BLOCK_HALF)
+    dmask = offs_d < HALF
+    dtype = q_ptr.dtype.element_ty
+    # [1, BLOCK_HALF] each: the table's two halves (equal for a standard rotate-half table).
+    cos_row = cos_ptr + pos * stride_cos + offs_d
+    sin_row = sin_ptr + pos * stride_sin + offs_d
+    c1 = round_to(tl.load(cos_row, mask=dmask, other=0.0), dtype)[None, :]
+    c2 = round_to(tl.load(cos_row + HALF, mask=dmask, other=0.0), dtype)[None, :]
+    s1 = round_to(tl.load(sin_row, mask=dmask, other=0.0), dtype)[None, :]
+    s2 = round_to(tl.load(sin_row + HALF, mask=dmask, other=0.0), dtype)[None, :]
+    _rope_one(q_ptr, stride_qt, stride_qh, token, c1, c2, s1, s2,
+              NUM_Q_HEADS, HALF, BLOCK_QH, BLOCK_HALF)  # fmt: skip
+    _rope_one(k_ptr, stride_kt, stride_kh, token, c1, c2, s1, s2,
+              NUM_K_HEADS, HALF, BLOCK_KH, BLOCK_HALF)  # fmt: skip
+
+
+def _check(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    positions: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+) -> None:
+    if q.dim() != 3 or k.dim() != 3 or q.shape[0] != k.shape[0] or q.shape[2] != k.shape[2]:
+        raise ValueError(
+            "apply_rope: q must be [num_tokens, num_heads, head_dim] and k "
+            f"[num_tokens, num_kv_heads, head_dim], got {tuple(q.shape)} and {tuple(k.shape)}"
+        )
+    num_tokens, head_dim = q.shape[0], q.shape[2]
+    if head_dim % 2:
+        raise ValueError(f"apply_rope: head_dim must be even, got {head_dim}")
+    if q.dtype != k.dtype or q.dtype not in _DTYPES:
+        raise ValueError(f"apply_rope: q/k must share a float dtype, got {q.dtype} and {k.dtype}")
+    if positions.dim() != 1 or positions.shape[0] != num_tokens:
+        raise ValueError(
+            f"apply_rope: positions must be [{num_tokens}], got {tuple(positions.shape)}"
+        )
+    if positions.dtype not in (torch.int64, torch.int32) or not positions.is_contiguous():
+        raise ValueError(
+            f"apply_rope: positions must be contiguous int64 (or int32), got {positions.dtype}"
+        )
+    if cos.dim() != 2 or cos.shape != sin.shape or cos.shape[1] != head_dim:
+        raise ValueError(
+            f"apply_rope: cos/sin must both be [max_positions, {head_dim}], "
+            f"got {tuple(cos.shape)} and {tuple(sin.shape)}"
+        )
+    if cos.dtype != torch.float32 or sin.dtype != torch.float32:
+        raise ValueError(f"apply_rope: cos/sin must be fp32, got {cos.dtype} and {sin.dtype}")
+    devices = {t.device for t in (q, k, positions, cos, sin)}
+    if len(devices) != 1:
+        raise ValueError(f"apply_rope: all tensors must be on one device, got {devices}")
+    for name, t in (("q", q), ("k", k), ("cos", cos), ("sin", sin)):
+        if t.stride(-1) != 1:
+            raise ValueError(
+                f"apply_rope: {name} must have a unit-stride last dim, got {t.stride()}"
+            )
+    if q.numel() and q.data_ptr() == k.data_ptr():
+        raise ValueError("apply_rope: q and k must be different tensors (both are written)")
+
+
+def apply_rope(
+    q: torch.Tensor,  # [num_tokens, num_heads, head_dim]
+    k: torch.Tensor,  # [num_tokens, num_kv_heads, head_dim]
+    positions: torch.Tensor,  # [num_tokens] int64 (or int32)
+    cos: torch.Tensor,  # [max_positions, head_dim] fp32
+    sin: torch.Tensor,  # [max_positions, head_dim] fp32
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rotate-half RoPE, IN PLACE: q and k are overwritten with
+    x * cos[pos] + rotate_half(x) * sin[pos] (rotate_half(x) = cat(-x2, x1)) and returned.
+
+    q and k may be strided views (slices of a fused QKV output) if their last dim is
+    contiguous; they must not overlap each other. positions are not bounds-checked (that
+    would need a host sync): the caller keeps them in [0, max_positions). One launch for q
+    and k, no host sync and no allocation, so the call can be captured in a CUDA graph."""
+    _check(q, k, positions, cos, sin)
+    num_tokens, num_q_heads, head_dim = q.shape
+    if num_tokens == 0:
+        return q, k
+    num_k_heads = k.shape[1]
+    # fmt: off
+    _rope_kernel[(num_tokens,)](
+        q, k, positions, cos, sin,
+        q.stride(0), q.stride(1), k.stride(0), k.stride(1), cos.stride(0), sin.stride(0),
+        NUM_Q_HEADS=num_q_heads, NUM_K_HEADS=num_k_heads, HALF=head_dim // 2,
+        BLOCK_QH=triton.next_power_of_2(num_q_heads),
+        BLOCK_KH=triton.next_power_of_2(num_k_heads),
+        BLOCK_HALF=triton.next_power_of_2(head_dim // 2),
+        num_warps=4,
+    )
+    # fmt: on
+    return q, k
