@@ -57,6 +57,8 @@ class LLMEngine:
         self._check_pool_fits()
         self.runner.allocate_kv_cache(self.config.num_kv_blocks, self.kv_dtype)
         self.runner.capture_cuda_graphs()
+        if self.device.type == "cuda":
+            self.warm_up()
         self.block_manager = BlockManager(self.config.num_kv_blocks, self.config.block_size)
         self.scheduler = Scheduler(self.config, self.block_manager)
         self._rng = random.Random(self.config.seed)
@@ -77,6 +79,25 @@ class LLMEngine:
                 f"max_model_len <= {capacity} or num_kv_blocks >= "
                 f"{-(-cfg.max_model_len // cfg.block_size)}"
             )
+
+    def warm_up(self) -> None:
+        """Run the step shapes serving will meet, so no kernel compiles while users wait: a
+        full-budget prefill chunk, a decode batch beside prefill chunks of odd and aligned
+        lengths, and plain decodes. Counters are reset afterwards."""
+        cfg = self.config
+        longest = min(cfg.max_num_batched_tokens, cfg.max_model_len - 4)
+        lengths = [longest, 1, 17, 32, 100, 333]
+        params = SamplingParams(max_tokens=3, temperature=0.0, ignore_eos=True)
+        gen = random.Random(0)
+        vocab = self.model_config.vocab_size
+        for i, n in enumerate(x for x in lengths if 0 < x <= cfg.max_model_len - 4):
+            prompt = [gen.randrange(vocab) for _ in range(n)]
+            self.add_request(f"__warmup-{i}", prompt, params)
+            self.step()  # staggered arrivals: decodes run beside new prefill chunks
+        while self.has_unfinished():
+            self.step()
+        self.num_steps = self.prompt_tokens_total = self.generation_tokens_total = 0
+        self.scheduler.num_preemptions = 0
 
     # --- requests ----------------------------------------------------------------------------
     def encode(self, prompt: str) -> list[int]:

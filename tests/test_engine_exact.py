@@ -93,3 +93,10 @@ def test_abort_frees_blocks_at_once(tiny_llama):
         for o in engine.step():
             assert o.request_id == "a"
     assert engine.block_manager.num_used_blocks == 0
+
+
+def test_warm_up_leaves_a_clean_engine(tiny_llama):
+    llm = LLM(str(tiny_llama), device="cpu", max_num_batched_tokens=64)
+    llm.engine.warm_up()
+    assert llm.engine.block_manager.num_used_blocks == 0
+    assert llm.engine.stats()["num_steps"] == 0 and not llm.engine.has_unfinished()
