@@ -9,61 +9,21 @@ residual sum are bit-identical.
 
 from __future__ import annotations
 
-import importlib
-import os
-
 import pytest
 import torch
 
 from engine.models.layers import RMSNorm, RotaryEmbedding, silu_and_mul
+from tests.triton_modules import HAS_CUDA, import_kernel_modules
 
-HAS_CUDA = torch.cuda.is_available()
 DEVICE = "cuda" if HAS_CUDA else "cpu"
 LLAMA3_SCALING = dict(
     factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0, original_max_position_embeddings=8192
 )
 
 
-def _import_kernels() -> tuple:
-    """As in test_kernels.py: import the kernel modules under TRITON_INTERPRET=1 when there is
-    no CUDA (reloading any imported in the other mode), then restore the flag."""
-    saved = os.environ.get("TRITON_INTERPRET")
-    if not HAS_CUDA:
-        os.environ["TRITON_INTERPRET"] = "1"
-    try:
-        triton = pytest.importorskip(
-            "triton", reason="triton is not installed (pip install triton)"
-        )
-        import triton.language as tl
-
-        if not HAS_CUDA and isinstance(tl.max, triton.runtime.JITFunction):
-            pytest.skip(
-                "triton was imported before TRITON_INTERPRET=1 was set and there is no "
-                "GPU: run with TRITON_INTERPRET=1",
-                allow_module_level=True,
-            )
-        mods, stale = [], False
-        # rope and silu_mul import rmsnorm's round_to: once it is reloaded, reload them too.
-        for name, kernel in (
-            ("rmsnorm", "_rms_norm_kernel"),
-            ("rope", "_rope_kernel"),
-            ("silu_mul", "_silu_mul_kernel"),
-        ):
-            mod = importlib.import_module(f"engine.kernels.{name}")
-            jit = isinstance(getattr(mod, kernel), triton.runtime.JITFunction)
-            stale = stale or jit == (not HAS_CUDA)
-            if stale:
-                mod = importlib.reload(mod)
-            mods.append(mod)
-        return tuple(mods)
-    finally:
-        if saved is None:
-            os.environ.pop("TRITON_INTERPRET", None)
-        else:
-            os.environ["TRITON_INTERPRET"] = saved
-
-
-_norm_mod, _rope_mod, _silu_mod = _import_kernels()
+_norm_mod, _rope_mod, _silu_mod = import_kernel_modules(
+    [("rmsnorm", "_rms_norm_kernel"), ("rope", "_rope_kernel"), ("silu_mul", "_silu_mul_kernel")]
+)
 
 
 @pytest.fixture(autouse=True)

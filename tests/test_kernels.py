@@ -7,58 +7,22 @@ all-NaN block), so a kernel that reads past a sequence's end or through padding 
 
 from __future__ import annotations
 
-import importlib
-import os
-
 import pytest
 import torch
 
 from engine.kernels.torch_ref import decode_attention_ref, prefill_attention_ref, store_kv_ref
+from tests.triton_modules import HAS_CUDA, import_kernel_modules
 
-HAS_CUDA = torch.cuda.is_available()
 DEVICE = "cuda" if HAS_CUDA else "cpu"
 
 
-def _import_kernels() -> tuple:
-    """Import triton and the kernel modules; without CUDA, under TRITON_INTERPRET=1. @triton.jit
-    reads the flag when it decorates (triton's own tl.max, tl.cdiv... at triton's import), so
-    the flag is set first and a kernel module imported earlier in the other mode is reloaded.
-    The flag is restored afterwards (and set again around each test here, as the interpreter
-    also reads it while running) so other modules' triton_available() is unaffected."""
-    saved = os.environ.get("TRITON_INTERPRET")
-    if not HAS_CUDA:
-        os.environ["TRITON_INTERPRET"] = "1"
-    try:
-        triton = pytest.importorskip(
-            "triton", reason="triton is not installed (pip install triton)"
-        )
-        import triton.language as tl
-
-        if not HAS_CUDA and isinstance(tl.max, triton.runtime.JITFunction):
-            pytest.skip(
-                "triton was imported before TRITON_INTERPRET=1 was set and there is no "
-                "GPU: run with TRITON_INTERPRET=1",
-                allow_module_level=True,
-            )
-        mods = []
-        for name, kernel in (
-            ("store_kv", "_store_kv_kernel"),
-            ("decode_attention", "_decode_split_kernel"),
-            ("prefill_attention", "_prefill_kernel"),
-        ):
-            mod = importlib.import_module(f"engine.kernels.{name}")
-            if isinstance(getattr(mod, kernel), triton.runtime.JITFunction) == (not HAS_CUDA):
-                mod = importlib.reload(mod)
-            mods.append(mod)
-        return tuple(mods)
-    finally:
-        if saved is None:
-            os.environ.pop("TRITON_INTERPRET", None)
-        else:
-            os.environ["TRITON_INTERPRET"] = saved
-
-
-_store_mod, _decode_mod, _prefill_mod = _import_kernels()
+_store_mod, _decode_mod, _prefill_mod = import_kernel_modules(
+    [
+        ("store_kv", "_store_kv_kernel"),
+        ("decode_attention", "_decode_split_kernel"),
+        ("prefill_attention", "_prefill_kernel"),
+    ]
+)
 
 
 @pytest.fixture(autouse=True)
