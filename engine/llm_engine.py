@@ -5,6 +5,7 @@ Not thread-safe: one thread owns it (AsyncEngine runs it in its own thread).
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from pathlib import Path
 
@@ -186,7 +187,7 @@ class LLMEngine:
             text=detok.text if detok is not None else "",
             finished=req.is_finished,
             finish_reason=req.finish_reason,
-            metrics=req.metrics,
+            metrics=dataclasses.replace(req.metrics),  # a snapshot: readers on other threads
             logprobs=list(req.logprobs) if req.logprobs is not None else None,
             stop_reason=req.stop_reason,
             trace=list(req.trace) if req.is_finished else [],
