@@ -32,6 +32,11 @@ def resolve_dtypes(
     config: EngineConfig, model: ModelConfig, device: torch.device
 ) -> tuple[torch.dtype, torch.dtype]:
     """(activation/weight dtype, KV-cache dtype)."""
+    if config.quantization in ("int8", "int4"):
+        raise ValueError(
+            f"quantization={config.quantization!r} is not supported yet; use 'none' (or 'auto', "
+            "which picks 16-bit weights for now)"
+        )
     if config.dtype != "auto":
         dtype = _NAMED[config.dtype]
     elif device.type == "cpu":

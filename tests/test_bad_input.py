@@ -99,3 +99,8 @@ def test_random_weights_need_only_a_config(tiny_llama, tmp_path):
     assert len(out.token_ids) == 3 and out.text == ""
     with pytest.raises(ValueError, match="no tokenizer: pass prompts as token ids"):
         llm.generate(["text"], OK)
+
+
+def test_unsupported_quantization_is_refused_not_ignored(tiny_llama):
+    with pytest.raises(ValueError, match="quantization='int8' is not supported yet"):
+        LLM(str(tiny_llama), device="cpu", quantization="int8")
