@@ -1,0 +1,177 @@
+"""The probe never crashes (pynvml missing, failing or partial), GPU class profiles match the
+right cards, and `appliance profile` prints a table and valid JSON on this machine."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from types import SimpleNamespace
+
+import pytest
+
+from appliance import probe as probe_mod
+from appliance.plan_model import GIB
+from appliance.planner import plan
+from appliance.probe import GpuProbe, device_from_probe, load_gpu_profiles, match_gpu_profile
+from appliance.profile_cmd import add_profile_parser, load_model_config, run_profile
+from engine.config import EngineConfig
+
+PROFILES = load_gpu_profiles()
+
+
+def fake_nvml(fail: tuple[str, ...] = (), name: str = "NVIDIA GeForce RTX 4090") -> SimpleNamespace:
+    def reading(fn_name, value):
+        def fn(*args):
+            if fn_name in fail:
+                raise RuntimeError(f"{fn_name}: Not Supported")
+            return value
+
+        return fn
+
+    mem = SimpleNamespace(total=24 * GIB, free=20 * GIB, used=4 * GIB)
+    readings = {
+        "nvmlInit": None, "nvmlShutdown": None, "nvmlDeviceGetHandleByIndex": "h",
+        "nvmlDeviceGetHandleByUUID": "h", "nvmlDeviceGetName": name.encode(),
+        "nvmlDeviceGetMemoryInfo": mem, "nvmlDeviceGetMaxClockInfo": 10501,
+        "nvmlDeviceGetMemoryBusWidth": 384, "nvmlDeviceGetCudaComputeCapability": (8, 9),
+        "nvmlSystemGetDriverVersion": "570.1",
+    }  # fmt: skip
+    return SimpleNamespace(NVML_CLOCK_MEM=2, **{k: reading(k, v) for k, v in readings.items()})
+
+
+def no_torch_gpu(monkeypatch):
+    monkeypatch.setattr(probe_mod, "_probe_torch", lambda problems: (None, None))
+
+
+def fake_torch_gpu(monkeypatch, name: str, total_gib: float):
+    gpu = GpuProbe(name=name, total_bytes=int(total_gib * GIB), compute_capability=(8, 0),
+                   bf16_supported=True, num_sms=108, torch_cuda=True)  # fmt: skip
+    monkeypatch.setattr(probe_mod, "_probe_torch", lambda problems: (gpu, "1234"))
+
+
+def test_probe_without_pynvml_is_a_cpu_probe(monkeypatch):
+    monkeypatch.setitem(sys.modules, "pynvml", None)  # import pynvml -> ImportError
+    no_torch_gpu(monkeypatch)
+    found = probe_mod.probe()
+    assert found.device == "cpu" and found.gpu is None and found.profile.key == "cpu"
+    assert any("NVML unavailable" in p for p in found.problems)
+    assert device_from_probe(found).kind == "cpu"
+
+
+def test_probe_survives_nvml_init_failure(monkeypatch):
+    nvml = fake_nvml(fail=("nvmlInit",))
+    monkeypatch.setitem(sys.modules, "pynvml", nvml)
+    fake_torch_gpu(monkeypatch, "NVIDIA A100-SXM4-80GB", 80)
+    found = probe_mod.probe()
+    assert found.device == "cuda" and found.gpu.bandwidth_gbs is None
+    assert found.gpu.free_bytes is None and found.profile.key == "a100-80g"
+    device = device_from_probe(found)
+    assert device.bandwidth_gbs == 2039 and device.used_bytes == 0  # from the class profile
+
+
+def test_probe_with_partial_nvml_readings(monkeypatch):
+    fail = ("nvmlDeviceGetMemoryBusWidth", "nvmlSystemGetDriverVersion", "nvmlDeviceGetName")
+    monkeypatch.setitem(sys.modules, "pynvml", fake_nvml(fail=fail))
+    fake_torch_gpu(monkeypatch, "NVIDIA GeForce RTX 4090", 24)
+    found = probe_mod.probe()
+    gpu = found.gpu
+    assert gpu.bandwidth_gbs is None and gpu.driver_version is None
+    assert gpu.free_bytes == 20 * GIB and found.profile.key == "rtx-4090"
+    assert device_from_probe(found).used_bytes == 4 * GIB
+
+
+def test_nvml_gpu_without_torch_cuda_plans_for_the_cpu(monkeypatch):
+    monkeypatch.setitem(sys.modules, "pynvml", fake_nvml())
+    no_torch_gpu(monkeypatch)
+    found = probe_mod.probe()
+    assert found.gpu.name == "NVIDIA GeForce RTX 4090" and not found.gpu.torch_cuda
+    assert found.gpu.bandwidth_gbs == pytest.approx(1008, rel=0.001)  # 10501 MHz x 2 x 384 bit
+    assert found.device == "cpu" and any("torch has no CUDA" in p for p in found.problems)
+
+
+def test_probe_cpu_survives_psutil_failure(monkeypatch):
+    import psutil
+
+    def broken(*args):
+        raise OSError("no /proc")
+
+    monkeypatch.setattr(psutil, "virtual_memory", broken)
+    monkeypatch.setattr(psutil, "cpu_count", broken)
+    cpu = probe_mod.probe_cpu()
+    assert cpu.total_ram_bytes is None and cpu.num_cores is None
+    with pytest.raises(ValueError, match="RAM"):
+        device_from_probe(probe_mod.Probe(cpu=cpu, profile=PROFILES["cpu"]))
+
+
+def test_every_gpu_class_has_a_profile():
+    geforce = {"rtx-3060-12g", "rtx-3090", "rtx-4060-ti-16g", "rtx-4070", "rtx-4090", "rtx-5090"}
+    others = {"a10", "l4", "t4", "a100-40g", "a100-80g", "h100", "h200", "jetson-orin", "cpu"}
+    expected = geforce | others
+    assert set(PROFILES) == expected
+    assert not PROFILES["t4"].bf16_supported and PROFILES["h200"].bf16_tflops > 900
+
+
+@pytest.mark.parametrize(
+    ("name", "gib", "key"),
+    [("NVIDIA GeForce RTX 4090", 23.99, "rtx-4090"), ("NVIDIA A100-PCIE-40GB", 40, "a100-40g"),
+     ("NVIDIA A100-SXM4-80GB", 80, "a100-80g"), ("NVIDIA A10", 22.5, "a10"),
+     ("NVIDIA A10G", 22.3, "a10"), ("NVIDIA L4", 22.5, "l4"), ("NVIDIA L40S", 45, None),
+     ("Tesla T4", 15, "t4"), ("NVIDIA H100 80GB HBM3", 79.6, "h100"), ("NVIDIA H200", 140, "h200"),
+     ("Orin", 61.4, "jetson-orin"), ("NVIDIA GeForce RTX 4060 Ti", 8, None),
+     ("NVIDIA GeForce RTX 4060 Ti", 16, "rtx-4060-ti-16g"),
+     ("NVIDIA GeForce RTX 4070 Ti", 12, None),
+     ("NVIDIA GeForce RTX 4070", 12, "rtx-4070"), ("NVIDIA GeForce RTX 3060", 12, "rtx-3060-12g"),
+     ("NVIDIA GeForce RTX 3090", 24, "rtx-3090"), ("NVIDIA GeForce RTX 5090", 31.4, "rtx-5090")],
+)  # fmt: skip
+def test_gpu_class_matching(name, gib, key):
+    found = match_gpu_profile(name, int(gib * GIB), PROFILES)
+    assert (found.key if found else None) == key
+
+
+@pytest.mark.parametrize("key", sorted(k for k in PROFILES if k != "cpu"))
+def test_every_class_plans_llama3_8b_from_its_profile_alone(key):
+    gpu = GpuProbe(name=PROFILES[key].name, torch_cuda=True)  # nothing readable but the name
+    found = probe_mod.Probe(cpu=probe_mod.CpuProbe(), gpu=gpu, profile=PROFILES[key])
+    _, model = load_model_config("llama-3-8b")
+    p = plan(model, device_from_probe(found))
+    assert p.target_met == (PROFILES[key].memory_gib >= 12) or p.quantization == "int4"
+    EngineConfig(**p.engine_kwargs())
+
+
+def run(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="appliance")
+    add_profile_parser(parser.add_subparsers(dest="command"))
+    return run_profile(parser.parse_args(argv))
+
+
+def test_profile_prints_a_table_for_the_embedded_model(capsys):
+    assert run(["profile", "--measure"]) == 0
+    out = capsys.readouterr().out
+    for text in ("Memory plan", "KV bytes / token", "concurrency", "max_model_len", "cpu:"):
+        assert text in out, text
+    assert "--measure needs a CUDA GPU" in out
+
+
+def test_profile_shows_n_a_for_what_nvml_cannot_read(monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "pynvml", fake_nvml(fail=("nvmlInit",)))
+    fake_torch_gpu(monkeypatch, "NVIDIA A100-SXM4-80GB", 80)
+    assert run(["profile", "--model", "llama-3-8b"]) == 0
+    out = capsys.readouterr().out
+    assert "n/a" in out and "NVIDIA A100 80 GB" in out and "cuda:" in out
+
+
+def test_profile_json_is_valid_and_builds_an_engine_config(capsys):
+    assert run(["profile", "--json", "--measure"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["plan"]["kv_bytes_per_token"] == 2 * 30 * 3 * 64 * 4  # SmolLM2-135M, float32
+    assert report["plan"]["num_kv_blocks"] > 0 and report["measured"] is None
+    EngineConfig(**report["engine_config"])
+
+
+def test_profile_refusal_exits_2_with_one_message(capsys):
+    assert run(["profile", "--model", "llama-2-7b", "--max-model-len", "100000"]) == 2
+    err = capsys.readouterr().err
+    assert err.strip().endswith("set max_model_len to 4096")
+    assert run(["profile", "--json", "--model", "llama-2-7b", "--max-model-len", "100000"]) == 2
+    assert json.loads(capsys.readouterr().out)["setting"] == "max_model_len"
