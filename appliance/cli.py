@@ -1,15 +1,14 @@
-"""The `appliance` command: serve (here), profile, top, bench and tune (later issues)."""
+"""The `appliance` command: serve, top and profile (here); bench and tune (later issues)."""
 
 from __future__ import annotations
 
 import argparse
 import sys
 
+from appliance.profile_cmd import add_profile_parser, run_profile
 from appliance.settings import SettingsError, load_settings
 
 LATER = {
-    "profile": ("probe the GPU and plan memory", "[4 of 7]"),
-    "top": ("the terminal dashboard", "[6 of 7]"),
     "bench": ("load-test a running appliance", "[7 of 7]"),
     "tune": ("find the best settings for latency limits", "[7 of 7]"),
 }
@@ -60,6 +59,38 @@ def _serve_parser(sub) -> None:
     p.add_argument("--max-body-bytes", type=int, help="largest request body (default 4 MiB)")
     p.add_argument("--no-warmup", dest="warmup", action="store_false", help="skip the warm-up")
     p.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
+    p.add_argument("--tui", action="store_true",
+                   help="show the dashboard in this terminal (logs go to --log-file)")  # fmt: skip
+    p.add_argument("--log-file", metavar="PATH",
+                   help="with --tui, the server log file (default: "
+                   "$XDG_STATE_HOME/llm-appliance/serve.log)")  # fmt: skip
+
+
+def _top_parser(sub) -> None:
+    p = sub.add_parser(
+        "top",
+        help="the terminal dashboard of a running appliance",
+        description="Attach the terminal dashboard to a running appliance, local or on the LAN. "
+        "It reconnects by itself when the server restarts.",
+    )
+    p.add_argument("--url", default="http://127.0.0.1:8000", help="the appliance's base URL")
+    p.add_argument("--api-key", help="API key, when the server asks for one "
+                   "(default: $APPLIANCE_TOP_API_KEY)")  # fmt: skip
+    p.add_argument("--no-verify-tls", dest="verify_tls", action="store_false",
+                   help="accept a self-signed HTTPS certificate")  # fmt: skip
+
+
+def run_top(args: argparse.Namespace) -> int:
+    if not (sys.stdin.isatty() and sys.stdout.isatty()):
+        print("appliance top: needs a terminal (stdin and stdout are not a TTY)", file=sys.stderr)
+        return 2
+    import os
+
+    from tui import create_app
+
+    api_key = args.api_key or os.environ.get("APPLIANCE_TOP_API_KEY") or None
+    create_app(args.url, api_key, verify_tls=args.verify_tls).run()
+    return 0
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -70,6 +101,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     _serve_parser(sub)
+    _top_parser(sub)
+    add_profile_parser(sub)
     for name, (what, issue) in LATER.items():
         sub.add_parser(name, help=f"{what} (arrives with {issue})", add_help=True)
     return parser
@@ -81,6 +114,14 @@ def main(argv: list[str] | None = None) -> int:
     if args.command is None:
         parser.print_help(sys.stderr)
         return 2
+    if args.command == "top":
+        if extra:
+            parser.error(f"unrecognized arguments: {' '.join(extra)}")
+        return run_top(args)
+    if args.command == "profile":
+        if extra:
+            parser.error(f"unrecognized arguments: {' '.join(extra)}")
+        return run_profile(args)
     if args.command in LATER:
         what, issue = LATER[args.command]
         print(f"appliance {args.command} ({what}) arrives in a later issue, {issue}.",

@@ -1,5 +1,6 @@
 """run_server: `appliance serve` as a process: refuse unsafe binds, listen, load the engine with
-progress, print the URL, serve, and on SIGTERM/SIGINT drain in-flight requests and exit 0."""
+progress, print the URL, serve, and on SIGTERM/SIGINT drain in-flight requests and exit 0.
+With --tui the dashboard owns the terminal instead (serve_tui); logs go to a file and a panel."""
 
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ from appliance.server.state import Phase
 from appliance.settings import ServeSettings
 
 logger = logging.getLogger("appliance.server")
+LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
 
 class ConsoleProgress(Progress):
@@ -56,16 +58,30 @@ def run_server(settings: ServeSettings, loader: Callable[[], Any] | None = None)
     if refusal:
         print(f"appliance serve: {refusal}", file=sys.stderr)
         return 2
-    logging.basicConfig(
-        level=settings.log_level.upper(),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
+    if settings.tui and not (sys.stdin.isatty() and sys.stdout.isatty()):
+        print("appliance serve: --tui needs a terminal (stdin and stdout are not a TTY)",
+              file=sys.stderr)  # fmt: skip
+        return 2
+    log_target: dict = {"stream": sys.stderr}
+    if settings.tui:
+        log_path = settings.tui_log_path
+        try:
+            log_path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            print(f"appliance serve: cannot create {log_path.parent}: {exc.strerror}",
+                  file=sys.stderr)  # fmt: skip
+            return 2
+        log_target = {"filename": str(log_path)}
+    logging.basicConfig(level=settings.log_level.upper(), format=LOG_FORMAT, **log_target)
     try:
         ssl_ctx = make_ssl_context(settings)
     except (OSError, ssl.SSLError) as exc:
         print(f"appliance serve: cannot load the TLS certificate/key: {exc}", file=sys.stderr)
         return 2
+    if settings.tui:
+        code = asyncio.run(serve_tui(settings, ssl_ctx, loader))
+        print(f"appliance: stopped; the server log is {settings.tui_log_path}", file=sys.stderr)
+        return code
     return asyncio.run(serve(settings, ssl_ctx, loader))
 
 
@@ -118,6 +134,110 @@ async def serve(
     finally:
         signals.close()
         await runner.cleanup()
+
+
+class LogProgress(Progress):
+    """Startup phases as log lines (with --tui, where the dashboard owns the terminal)."""
+
+    def phase(self, name: str) -> None:
+        logger.info("startup: %s", name)
+
+    def done(self) -> None:
+        logger.info("startup: done")
+
+
+class PanelLogHandler(logging.Handler):
+    """Forwards log records, from any thread, to the dashboard's log panel on its loop; keeps
+    them until `attach` names the panel (the server logs before the dashboard exists)."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        super().__init__()
+        self.loop = loop
+        self.write: Callable[[str], None] | None = None
+        self.pending: list[str] = []
+        self.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s", "%H:%M:%S"))
+
+    def attach(self, write: Callable[[str], None]) -> None:
+        self.write = write
+        for line in self.pending:
+            write(line)
+        self.pending.clear()
+
+    def detach(self) -> None:
+        """The dashboard has closed: drop lines from now on (the file still gets them)."""
+        self.write = lambda line: None
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            self.loop.call_soon_threadsafe(self._deliver, self.format(record))
+        except RuntimeError:  # the loop has closed: the file still has the line
+            pass
+
+    def _deliver(self, line: str) -> None:
+        if self.write is None:
+            self.pending.append(line)
+        else:
+            self.write(line)
+
+
+async def serve_tui(
+    settings: ServeSettings,
+    ssl_ctx: ssl.SSLContext | None = None,
+    loader: Callable[[], Any] | None = None,
+) -> int:
+    """The server and the dashboard on one loop: the dashboard reads this server's public
+    stats API over loopback like `appliance top` would; quitting it drains and stops."""
+    from tui import create_app as create_dashboard
+
+    loop = asyncio.get_running_loop()
+    handler = PanelLogHandler(loop)
+    logging.getLogger().addHandler(handler)
+    try:
+        return await _serve_with_dashboard(settings, ssl_ctx, loader, handler, create_dashboard)
+    finally:
+        logging.getLogger().removeHandler(handler)
+
+
+async def _serve_with_dashboard(
+    settings: ServeSettings,
+    ssl_ctx: ssl.SSLContext | None,
+    loader: Callable[[], Any] | None,
+    handler: PanelLogHandler,
+    create_dashboard: Callable[..., Any],
+) -> int:
+    loop = asyncio.get_running_loop()
+    app = create_app(settings, loader=loader, progress=LogProgress())
+    runner = web.AppRunner(app, handler_cancellation=True, shutdown_timeout=3.0, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, settings.host, settings.port, ssl_context=ssl_ctx)
+    try:
+        await site.start()
+    except OSError as exc:
+        print(f"cannot listen on {settings.host}:{settings.port}: {exc.strerror}", file=sys.stderr)
+        await runner.cleanup()
+        return 1
+    port = runner.addresses[0][1] if runner.addresses else settings.port
+    host = "127.0.0.1" if settings.host in ("0.0.0.0", "::", "") else settings.host
+    host = f"[{host}]" if ":" in host else host
+    url = f"{'https' if ssl_ctx else 'http'}://{host}:{port}"
+    key = settings.api_keys[0].key if settings.api_keys else None
+    dashboard = create_dashboard(url, key, verify_tls=False, log_path=str(settings.tui_log_path))
+    handler.attach(dashboard.write_log)
+    loop.add_signal_handler(signal.SIGTERM, dashboard.exit)
+    logger.info("serving at %s/v1 (health: /health, stats: /v1/stats)", url)
+    try:
+        await dashboard.run_async()
+    finally:
+        loop.remove_signal_handler(signal.SIGTERM)
+        handler.detach()
+        state = app[STATE]
+        if state.inflight:
+            print(f"appliance: draining {len(state.inflight)} requests (up to "
+                  f"{settings.drain_timeout:g}s)…", file=sys.stderr)  # fmt: skip
+        drained = await state.drain(settings.drain_timeout)
+        logger.info("drain %s; stopping", "complete" if drained else "timed out: cut the rest")
+        await runner.cleanup()
+    return 0
 
 
 class _Signals:

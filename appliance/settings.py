@@ -98,6 +98,10 @@ class ServeSettings:
     """Run a tiny generation before reporting healthy."""
     log_level: str = "info"
     """debug, info, warning or error."""
+    tui: bool = False
+    """Show the terminal dashboard in this terminal; server logs go to log_file and a panel."""
+    log_file: str | None = None
+    """With --tui, the server log file; None = $XDG_STATE_HOME/llm-appliance/serve.log."""
     api_keys: list[ApiKey] = field(init=False, repr=False, default_factory=list)
     """The parsed keys of --api-key and --api-key-file (derived, not a flag)."""
 
@@ -133,6 +137,14 @@ class ServeSettings:
                 if line:
                     keys.append(_parse_key(line, None, f"{path} line {lineno}"))
         return [ApiKey(k.name or f"key{i + 1}", k.key) for i, k in enumerate(keys)]
+
+    @property
+    def tui_log_path(self) -> Path:
+        """Where `serve --tui` writes the server log."""
+        if self.log_file:
+            return Path(self.log_file)
+        state = os.environ.get("XDG_STATE_HOME") or Path.home() / ".local" / "state"
+        return Path(state) / "llm-appliance" / "serve.log"
 
     @property
     def is_loopback(self) -> bool:

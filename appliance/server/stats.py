@@ -1,9 +1,11 @@
-"""StatsTracker: recent request records, latency percentiles, throughput, and the /v1/stats
-document (also streamed as SSE for the dashboard)."""
+"""StatsTracker: recent request records, latency percentiles, throughput, GPU readings, and the
+/v1/stats document (also streamed as SSE for the dashboard)."""
 
 from __future__ import annotations
 
 import dataclasses
+import logging
+import os
 import time
 from collections import OrderedDict, deque
 from collections.abc import Callable
@@ -11,9 +13,12 @@ from collections.abc import Callable
 from appliance.server.records import RequestRecord
 from appliance.server.state import ServerState
 
+logger = logging.getLogger("appliance.server")
 MAX_RECORDS = 1000
 LATENCY_WINDOW = 1000
 THROUGHPUT_WINDOW_S = 10.0
+GPU_READ_INTERVAL_S = 0.5
+NUM_TOP_KV = 3
 
 
 def percentiles(values: list[float]) -> dict:
@@ -55,6 +60,7 @@ class StatsTracker:
         self._engine_samples: deque[tuple[float, int, int]] = deque()
         self.on_finish: list[Callable[[RequestRecord], None]] = []
         """Sinks called with each closed record (metrics, request log)."""
+        self.gpu = GpuReader()
 
     def add(self, record: RequestRecord) -> None:
         self.counters["requests_total"] += 1
@@ -126,6 +132,16 @@ class StatsTracker:
         running = [r for r in records if r.finished_at is None]
         recent = [r for r in reversed(records) if r.finished_at is not None]
         settings = state.settings
+        kv_by_request = _kv_by_request(engine, running)
+        kv_known = kv_by_request is not None
+        kv_by_request = kv_by_request or {}
+        rows = [
+            {
+                **r.summary(),
+                "kv_blocks": kv_by_request.get(r.request_id, 0) if kv_known else None,
+            }
+            for r in (running + recent)[:num_rows]
+        ]
         return {
             "object": "appliance.stats",
             "time": time.time(),
@@ -146,13 +162,151 @@ class StatsTracker:
                 },
             },
             "engine": {**estats, "kv_usage_perc": 100.0 * used / total if total else 0.0},
+            "kv": _kv_section(kv_by_request if kv_known else None, used, total, estats),
+            "queue": {
+                "num_waiting": estats.get("num_waiting", 0),
+                "num_running": estats.get("num_running", 0),
+                "rejected_total": self.counters["rejected_total"],
+                "timed_out_total": sum(self.counters["timeouts_total"].values()),
+            },
+            "gpu": self.gpu.read(engine.device if engine is not None else None),
             "requests_in_flight": len(state.inflight),
             "counters": self.counters,
             "throughput": self.throughput(),
             "latency": {k: percentiles(list(v)) for k, v in self.latency.items()},
-            "requests": [r.summary() for r in (running + recent)[:num_rows]],
+            "requests": rows,
             "traces": [r.trace() for r in recent[:num_traces]],
         }
+
+
+def _kv_by_request(engine, running: list[RequestRecord]) -> dict[str, int] | None:
+    """KV blocks held by each in-flight HTTP request (the sum over its choices); None when the
+    engine does not say.
+
+    Reads the engine's running list from the event loop while the engine thread steps: a list
+    copy is atomic under the GIL, and a figure one step old is fine for a dashboard.
+    """
+    by_engine_id: dict[str, int] = {}
+    try:
+        if hasattr(engine, "kv_blocks_by_request"):
+            by_engine_id = dict(engine.kv_blocks_by_request())
+        elif getattr(engine, "scheduler", None) is not None:
+            for req in list(engine.scheduler.running):
+                by_engine_id[req.request_id] = len(req.block_table)
+        else:
+            return None
+    except Exception:  # a reading that races the engine thread is skipped, never fatal
+        return None
+    out: dict[str, int] = {}
+    for record in running:
+        blocks = [by_engine_id[c.engine_id] for c in record.choices if c.engine_id in by_engine_id]
+        out[record.request_id] = sum(blocks)
+    return out
+
+
+def _kv_section(by_request: dict[str, int] | None, used: int, total: int, estats: dict) -> dict:
+    """Used/total blocks, the largest holders and the share of used blocks they hold (None
+    when the engine does not report blocks per request)."""
+    items = (by_request or {}).items()
+    top = sorted(((b, rid) for rid, b in items if b > 0), reverse=True)[:NUM_TOP_KV]
+    # The engine's counters are as of its last step, the block tables as of now: divide by
+    # whichever is larger so that shares stay within 100%.
+    base = max(used, sum(b for _, b in items))
+    return {
+        "blocks_used": used,
+        "blocks_total": total,
+        "usage_perc": 100.0 * used / total if total else 0.0,
+        "num_preemptions_total": estats.get("num_preemptions_total", 0),
+        "top_requests": [
+            {"id": rid, "blocks": b, "share_perc": 100.0 * b / base} for b, rid in top
+        ],
+        "top_share_perc": None
+        if by_request is None
+        else (100.0 * sum(b for b, _ in top) / base if base else 0.0),
+    }
+
+
+class GpuReader:
+    """GPU readings through NVML (pynvml), cached for GPU_READ_INTERVAL_S.
+
+    Every field is None when it cannot be read: no NVML, no GPU, a CPU engine, or a reading the
+    board does not support. It never raises.
+    """
+
+    FIELDS = ("name", "utilization_perc", "memory_used_bytes", "memory_total_bytes", "power_w",
+              "temperature_c", "sm_clock_mhz")  # fmt: skip
+
+    def __init__(self) -> None:
+        self._nvml = None
+        self._failed = False
+        self._cache: tuple[float, dict] | None = None
+
+    def read(self, device) -> dict:
+        now = time.monotonic()
+        if self._cache is not None and now - self._cache[0] < GPU_READ_INTERVAL_S:
+            return self._cache[1]
+        reading = dict.fromkeys(self.FIELDS)
+        handle = self._handle(device)
+        if handle is not None:
+            reading.update(self._readings(handle))
+        self._cache = (now, reading)
+        return reading
+
+    def _handle(self, device):
+        if device is None or getattr(device, "type", str(device).split(":")[0]) != "cuda":
+            return None
+        nvml = self._init()
+        if nvml is None:
+            return None
+        index = getattr(device, "index", None) or 0
+        visible = [v.strip() for v in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",")]
+        try:
+            if visible and visible[0] and index < len(visible):
+                v = visible[index]
+                if v.isdigit():
+                    return nvml.nvmlDeviceGetHandleByIndex(int(v))
+                return nvml.nvmlDeviceGetHandleByUUID(v)
+            return nvml.nvmlDeviceGetHandleByIndex(index)
+        except Exception:
+            return None
+
+    def _init(self):
+        if self._nvml is not None or self._failed:
+            return self._nvml
+        try:
+            import pynvml
+
+            pynvml.nvmlInit()
+            self._nvml = pynvml
+        except Exception as exc:
+            logger.info("GPU readings unavailable (NVML: %s)", exc)
+            self._failed = True
+        return self._nvml
+
+    def _readings(self, handle) -> dict:
+        nvml = self._nvml
+        getters = {
+            "name": lambda: _text(nvml.nvmlDeviceGetName(handle)),
+            "utilization_perc": lambda: float(nvml.nvmlDeviceGetUtilizationRates(handle).gpu),
+            "memory_used_bytes": lambda: int(nvml.nvmlDeviceGetMemoryInfo(handle).used),
+            "memory_total_bytes": lambda: int(nvml.nvmlDeviceGetMemoryInfo(handle).total),
+            "power_w": lambda: nvml.nvmlDeviceGetPowerUsage(handle) / 1000.0,
+            "temperature_c": lambda: float(
+                nvml.nvmlDeviceGetTemperature(handle, nvml.NVML_TEMPERATURE_GPU)
+            ),
+            "sm_clock_mhz": lambda: float(nvml.nvmlDeviceGetClockInfo(handle, nvml.NVML_CLOCK_SM)),
+        }
+        out: dict = {}
+        for key, get in getters.items():
+            try:
+                out[key] = get()
+            except Exception:  # unsupported on this board, or the GPU went away
+                out[key] = None
+        return out
+
+
+def _text(value) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
 
 
 def _plan(engine) -> dict | None:

@@ -1,0 +1,64 @@
+"""Snapshots of the main screen and a trace screen at 80x24 and 160x48, from fixed documents
+and a fixed clock. Each is an SVG (Textual's screenshot) plus its plain text; the text is always
+compared, the SVG when the installed Textual is the one that recorded it (its rendering details
+change between releases). TUI_SNAPSHOT_UPDATE=1 rewrites them."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import textual
+
+from tests.test_tui_fakes import T0, ReplaySource, make_doc, screen_text, wait_for
+from tui import DashboardApp
+from tui.screens.trace import TraceScreen
+
+SNAPSHOTS = Path(__file__).parent / "tui_snapshots"
+VERSION_FILE = SNAPSHOTS / "textual_version.txt"
+UPDATE = os.environ.get("TUI_SNAPSHOT_UPDATE") == "1"
+NUM_DOCS = 12
+
+
+async def capture(size: tuple[int, int], screen: str) -> tuple[str, str]:
+    """(svg, text) of `screen` after NUM_DOCS documents."""
+    app = DashboardApp(ReplaySource([make_doc(i) for i in range(NUM_DOCS)]), clock=lambda: T0)
+    async with app.run_test(size=size) as pilot:
+        last = 3723.0 + NUM_DOCS - 1
+        await wait_for(pilot, lambda: app.view is not None and app.view.doc["uptime_s"] == last)
+        if screen == "trace":
+            app.open_trace("req-done-e")
+            await wait_for(
+                pilot, lambda: isinstance(app.screen, TraceScreen) and app.screen.trace is not None
+            )
+        await pilot.pause()
+        await pilot.wait_for_scheduled_animations()
+        await pilot.pause()
+        return app.export_screenshot(title="appliance top"), screen_text(app)
+
+
+def check(path: Path, actual: str, tmp_path: Path) -> None:
+    if UPDATE or not path.exists():
+        path.write_text(actual)
+        if not UPDATE:
+            pytest.fail(f"no snapshot yet: wrote {path}; check it and commit it")
+        return
+    if path.read_text() != actual:
+        got = tmp_path / path.name
+        got.write_text(actual)
+        pytest.fail(f"{path.name} differs from the snapshot: see {got} (TUI_SNAPSHOT_UPDATE=1)")
+
+
+@pytest.mark.parametrize("size", [(80, 24), (160, 48)], ids=["80x24", "160x48"])
+@pytest.mark.parametrize("screen", ["main", "trace"])
+async def test_snapshot(screen: str, size: tuple[int, int], tmp_path: Path):
+    svg, text = await capture(size, screen)
+    name = f"{screen}_{size[0]}x{size[1]}"
+    check(SNAPSHOTS / f"{name}.txt", text, tmp_path)
+    if UPDATE:
+        VERSION_FILE.write_text(textual.__version__ + "\n")
+    recorded = VERSION_FILE.read_text().strip() if VERSION_FILE.exists() else None
+    if UPDATE or recorded == textual.__version__:
+        check(SNAPSHOTS / f"{name}.svg", svg, tmp_path)
+    assert ("SmolLM2-135M-Instruct" if screen == "main" else "req-done-e") in svg

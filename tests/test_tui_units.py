@@ -1,0 +1,108 @@
+"""The dashboard's pure parts and its wiring: value formatting, request rows (state, sort,
+filter), the timeline bar, `appliance top` on the command line, `serve --tui` in one process
+with its log panel, and the rule that tui/ never imports torch or the engine."""
+
+from __future__ import annotations
+
+import logging
+import subprocess
+import sys
+
+import pytest
+
+import tui
+from appliance.cli import main
+from appliance.serve import serve_tui
+from appliance.settings import ServeSettings
+from tests.fake_engine import FakeEngine
+from tests.test_tui_fakes import make_doc, make_trace, screen_text, wait_for
+from tui import format as fmt
+from tui import model
+from tui.widgets.timeline import bar
+
+
+def test_formatting_and_na():
+    assert [fmt.seconds(v) for v in (0.0004, 0.0123, 0.5, 1.234, 42.0, 245.0)] == [
+        "400us", "12.3ms", "500ms", "1.23s", "42.0s", "4m05s"]  # fmt: skip
+    assert fmt.uptime(3723) == "1h02m03s" and fmt.uptime(90000) == "1d01h"
+    for value in (None, "x", float("nan"), True):
+        assert fmt.seconds(value) == fmt.unit(value, " W") == fmt.gib(value) == "n/a"
+    assert fmt.gauge(0.5, 10) == "█████░░░░░" and fmt.rate(12345) == "12.3k"
+
+
+def test_rows_state_sort_and_filter():
+    rows = model.rows(make_doc(0))
+    states = {r.id: r.state for r in rows}
+    assert states["req-wait-d"] == "waiting" and states["req-run-a"] == "running"
+    assert states["req-err-g"] == "timeout"
+    assert {r.id: r.finish for r in rows}["req-err-g"] == "504"
+    by_kv = model.select(rows, "", "kv", reverse=False)
+    assert [r.id for r in by_kv[:3]] == ["req-run-a", "req-run-c", "req-run-b"]
+    assert [r.id for r in model.select(rows, "", "live", False)] == [r.id for r in rows]
+    assert {r.id for r in model.select(rows, "Run", "live", False)} == {
+        "req-run-a", "req-run-b", "req-run-c"}  # fmt: skip
+    assert model.select(rows, "nothing", "live", False) == []
+
+
+def test_history_keeps_the_last_samples():
+    history = model.History(size=3)
+    for step in range(5):
+        view = history.push(make_doc(step))
+    assert view.waiting == (3.0, 1.0, 2.0) and len(view.kv_perc) == 3
+    assert view.get("engine", "missing", "deeper") is None
+
+
+def test_timeline_bar_marks_phases_and_preemption():
+    events = [e for e in make_trace()["events"] if e["source"] == "engine"]
+    line = bar(events, 3200.0, 64)
+    assert len(line) == 64 and line.count("X") == 1 and line.count("|") == 2
+    assert line.index("X") < line.rindex("▒") < line.rindex("|")  # re-prefill after preemption
+    assert line.endswith("█ ") or line.endswith("██")
+
+
+def test_tui_never_imports_torch_or_the_engine():
+    code = (
+        "import sys, tui, tui.app, tui.screens.trace; "
+        "print(sorted({m.split('.')[0] for m in sys.modules} & {'torch', 'engine'}))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.stdout.strip() == "[]", out.stderr
+
+
+def test_top_needs_a_terminal_and_has_help(capsys):
+    assert main(["top", "--url", "http://127.0.0.1:9"]) == 2
+    assert "needs a terminal" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["top", "--help"])
+    assert "--api-key" in capsys.readouterr().out
+
+
+async def test_serve_tui_runs_server_and_dashboard_in_one_process(tmp_path, monkeypatch):
+    """The dashboard reads its own server over loopback; log lines reach the panel; q drains."""
+    seen: dict = {}
+    real_create = tui.create_app
+
+    def create(*args, **kwargs):
+        app = real_create(*args, **kwargs)
+
+        async def run_async():
+            async with app.run_test(size=(100, 40)) as pilot:
+                await wait_for(
+                    pilot, lambda: app.view is not None and app.view.doc["status"] == "ok"
+                )
+                await wait_for(
+                    pilot, lambda: "serving at" in screen_text(app), timeout=3, what="log line"
+                )
+                seen["text"] = screen_text(app)
+                await pilot.press("q")
+
+        app.run_async = run_async
+        return app
+
+    monkeypatch.setattr(tui, "create_app", create)
+    logging.getLogger("appliance.server").setLevel(logging.INFO)
+    log = tmp_path / "serve.log"
+    settings = ServeSettings(port=0, tui=True, log_file=str(log), warmup=False)
+    assert await serve_tui(settings, None, lambda: FakeEngine()) == 0
+    assert "fake-model on cpu" in seen["text"] and f"Log · {log}" in seen["text"]
+    assert "startup: loading the model" in seen["text"]

@@ -1,0 +1,166 @@
+"""What the dashboard shows, derived from /v1/stats documents: the connection state, the
+sparkline histories, and the request rows with their sort keys. Pure Python, no Textual."""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from tui import format as fmt
+
+HISTORY_LEN = 120
+"""Samples kept per sparkline (about 30 s at the stream's four updates a second)."""
+
+
+@dataclass(frozen=True)
+class Connection:
+    """The link to the server: connecting, connected or disconnected (since when, and why)."""
+
+    state: str = "connecting"
+    since: float | None = None
+    reason: str | None = None
+
+    @property
+    def is_connected(self) -> bool:
+        return self.state == "connected"
+
+
+@dataclass(frozen=True)
+class View:
+    """One stats document plus the recent history of the figures drawn as sparklines."""
+
+    doc: dict
+    kv_perc: tuple[float, ...] = ()
+    waiting: tuple[float, ...] = ()
+    running: tuple[float, ...] = ()
+    gen_tps: tuple[float, ...] = ()
+
+    def get(self, *path: str) -> object:
+        """doc[path[0]][path[1]]..., or None where any step is missing."""
+        node: object = self.doc
+        for key in path:
+            if not isinstance(node, dict):
+                return None
+            node = node.get(key)
+        return node
+
+
+@dataclass
+class History:
+    """Ring buffers behind the sparklines; `push` returns the View of the newest document."""
+
+    size: int = HISTORY_LEN
+    _series: dict[str, deque[float]] = field(default_factory=dict)
+
+    def push(self, doc: dict) -> View:
+        view = View(doc)
+        samples = {
+            "kv_perc": view.get("engine", "kv_usage_perc"),
+            "waiting": view.get("engine", "num_waiting"),
+            "running": view.get("engine", "num_running"),
+            "gen_tps": view.get("throughput", "generation_tokens_per_s"),
+        }
+        series = {}
+        for name, value in samples.items():
+            ring = self._series.setdefault(name, deque(maxlen=self.size))
+            ring.append(fmt.num(value) or 0.0)
+            series[name] = tuple(ring)
+        return View(doc, **series)
+
+
+@dataclass(frozen=True)
+class Row:
+    """One line of the request table."""
+
+    id: str
+    state: str
+    prompt_tokens: int | None
+    completion_tokens: int | None
+    queue_s: float | None
+    ttft_s: float | None
+    tpot_s: float | None
+    kv_blocks: int | None
+    num_preemptions: int | None
+    finish: str
+    order: int
+    """Position in the server's list (running first, then the newest finished)."""
+
+    def cells(self, id_width: int) -> tuple[str, ...]:
+        return (
+            fmt.short_id(self.id, id_width),
+            self.state,
+            fmt.integer(self.prompt_tokens),
+            fmt.integer(self.completion_tokens),
+            fmt.seconds(self.queue_s),
+            fmt.seconds(self.ttft_s),
+            fmt.seconds(self.tpot_s),
+            fmt.integer(self.kv_blocks),
+            fmt.integer(self.num_preemptions),
+            self.finish,
+        )
+
+
+COLUMNS = ("id", "state", "prompt", "gen", "queue", "ttft", "tpot", "kv", "pre", "finish")
+SORTS: dict[str, Callable[[Row], object]] = {
+    "live": lambda r: -r.order,
+    "state": lambda r: r.state,
+    "prompt": lambda r: r.prompt_tokens or 0,
+    "gen": lambda r: r.completion_tokens or 0,
+    "queue": lambda r: r.queue_s or 0.0,
+    "ttft": lambda r: r.ttft_s or 0.0,
+    "tpot": lambda r: r.tpot_s or 0.0,
+    "kv": lambda r: r.kv_blocks or 0,
+    "pre": lambda r: r.num_preemptions or 0,
+    "id": lambda r: r.id,
+}
+"""Sort orders `s` cycles through; each sorts largest first (`live` = the server's order)."""
+FINAL_STATES = ("finished", "error", "timeout", "cancelled")
+
+
+def display_state(item: dict) -> str:
+    """The server says running from admission on; a request with no queue time and no KV
+    blocks yet is still waiting for the engine."""
+    state = str(item.get("state") or "?")
+    if state in ("queued", "running") and item.get("queue_s") is None:
+        return "running" if (fmt.num(item.get("kv_blocks")) or 0) > 0 else "waiting"
+    return state
+
+
+def finish_text(item: dict) -> str:
+    reasons = [r for r in item.get("finish_reasons") or [] if r]
+    if reasons:
+        return ",".join(dict.fromkeys(reasons))
+    if item.get("http_status") and item.get("state") in FINAL_STATES[1:]:
+        return str(item["http_status"])
+    return ""
+
+
+def rows(doc: dict) -> list[Row]:
+    out = []
+    for order, item in enumerate(doc.get("requests") or []):
+        if not isinstance(item, dict) or "id" not in item:
+            continue
+        out.append(
+            Row(
+                id=str(item["id"]),
+                state=display_state(item),
+                prompt_tokens=item.get("prompt_tokens"),
+                completion_tokens=item.get("completion_tokens"),
+                queue_s=fmt.num(item.get("queue_s")),
+                ttft_s=fmt.num(item.get("ttft_s")),
+                tpot_s=fmt.num(item.get("tpot_s")),
+                kv_blocks=item.get("kv_blocks"),
+                num_preemptions=item.get("num_preemptions"),
+                finish=finish_text(item),
+                order=order,
+            )
+        )
+    return out
+
+
+def select(all_rows: list[Row], state_filter: str, sort: str, reverse: bool) -> list[Row]:
+    """Rows whose state (or id) starts with the filter, largest first by `sort`."""
+    f = state_filter.strip().lower()
+    kept = [r for r in all_rows if not f or r.state.startswith(f) or r.id.startswith(f)]
+    return sorted(kept, key=SORTS[sort], reverse=not reverse)

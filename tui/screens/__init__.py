@@ -1,0 +1,1 @@
+"""Dashboard screens: the main dashboard, a request's trace, the plan, and help."""
