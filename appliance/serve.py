@@ -93,6 +93,23 @@ def make_ssl_context(settings: ServeSettings) -> ssl.SSLContext | None:
     return ctx
 
 
+async def _listen(
+    app: web.Application, settings: ServeSettings, ssl_ctx: ssl.SSLContext | None
+) -> web.AppRunner | None:
+    """Start listening (before the engine loads, so /health answers 503 meanwhile); None,
+    with the reason on stderr, when the address cannot be bound."""
+    runner = web.AppRunner(app, handler_cancellation=True, shutdown_timeout=3.0, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, settings.host, settings.port, ssl_context=ssl_ctx)
+    try:
+        await site.start()
+    except OSError as exc:
+        print(f"cannot listen on {settings.host}:{settings.port}: {exc.strerror}", file=sys.stderr)
+        await runner.cleanup()
+        return None
+    return runner
+
+
 async def serve(
     settings: ServeSettings,
     ssl_ctx: ssl.SSLContext | None = None,
@@ -101,14 +118,8 @@ async def serve(
     """The server's life on the running loop (the main thread's, so that signals reach it)."""
     console = Console(stderr=True)
     app = create_app(settings, loader=loader, progress=ConsoleProgress(console))
-    runner = web.AppRunner(app, handler_cancellation=True, shutdown_timeout=3.0, access_log=None)
-    await runner.setup()
-    site = web.TCPSite(runner, settings.host, settings.port, ssl_context=ssl_ctx)
-    try:
-        await site.start()
-    except OSError as exc:
-        console.print(f"[red]cannot listen on {settings.host}:{settings.port}: {exc.strerror}")
-        await runner.cleanup()
+    runner = await _listen(app, settings, ssl_ctx)
+    if runner is None:
         return 1
     signals = _Signals(settings.drain_timeout)
     try:
@@ -207,14 +218,8 @@ async def _serve_with_dashboard(
 ) -> int:
     loop = asyncio.get_running_loop()
     app = create_app(settings, loader=loader, progress=LogProgress())
-    runner = web.AppRunner(app, handler_cancellation=True, shutdown_timeout=3.0, access_log=None)
-    await runner.setup()
-    site = web.TCPSite(runner, settings.host, settings.port, ssl_context=ssl_ctx)
-    try:
-        await site.start()
-    except OSError as exc:
-        print(f"cannot listen on {settings.host}:{settings.port}: {exc.strerror}", file=sys.stderr)
-        await runner.cleanup()
+    runner = await _listen(app, settings, ssl_ctx)
+    if runner is None:
         return 1
     port = runner.addresses[0][1] if runner.addresses else settings.port
     host = "127.0.0.1" if settings.host in ("0.0.0.0", "::", "") else settings.host

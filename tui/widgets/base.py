@@ -25,4 +25,4 @@ class Panel(Vertical, can_focus=True):
             self.show(view)
 
     def show(self, view: View) -> None:
-        raise NotImplementedError
+        """Render the latest stats view; every panel overrides this."""
