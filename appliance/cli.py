@@ -1,17 +1,13 @@
-"""The `appliance` command: serve, top and profile (here); bench and tune (later issues)."""
+"""The `appliance` command: serve, top, profile, bench and tune."""
 
 from __future__ import annotations
 
 import argparse
 import sys
 
+from appliance.bench_cmd import add_bench_parser, add_tune_parser, run_bench, run_tune
 from appliance.profile_cmd import add_profile_parser, run_profile
 from appliance.settings import SettingsError, load_settings
-
-LATER = {
-    "bench": ("load-test a running appliance", "[7 of 7]"),
-    "tune": ("find the best settings for latency limits", "[7 of 7]"),
-}
 
 
 def _serve_parser(sub) -> None:
@@ -93,6 +89,9 @@ def run_top(args: argparse.Namespace) -> int:
     return 0
 
 
+COMMANDS = {"top": run_top, "profile": run_profile, "bench": run_bench, "tune": run_tune}
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="appliance",
@@ -103,8 +102,8 @@ def build_parser() -> argparse.ArgumentParser:
     _serve_parser(sub)
     _top_parser(sub)
     add_profile_parser(sub)
-    for name, (what, issue) in LATER.items():
-        sub.add_parser(name, help=f"{what} (arrives with {issue})", add_help=True)
+    add_bench_parser(sub)
+    add_tune_parser(sub)
     return parser
 
 
@@ -114,19 +113,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.command is None:
         parser.print_help(sys.stderr)
         return 2
-    if args.command == "top":
+    if args.command in COMMANDS:
         if extra:
             parser.error(f"unrecognized arguments: {' '.join(extra)}")
-        return run_top(args)
-    if args.command == "profile":
-        if extra:
-            parser.error(f"unrecognized arguments: {' '.join(extra)}")
-        return run_profile(args)
-    if args.command in LATER:
-        what, issue = LATER[args.command]
-        print(f"appliance {args.command} ({what}) arrives in a later issue, {issue}.",
-              file=sys.stderr)  # fmt: skip
-        return 2
+        return COMMANDS[args.command](args)
     if extra:
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
     flags = {k: v for k, v in vars(args).items() if k != "command"}

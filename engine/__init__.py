@@ -1,11 +1,31 @@
 """Inference engine: paged KV cache, continuous batching, our own Llama-family model.
 
-Offline use: `from engine import LLM, SamplingParams`.
+Offline use: `from engine import LLM, SamplingParams`. The names load on first use, so light
+submodules (engine.models.config, engine.sampling_params) import without torch's start-up.
 """
 
-from engine.config import EngineConfig
-from engine.llm import LLM
-from engine.request import RequestOutput
-from engine.sampling_params import SamplingParams
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING
 
 __all__ = ["LLM", "EngineConfig", "RequestOutput", "SamplingParams"]
+
+_WHERE = {
+    "LLM": "engine.llm",
+    "EngineConfig": "engine.config",
+    "RequestOutput": "engine.request",
+    "SamplingParams": "engine.sampling_params",
+}
+
+if TYPE_CHECKING:
+    from engine.config import EngineConfig
+    from engine.llm import LLM
+    from engine.request import RequestOutput
+    from engine.sampling_params import SamplingParams
+
+
+def __getattr__(name: str):
+    if name in _WHERE:
+        return getattr(importlib.import_module(_WHERE[name]), name)
+    raise AttributeError(f"module 'engine' has no attribute {name!r}")

@@ -76,10 +76,11 @@ def test_serve_refuses_lan_bind_without_key(capsys, monkeypatch):
     assert "refusing to listen on 0.0.0.0" in err and "--api-key" in err
 
 
-def test_later_subcommands_exit_2(capsys):
-    for command in ("bench", "tune"):
-        assert main([command]) == 2
-        assert "later issue" in capsys.readouterr().err
+def test_bench_against_no_server_says_so(capsys, tmp_path):
+    code = main(["bench", "--url", "http://127.0.0.1:9", "--num-requests", "1",
+                 "--duration", "2s", "--no-progress", "--out", str(tmp_path)])  # fmt: skip
+    assert code == 1
+    assert "cannot reach http://127.0.0.1:9" in capsys.readouterr().err
 
 
 def test_bad_settings_exit_2(capsys):

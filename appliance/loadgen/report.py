@@ -1,0 +1,183 @@
+"""Bench figures: SLO parsing, per-level summaries (percentiles, throughput, goodput, error
+counts), the rich table and the JSON document."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from rich.table import Table
+
+from appliance.loadgen.client import RequestResult
+from appliance.loadgen.runner import StageResult, StatsSample
+
+METRICS = ("ttft_s", "tpot_s", "itl_s", "e2e_s")
+_UNITS = {"ms": 1e-3, "s": 1.0, "us": 1e-6, "m": 60.0, "h": 3600.0, "": 1.0}
+
+
+def parse_duration(text: str) -> float:
+    """Seconds of '500ms', '1.5s', '10m', '2h' or a bare number of seconds."""
+    match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*(ms|us|s|m|h)?\s*", text)
+    if not match:
+        raise ValueError(f"bad duration {text!r}: use e.g. 500ms, 2s, 10m")
+    return float(match.group(1)) * _UNITS[match.group(2) or ""]
+
+
+@dataclass(frozen=True)
+class SLO:
+    """Latency limits a request must meet to count as goodput; None: no limit."""
+
+    ttft_s: float | None = None
+    tpot_s: float | None = None
+    e2e_s: float | None = None
+    percentile: float = 95.0
+    """The percentile that `tune` holds to the limits."""
+
+    @classmethod
+    def parse(cls, text: str, percentile: float = 95.0) -> SLO:
+        """'ttft=500ms,tpot=50ms[,e2e=10s]'."""
+        limits: dict[str, float] = {}
+        for part in filter(None, (p.strip() for p in text.split(","))):
+            key, _, value = part.partition("=")
+            if key not in ("ttft", "tpot", "e2e") or not value:
+                raise ValueError(f"bad SLO {part!r}: use ttft=500ms,tpot=50ms,e2e=10s")
+            limits[f"{key}_s"] = parse_duration(value)
+        return cls(**limits, percentile=percentile)
+
+    def limits(self) -> dict[str, float]:
+        return {k: v for k, v in (("ttft_s", self.ttft_s), ("tpot_s", self.tpot_s),
+                                  ("e2e_s", self.e2e_s)) if v is not None}  # fmt: skip
+
+    def met_by(self, r: RequestResult) -> bool:
+        if not r.ok:
+            return False
+        values = {"ttft_s": r.ttft_s, "tpot_s": r.tpot_s, "e2e_s": r.e2e_s}
+        return all(values[k] is None or values[k] <= v for k, v in self.limits().items())
+
+    def describe(self) -> str:
+        parts = [f"{k[:-2]}<={v * 1000:g}ms" for k, v in self.limits().items()]
+        return ", ".join(parts) or "none"
+
+
+def percentile(values: list[float], q: float) -> float | None:
+    """Nearest-rank percentile (q in 0..100); None when empty."""
+    if not values:
+        return None
+    s = sorted(values)
+    return s[min(len(s) - 1, max(0, int(-(-q * len(s) // 100)) - 1))]
+
+
+@dataclass
+class LevelSummary:
+    """The figures of all requests sent at one load level."""
+
+    level: float
+    mode: str
+    num_requests: int
+    num_ok: int
+    errors: dict[str, int]
+    wall_s: float
+    request_throughput: float
+    """Successful requests per second of wall time."""
+    output_token_throughput: float
+    input_token_throughput: float
+    goodput: float
+    """Requests per second that met every SLO limit."""
+    goodput_frac: float
+    latency: dict[str, dict[str, float | None]] = field(default_factory=dict)
+    """metric -> {p50, p90, p95, p99, mean}."""
+
+    def get(self, metric: str, pct: str) -> float | None:
+        return self.latency.get(metric, {}).get(pct)
+
+
+def summarize(stage: StageResult, slo: SLO, level: float | None = None) -> LevelSummary:
+    """Summarize a stage (or, for a ramp, its requests sent at `level`)."""
+    rs = [r for r in stage.results if level is None or r.level == level]
+    ok = [r for r in rs if r.ok]
+    if level is not None and rs:  # a ramp step: its own span of wall time
+        wall = max(r.start + (r.e2e_s or 0.0) for r in rs) - min(r.start for r in rs)
+    else:
+        wall = stage.wall_s
+    wall = max(wall, 1e-9)
+    latency = {}
+    for metric in METRICS:
+        if metric == "itl_s":
+            values = [x for r in ok for x in r.itl_s]
+        else:
+            values = [v for r in ok if (v := getattr(r, metric)) is not None]
+        stats = {f"p{q}": percentile(values, q) for q in (50, 90, 95, 99)}
+        stats["mean"] = sum(values) / len(values) if values else None
+        latency[metric] = stats
+    num_good = sum(slo.met_by(r) for r in rs)
+    return LevelSummary(
+        level=stage.stage.level if level is None else level,
+        mode=stage.stage.mode,
+        num_requests=len(rs),
+        num_ok=len(ok),
+        errors=dict(Counter(r.error for r in rs if not r.ok)),
+        wall_s=wall,
+        request_throughput=len(ok) / wall,
+        output_token_throughput=sum(r.num_output_tokens for r in ok) / wall,
+        input_token_throughput=sum(r.num_prompt_tokens or 0 for r in ok) / wall,
+        goodput=num_good / wall,
+        goodput_frac=num_good / len(rs) if rs else 0.0,
+        latency=latency,
+    )
+
+
+def summarize_all(stages: list[StageResult], slo: SLO) -> list[LevelSummary]:
+    out = []
+    for stage in stages:
+        if stage.stage.mode == "ramp":
+            levels = sorted({r.level for r in stage.results})
+            out.extend(summarize(stage, slo, level) for level in levels)
+        else:
+            out.append(summarize(stage, slo))
+    return out
+
+
+def _ms(value: float | None) -> str:
+    return "n/a" if value is None else f"{value * 1000:.1f}"
+
+
+def table(summaries: list[LevelSummary], slo: SLO, title: str = "appliance bench") -> Table:
+    t = Table(title=f"{title}  (SLO: {slo.describe()})")
+    for name in ("load", "ok/sent", "errors", "TTFT ms p50/95/99", "TPOT ms p50/95/99",
+                 "ITL p50", "E2E p95 s", "req/s", "out tok/s", "goodput req/s"):  # fmt: skip
+        t.add_column(name, justify="right" if name != "errors" else "left")
+    for s in summaries:
+        unit = "rps" if s.mode == "open" else "conc"
+        e2e = s.get("e2e_s", "p95")
+        t.add_row(
+            f"{s.level:g} {unit}",
+            f"{s.num_ok}/{s.num_requests}",
+            ", ".join(f"{k}: {v}" for k, v in sorted(s.errors.items())) or "-",
+            "/".join(_ms(s.get("ttft_s", p)) for p in ("p50", "p95", "p99")),
+            "/".join(_ms(s.get("tpot_s", p)) for p in ("p50", "p95", "p99")),
+            _ms(s.get("itl_s", "p50")),
+            "n/a" if e2e is None else f"{e2e:.2f}",
+            f"{s.request_throughput:.2f}",
+            f"{s.output_token_throughput:.1f}",
+            f"{s.goodput:.2f} ({100 * s.goodput_frac:.0f}%)",
+        )
+    return t
+
+
+def write_json(path: Path, config: dict, summaries: list[LevelSummary],
+               stages: list[StageResult], samples: list[StatsSample]) -> None:  # fmt: skip
+    """The whole run: its settings, the summaries, every request and every stats sample."""
+    doc = {
+        "config": config,
+        "summaries": [dataclasses.asdict(s) for s in summaries],
+        "requests": [
+            {**dataclasses.asdict(r), "tpot_s": r.tpot_s} for st in stages for r in st.results
+        ],
+        "stats_samples": [dataclasses.asdict(s) for s in samples],
+    }
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(doc, indent=1, default=str))

@@ -1,0 +1,122 @@
+"""LoadSession: one HTTP session to one appliance, its calibrated workload, the /v1/stats
+sampler and a progress bar; runs stages one after another (shared by bench and tune)."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import aiohttp
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from appliance.loadgen import workload
+from appliance.loadgen.client import ClientConfig, RequestResult
+from appliance.loadgen.runner import Stage, StageResult, StatsSampler, run_stage
+from appliance.loadgen.workload import WorkloadSpec
+
+
+@dataclass
+class ServerInfo:
+    """What /v1/stats says about the server under test (None: not reported)."""
+
+    model: str | None = None
+    device: str | None = None
+    gpu_name: str | None = None
+    dtype: str | None = None
+    quantization: str | None = None
+    config: dict | None = None
+
+    @classmethod
+    def from_stats(cls, doc: dict | None) -> ServerInfo:
+        if not doc:
+            return cls()
+        config = doc.get("config") or {}
+        return cls(
+            model=doc.get("model"),
+            device=doc.get("device"),
+            gpu_name=(doc.get("gpu") or {}).get("name"),
+            dtype=config.get("dtype"),
+            quantization=config.get("quantization"),
+            config=config or None,
+        )
+
+
+class LoadSession:
+    """`async with LoadSession(cfg, spec) as s: await s.run(stage)`; traffic goes only to
+    cfg.url."""
+
+    def __init__(self, cfg: ClientConfig, spec: WorkloadSpec, console: Console | None = None,
+                 show_progress: bool = True, sample_interval_s: float = 0.5) -> None:  # fmt: skip
+        self.cfg, self.spec = cfg, spec
+        self.console = console or Console(stderr=True)
+        self.show_progress = show_progress
+        self.sample_interval_s = sample_interval_s
+        self.t0 = time.perf_counter()
+        self.stages: list[StageResult] = []
+        self.info = ServerInfo()
+        self._session: aiohttp.ClientSession | None = None
+        self.sampler: StatsSampler | None = None
+
+    async def __aenter__(self) -> LoadSession:
+        # No connection cap: the load shape, not the HTTP pool, sets the concurrency.
+        connector = aiohttp.TCPConnector(limit=0)
+        self._session = aiohttp.ClientSession(connector=connector, trust_env=False)
+        try:
+            pool = [] if self.spec.jsonl else await workload.token_pool(self._session, self.cfg.url)
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            await self._session.close()
+            raise RuntimeError(f"cannot reach {self.cfg.url}: {exc}") from None
+        except RuntimeError:
+            await self._session.close()
+            raise
+        self.work = workload.items(self.spec, pool)
+        self.sampler = StatsSampler(self._session, self.cfg, self.t0, self.sample_interval_s)
+        self.info = ServerInfo.from_stats(await self.sampler.read())
+        self.sampler.start()
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        if self.sampler is not None:
+            await self.sampler.stop()
+        if self._session is not None:
+            await self._session.close()
+
+    @property
+    def samples(self):
+        return self.sampler.samples if self.sampler else []
+
+    async def stats(self) -> dict | None:
+        return await self.sampler.read() if self.sampler else None
+
+    def results(self) -> list[RequestResult]:
+        return [r for st in self.stages for r in st.results]
+
+    async def run(self, stage: Stage, label: str | None = None) -> StageResult:
+        label = label or f"{stage.mode} {stage.level:g}"
+        if stage.duration_s is not None:
+            label += f" (up to {stage.duration_s:g}s)"
+        with Progress(
+            TextColumn("[bold]{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("{task.fields[errors]} errors"),
+            TimeElapsedColumn(),
+            console=self.console,
+            disable=not self.show_progress,
+            transient=True,
+        ) as progress:
+            total = stage.num_requests
+            task = progress.add_task(label, total=total, errors=0)
+            num_errors = 0
+
+            def on_done(result: RequestResult) -> None:
+                nonlocal num_errors
+                num_errors += not result.ok
+                progress.update(task, advance=1, errors=num_errors)
+
+            assert self._session is not None, "use LoadSession as an async context manager"
+            result = await run_stage(self._session, self.cfg, self.work, stage, self.t0,
+                                     on_done, seed=self.spec.seed + len(self.stages))  # fmt: skip
+        self.stages.append(result)
+        return result

@@ -1,0 +1,99 @@
+"""`appliance bench` against a real `appliance serve` subprocess (embedded model, tiny
+max_tokens): closed and open loop, numbers checked against the server's own usage."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import selectors
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from appliance.bench_cmd import add_bench_parser, run_bench
+from appliance.loadgen import SLO, ClientConfig, LengthDist, LoadSession, Stage, WorkloadSpec
+from appliance.loadgen.report import summarize
+
+
+@pytest.fixture(scope="module")
+def url():
+    cmd = [sys.executable, "-m", "appliance", "serve", "--port", "0", "--device", "cpu",
+           "--max-model-len", "256", "--num-kv-blocks", "64", "--log-level", "warning"]  # fmt: skip
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    found = None
+    with selectors.DefaultSelector() as sel:
+        sel.register(proc.stdout, selectors.EVENT_READ)
+        deadline = time.monotonic() + 300
+        while found is None and time.monotonic() < deadline and proc.poll() is None:
+            if sel.select(timeout=1.0):
+                match = re.search(r"at (http://\S+)/v1", proc.stdout.readline())
+                found = match.group(1) if match else None
+    if found is None:
+        proc.kill()
+        pytest.fail(f"server did not start: {proc.stderr.read()[-3000:]}")
+    threading.Thread(target=proc.stderr.read, daemon=True).start()
+    yield found
+    proc.kill()
+    proc.wait(30)
+
+
+SPEC = WorkloadSpec(LengthDist.parse("uniform:8-24"), LengthDist.parse("uniform:2-6"), prefix_len=8)
+
+
+def check_consistent(stage) -> None:
+    ok = [r for r in stage.results if r.ok]
+    assert ok and len(ok) == len(stage.results), [r.error for r in stage.results]
+    for r in ok:
+        assert r.usage_reported
+        assert 0 < r.ttft_s <= r.e2e_s
+        assert r.num_chunks <= r.num_output_tokens and len(r.itl_s) == r.num_chunks - 1
+        assert 8 + 8 <= r.num_prompt_tokens <= 8 + 24
+        assert 2 <= r.num_output_tokens <= 6  # ignore_eos: exactly the asked length
+        if r.num_output_tokens > 1:
+            assert r.tpot_s == pytest.approx((r.e2e_s - r.ttft_s) / (r.num_output_tokens - 1))
+    s = summarize(stage, SLO(ttft_s=60.0))
+    tokens = sum(r.num_output_tokens for r in ok)
+    assert s.output_token_throughput == pytest.approx(tokens / stage.wall_s)
+    assert s.request_throughput == pytest.approx(len(ok) / stage.wall_s)
+    assert s.goodput_frac == 1.0 and s.errors == {}
+    assert s.get("ttft_s", "p50") <= s.get("ttft_s", "p99") <= s.get("e2e_s", "p99")
+
+
+async def test_closed_and_open_loop_are_consistent(url):
+    async with LoadSession(ClientConfig(url=url), SPEC, show_progress=False,
+                           sample_interval_s=0.1) as session:  # fmt: skip
+        closed = await session.run(Stage("closed", 3, num_requests=6, duration_s=30))
+        opened = await session.run(Stage("open", 8.0, num_requests=6, duration_s=30))
+    check_consistent(closed)
+    check_consistent(opened)
+    assert session.info.model and session.info.device == "cpu"
+    assert session.samples and all(s.kv_usage_perc is not None for s in session.samples)
+
+
+async def test_errors_are_counted_not_raised(url):
+    cfg = ClientConfig(url=url, model="no-such-model")
+    async with LoadSession(cfg, SPEC, show_progress=False) as session:
+        stage = await session.run(Stage("closed", 2, num_requests=4))
+    s = summarize(stage, SLO(ttft_s=1.0))
+    assert s.num_ok == 0 and s.errors == {"http 404": 4} and s.goodput == 0.0
+
+
+def test_bench_command_writes_table_json_and_plots(url, tmp_path, capsys):
+    parser = argparse.ArgumentParser()
+    add_bench_parser(parser.add_subparsers(dest="command"))
+    args = parser.parse_args(["bench", "--url", url, "--mode", "ramp", "--concurrency", "1-2",
+                              "--ramp-steps", "2", "--duration", "2s", "--input-len", "16",
+                              "--output-len", "3", "--out", str(tmp_path),
+                              "--no-progress"])  # fmt: skip
+    assert run_bench(args) == 0
+    shown = capsys.readouterr().out
+    assert "appliance bench" in shown and "1 conc" in shown and "2 conc" in shown
+    doc = json.loads((tmp_path / "bench.json").read_text())
+    assert {s["level"] for s in doc["summaries"]} == {1.0, 2.0}
+    assert all(r["num_output_tokens"] == 3 for r in doc["requests"] if r["ok"])
+    for name in ("latency_vs_load", "throughput_vs_load", "ttft_tpot_hist", "kv_queue_timeline"):
+        assert (tmp_path / f"{name}.png").stat().st_size > 1000

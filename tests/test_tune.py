@@ -1,0 +1,103 @@
+"""The tuner's search against a simulated server whose latency grows with concurrency, drift
+detection, and the tuned profile's TOML round trip."""
+
+from __future__ import annotations
+
+import pytest
+
+from appliance.loadgen.client import RequestResult
+from appliance.loadgen.report import SLO, LevelSummary
+from appliance.loadgen.runner import StatsSample
+from appliance.tune import (
+    TunedProfile,
+    detect_drift,
+    load_tuned_profile,
+    search,
+    write_tuned_profile,
+)
+
+
+def simulated(knee: int, slo: SLO):
+    """p95 TPOT rises linearly and crosses the limit just after `knee`."""
+    calls: list[int] = []
+
+    async def measure(c: int) -> LevelSummary:
+        calls.append(c)
+        tpot = slo.tpot_s * (0.5 + 0.5 * c / (knee + 0.5))
+        lat = {"tpot_s": {"p95": tpot}, "ttft_s": {"p95": 0.1}}
+        return LevelSummary(c, "closed", 10, 10, {}, 1.0, 10.0, 100.0 * c, 0.0, 10.0, 1.0, lat)
+
+    return measure, calls
+
+
+@pytest.mark.parametrize("knee,start", [(32, 4), (27, 4), (5, 1), (3, 4), (1, 4), (100, 1)])
+async def test_search_finds_the_knee(knee, start):
+    slo = SLO(tpot_s=0.05)
+    measure, calls = simulated(knee, slo)
+    result = await search(measure, slo, start=start, max_concurrency=256)
+    assert result.best == knee and result.first_bad == knee + 1
+    assert len(calls) == len(set(calls))  # no level measured twice
+    assert calls[0] == start
+    doubling = [c for c in calls if c > start and c & (c - 1) == 0]
+    assert calls[: len(doubling) + 1] == [start] + doubling or start > knee
+
+
+async def test_search_stops_at_the_maximum_and_reports_total_failure():
+    slo = SLO(tpot_s=0.05)
+    measure, _ = simulated(1000, slo)
+    result = await search(measure, slo, start=4, max_concurrency=48)
+    assert result.best == 48 and result.first_bad is None
+    measure, _ = simulated(0, slo)
+    result = await search(measure, slo, start=4)
+    assert result.best is None and result.first_bad == 1
+
+
+async def test_errors_break_the_slo_even_when_fast():
+    async def measure(c: int) -> LevelSummary:
+        errors = {"http 429": c - 8} if c > 8 else {}
+        n_ok = 100 - sum(errors.values())
+        lat = {"ttft_s": {"p95": 0.01}}
+        return LevelSummary(c, "closed", 100, n_ok, errors, 1, 1, 1, 1, 1, 1, lat)
+
+    result = await search(measure, SLO(ttft_s=1.0), start=4)
+    assert result.best == 9  # 1 failure in 100 is allowed, 2 are not
+
+
+def _result(start: float, ttft: float) -> RequestResult:
+    return RequestResult(1, start, ok=True, ttft_s=ttft, e2e_s=ttft + 1, num_output_tokens=11)
+
+
+def test_drift_detects_creeping_latency_and_memory():
+    flat = [_result(t, 0.1) for t in range(30)]
+    mem = [StatsSample(t, gpu_memory_used_bytes=10 * 2**30) for t in range(30)]
+    assert detect_drift(flat, mem).stable
+    creeping = [_result(t, 0.1 * (1 + t / 10)) for t in range(30)]
+    assert any("ttft" in n for n in detect_drift(creeping, mem).notes)
+    growing = [StatsSample(t, gpu_memory_used_bytes=(10 + t / 10) * 2**30) for t in range(30)]
+    drift = detect_drift(flat, growing)
+    assert not drift.stable and "memory" in drift.notes[0] and drift.memory_growth_bytes > 0
+
+
+def test_profile_round_trips(tmp_path):
+    prof = TunedProfile(
+        name="smollm-cpu",
+        created="2026-01-01T00:00:00",
+        hardware={"gpu": "cpu", "device": "cpu"},
+        model={"name": 'Smol "LM"', "dtype": "float32", "quantization": "none"},
+        chosen={"max_concurrency": 6, "max_num_seqs": 6, "max_num_batched_tokens": 2048},
+        capacity={"request_throughput": 1.25, "ttft_p95_s": 0.4, "first_bad_concurrency": 7},
+        slo={"ttft_s": 1.0, "tpot_s": 0.05, "percentile": 95.0},
+        workload={"input_len": "uniform:64-256", "prefix_len": 0},
+        soak={"duration_s": 10.0, "stable": False, "notes": ["p95 ttft grew 1.30x"]},
+    )
+    path = write_tuned_profile(prof, tmp_path)
+    assert path == tmp_path / "smollm-cpu.toml"
+    assert load_tuned_profile(path) == prof
+    assert load_tuned_profile(path).max_concurrency == 6
+    with pytest.raises(FileNotFoundError):
+        load_tuned_profile("no-such-profile-anywhere")
+    (tmp_path / "bad.toml").write_text("name = 'x'\n")
+    with pytest.raises(ValueError, match="not a tuned profile"):
+        load_tuned_profile(tmp_path / "bad.toml")
+    with pytest.raises(ValueError):
+        TunedProfile(name="../escape")
