@@ -5,37 +5,20 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
-import selectors
-import subprocess
-import sys
-import threading
-import time
 
 import pytest
 
 from appliance.bench_cmd import add_bench_parser, run_bench
 from appliance.loadgen import SLO, ClientConfig, LengthDist, LoadSession, Stage, WorkloadSpec
 from appliance.loadgen.report import summarize
+from tests.serve_process import start_server
 
 
 @pytest.fixture(scope="module")
 def url():
-    cmd = [sys.executable, "-m", "appliance", "serve", "--port", "0", "--device", "cpu",
-           "--max-model-len", "256", "--num-kv-blocks", "64", "--log-level", "warning"]  # fmt: skip
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    found = None
-    with selectors.DefaultSelector() as sel:
-        sel.register(proc.stdout, selectors.EVENT_READ)
-        deadline = time.monotonic() + 300
-        while found is None and time.monotonic() < deadline and proc.poll() is None:
-            if sel.select(timeout=1.0):
-                match = re.search(r"at (http://\S+)/v1", proc.stdout.readline())
-                found = match.group(1) if match else None
-    if found is None:
-        proc.kill()
-        pytest.fail(f"server did not start: {proc.stderr.read()[-3000:]}")
-    threading.Thread(target=proc.stderr.read, daemon=True).start()
+    proc, found = start_server(
+        "--max-model-len", "256", "--num-kv-blocks", "64", "--log-level", "warning"
+    )
     yield found
     proc.kill()
     proc.wait(30)

@@ -6,16 +6,15 @@ from __future__ import annotations
 
 import json
 import re
-import selectors
 import signal
 import subprocess
-import sys
-import threading
 import time
 import urllib.error
 import urllib.request
 
 import pytest
+
+from tests.serve_process import start_server
 
 openai = pytest.importorskip("openai")
 
@@ -44,23 +43,20 @@ class Server:
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     log_path = tmp_path_factory.mktemp("e2e") / "requests.jsonl"
-    cmd = [sys.executable, "-m", "appliance", "serve", "--port", "0", "--device", "cpu",
-           "--max-model-len", "512", "--num-kv-blocks", "64", "--api-key", f"e2e:{KEY}",
-           "--log-requests", str(log_path), "--drain-timeout", "60",
-           "--log-level", "warning"]  # fmt: skip
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    url = None
-    with selectors.DefaultSelector() as sel:
-        sel.register(proc.stdout, selectors.EVENT_READ)
-        deadline = time.monotonic() + 300
-        while url is None and time.monotonic() < deadline and proc.poll() is None:
-            if sel.select(timeout=1.0):
-                match = re.search(r"at (http://\S+)/v1", proc.stdout.readline())
-                url = match.group(1) if match else None
-    if url is None:
-        proc.kill()
-        pytest.fail(f"server did not start: {proc.stderr.read()[-3000:]}")
-    threading.Thread(target=proc.stderr.read, daemon=True).start()  # keep the pipe drained
+    proc, url = start_server(
+        "--max-model-len",
+        "512",
+        "--num-kv-blocks",
+        "64",
+        "--api-key",
+        f"e2e:{KEY}",
+        "--log-requests",
+        str(log_path),
+        "--drain-timeout",
+        "60",
+        "--log-level",
+        "warning",
+    )
     yield Server(proc, url, log_path)
     if proc.poll() is None:
         proc.kill()

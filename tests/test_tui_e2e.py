@@ -5,18 +5,14 @@ table lists the requests that were sent, the queue saw them run, and a trace ope
 from __future__ import annotations
 
 import asyncio
-import re
-import selectors
 import signal
 import subprocess
-import sys
-import threading
-import time
 
 import aiohttp
 import pytest
 from textual.widgets import DataTable
 
+from tests.serve_process import start_server
 from tests.test_tui_fakes import screen_text, wait_for
 from tui import create_app
 from tui.screens.trace import TraceScreen
@@ -27,22 +23,18 @@ NUM_REQUESTS = 6
 
 @pytest.fixture(scope="module")
 def server_url():
-    cmd = [sys.executable, "-m", "appliance", "serve", "--port", "0", "--device", "cpu",
-           "--max-model-len", "512", "--num-kv-blocks", "64", "--max-num-seqs", "4",
-           "--api-key", f"tui:{KEY}", "--log-level", "warning"]  # fmt: skip
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    url = None
-    with selectors.DefaultSelector() as sel:
-        sel.register(proc.stdout, selectors.EVENT_READ)
-        deadline = time.monotonic() + 300
-        while url is None and time.monotonic() < deadline and proc.poll() is None:
-            if sel.select(timeout=1.0):
-                match = re.search(r"at (http://\S+)/v1", proc.stdout.readline())
-                url = match.group(1) if match else None
-    if url is None:
-        proc.kill()
-        pytest.fail(f"server did not start: {proc.stderr.read()[-3000:]}")
-    threading.Thread(target=proc.stderr.read, daemon=True).start()
+    proc, url = start_server(
+        "--max-model-len",
+        "512",
+        "--num-kv-blocks",
+        "64",
+        "--max-num-seqs",
+        "4",
+        "--api-key",
+        f"tui:{KEY}",
+        "--log-level",
+        "warning",
+    )
     yield url
     proc.send_signal(signal.SIGTERM)
     try:
