@@ -36,6 +36,10 @@ def _serve_parser(sub) -> None:
     p.add_argument("--quantization", choices=["none", "int8", "int4", "auto"])
     p.add_argument("--enforce-eager", action="store_true", help="disable CUDA graphs")
     p.add_argument("--seed", type=int, help="engine seed for requests without one")
+    p.add_argument("--adaptive-batching", action="store_true",
+                   help="scale each step's token budget with the waiting queue")  # fmt: skip
+    p.add_argument("--profile", metavar="NAME",
+                   help="a tuned profile from `appliance tune` (name or .toml path)")  # fmt: skip
     p.add_argument("--max-queue", type=int, help="most waiting requests before 429 (default 128)")
     p.add_argument("--max-n", type=int, help="most choices one request may ask for (default 16)")
     p.add_argument("--api-key", action="append", metavar="[NAME:]KEY",

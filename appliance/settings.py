@@ -15,7 +15,10 @@ ENV_PREFIX = "APPLIANCE_"
 ENGINE_FIELDS = (
     "max_model_len", "max_num_seqs", "max_num_batched_tokens", "block_size", "num_kv_blocks",
     "gpu_memory_utilization", "dtype", "kv_cache_dtype", "quantization", "enforce_eager", "seed",
+    "adaptive_batching",
 )  # fmt: skip
+PROFILE_FIELDS = ("max_num_seqs", "max_num_batched_tokens", "adaptive_batching")
+"""Settings a tuned profile (`appliance tune`) supplies, below everything the user sets."""
 
 
 class SettingsError(ValueError):
@@ -65,6 +68,11 @@ class ServeSettings:
     enforce_eager: bool | None = None
     """Disable CUDA graphs; None = the engine default."""
     seed: int | None = None
+    adaptive_batching: bool | None = None
+    """Scale each step's token budget with the waiting queue; None = the engine default (off)."""
+    profile: str | None = None
+    """A tuned profile (name under profiles/tuned/ or a .toml path) written by `appliance tune`:
+    its chosen values apply where no flag, variable or config file sets them."""
     """Engine seed for requests without their own; None = the engine default."""
     max_queue: int = 128
     """Most requests waiting for a slot; past it requests get 429 with Retry-After."""
@@ -205,12 +213,28 @@ def load_settings(
         if name not in known:
             raise SettingsError(f"unknown setting {name!r}")
         merged[name] = value
+    if merged.get("profile"):
+        for name, value in _tuned_values(str(merged["profile"])).items():
+            merged.setdefault(name, value)
     for name, value in list(merged.items()):
         merged[name] = _check_type(name, value, hints[name])
     try:
         return ServeSettings(**merged)
     except TypeError as exc:
         raise SettingsError(str(exc)) from None
+
+
+def _tuned_values(name_or_path: str) -> dict:
+    from appliance.loadgen.profile import load_tuned_profile
+
+    try:
+        profile = load_tuned_profile(name_or_path)
+    except (OSError, ValueError, KeyError) as exc:
+        raise SettingsError(f"cannot load tuned profile {name_or_path!r}: {exc}") from None
+    chosen = dict(profile.chosen)
+    if "max_num_seqs" not in chosen and "max_concurrency" in chosen:
+        chosen["max_num_seqs"] = chosen["max_concurrency"]
+    return {k: chosen[k] for k in PROFILE_FIELDS if chosen.get(k) is not None}
 
 
 def _read_toml(path: Path, known: set[str]) -> dict:

@@ -39,6 +39,12 @@ class EngineConfig:
     """Seed for requests that do not bring their own."""
     cpu_kv_cache_gib: float = 2.0
     """KV-cache budget on the CPU when num_kv_blocks is None."""
+    adaptive_batching: bool = False
+    """Scale the step's token budget with the waiting queue: min_num_batched_tokens when nobody
+    waits (short prefill chunks keep decodes fast), max_num_batched_tokens once the queue holds
+    max_num_seqs requests (admit at full speed)."""
+    min_num_batched_tokens: int = 512
+    """The step's token budget with an empty queue when adaptive_batching is on."""
     load_format: str = "auto"
     """auto = the checkpoint's weights; random = random weights in the config's shapes
     (benchmarks: only config.json is needed, prompts are token ids)."""
@@ -53,6 +59,7 @@ class EngineConfig:
         positive("max_num_batched_tokens", self.max_num_batched_tokens)
         positive("block_size", self.block_size)
         positive("num_kv_blocks", self.num_kv_blocks)
+        positive("min_num_batched_tokens", self.min_num_batched_tokens)
         if not 0.0 < self.gpu_memory_utilization <= 1.0:
             raise ValueError(
                 f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}"

@@ -73,9 +73,21 @@ class Scheduler:
         elif req in self.waiting:
             self.waiting.remove(req)
 
+    def token_budget(self) -> int:
+        """Tokens this step may process. Fixed, or (adaptive_batching) growing linearly from
+        min_num_batched_tokens with an empty queue to max_num_batched_tokens once max_num_seqs
+        requests wait: small steps keep running requests' token latency low when the queue is
+        short, large ones drain a long queue."""
+        cfg = self.config
+        if not cfg.adaptive_batching:
+            return cfg.max_num_batched_tokens
+        low = min(cfg.min_num_batched_tokens, cfg.max_num_batched_tokens)
+        fill = min(1.0, len(self.waiting) / cfg.max_num_seqs)
+        return max(low, round(low + (cfg.max_num_batched_tokens - low) * fill))
+
     def schedule(self) -> ScheduledBatch:
         batch = ScheduledBatch()
-        budget = self.config.max_num_batched_tokens
+        budget = self.token_budget()
         decodes = [r for r in self.running if r.num_tokens - r.num_computed_tokens == 1]
         prefills = [r for r in self.running if r.num_tokens - r.num_computed_tokens > 1]
         for req in decodes + prefills:
