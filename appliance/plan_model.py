@@ -51,8 +51,7 @@ def weight_bytes(m: ModelConfig, fmt: str, dtype_bytes: int, quantize_embeddings
 
 def kv_bytes_per_token(m: ModelConfig, kv_dtype: str) -> int:
     """2 x layers x KV heads x head_dim x bytes (int8 adds a 16-bit scale per token and head)."""
-    per_head = m.head_dim * ELEMENT_BYTES[kv_dtype] + (2 if kv_dtype == "int8" else 0)
-    return 2 * m.num_layers * m.num_kv_heads * per_head
+    return m.kv_bytes_per_token(ELEMENT_BYTES[kv_dtype], 2 if kv_dtype == "int8" else 0)
 
 
 def activation_bytes(m: ModelConfig, num_tokens: int, num_rows: int, dtype_bytes: int) -> int:

@@ -32,8 +32,7 @@ def prepare_inputs(
     slots: list[int] = []
     query_start_loc = [0]
     seq_lens: list[int] = []
-    logits_indices: list[int] = []
-    for i, (req, num_new) in enumerate(zip(batch.requests, batch.num_new_tokens)):
+    for req, num_new in zip(batch.requests, batch.num_new_tokens):
         start = req.num_computed_tokens
         end = start + num_new
         input_ids.extend(req.token_ids[start:end])
@@ -44,8 +43,7 @@ def prepare_inputs(
         )
         query_start_loc.append(query_start_loc[-1] + num_new)
         seq_lens.append(end)
-        if batch.samples(i):
-            logits_indices.append(query_start_loc[-1] - 1)
+    logits_indices = [query_start_loc[i + 1] - 1 for i in batch.sampling_indices]
     max_blocks = max(len(r.block_table) for r in batch.requests)
     tables = [
         x for r in batch.requests for x in r.block_table + [0] * (max_blocks - len(r.block_table))

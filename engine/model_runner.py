@@ -106,7 +106,7 @@ class ModelRunner:
         else:
             with forward_context(meta):
                 hidden = self.model(input_ids, positions)  # [num_tokens, hidden]
-        sampling_rows = [i for i in range(len(batch.requests)) if batch.samples(i)]
+        sampling_rows = batch.sampling_indices
         if not sampling_rows:
             return {}
         reqs = [batch.requests[i] for i in sampling_rows]

@@ -70,8 +70,7 @@ def resolve_max_model_len(config: EngineConfig, model: ModelConfig, device: torc
 
 
 def kv_bytes_per_token(model: ModelConfig, kv_dtype: torch.dtype) -> int:
-    """2 (K and V) x layers x KV heads x head_dim x bytes per element."""
-    return model.kv_bytes_per_token_per_elem * torch.empty(0, dtype=kv_dtype).element_size()
+    return model.kv_bytes_per_token(kv_dtype.itemsize)
 
 
 def plan_num_kv_blocks(

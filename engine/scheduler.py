@@ -14,6 +14,7 @@ from __future__ import annotations
 import time
 from collections import deque
 from dataclasses import dataclass, field
+from functools import cached_property
 
 from engine.block_manager import BlockManager
 from engine.config import EngineConfig
@@ -38,10 +39,15 @@ class ScheduledBatch:
     def num_tokens(self) -> int:
         return sum(self.num_new_tokens)
 
-    def samples(self, index: int) -> bool:
-        """Whether request `index` reaches its last known token this step (and so samples)."""
-        req = self.requests[index]
-        return req.num_computed_tokens + self.num_new_tokens[index] == req.num_tokens
+    @cached_property
+    def sampling_indices(self) -> list[int]:
+        """Requests that reach their last known token this step, and so sample one. Read after
+        scheduling and before update (it depends on num_computed_tokens)."""
+        return [
+            i
+            for i, (req, num_new) in enumerate(zip(self.requests, self.num_new_tokens))
+            if req.num_computed_tokens + num_new == req.num_tokens
+        ]
 
 
 class Scheduler:

@@ -81,6 +81,18 @@ def check_paged_inputs(
         raise ValueError(f"{name}: all tensors must be on one device, got {devices}")
 
 
+def output_like(name: str, q: torch.Tensor, out: torch.Tensor | None) -> torch.Tensor:
+    """`out` checked to match q's shape, dtype and device, or a new tensor like q."""
+    if out is None:
+        return torch.empty_like(q)
+    if out.shape != q.shape or out.dtype != q.dtype or out.device != q.device:
+        raise ValueError(
+            f"{name}: out must be {tuple(q.shape)} {q.dtype} on {q.device}, got "
+            f"{tuple(out.shape)} {out.dtype} on {out.device}"
+        )
+    return out
+
+
 def dot_dtype(dtype: torch.dtype, kernel: object) -> tl.dtype:
     """The dtype tl.dot operands are cast to: the input dtype, except bf16 under Triton's CPU
     interpreter (its tl.dot multiplies raw bf16 bit patterns), which computes in fp32."""
@@ -294,13 +306,7 @@ def decode_attention(
             f"decode_attention: q has {num_seqs} sequences but seq_lens has {seq_lens.shape[0]}"
         )
     num_kv_heads, block_size = k_cache.shape[2], k_cache.shape[1]
-    if out is None:
-        out = torch.empty_like(q)
-    elif out.shape != q.shape or out.dtype != q.dtype or out.device != q.device:
-        raise ValueError(
-            f"decode_attention: out must be {tuple(q.shape)} {q.dtype} on {q.device}, got "
-            f"{tuple(out.shape)} {out.dtype} on {out.device}"
-        )
+    out = output_like("decode_attention", q, out)
     if num_seqs == 0:
         return out
     if num_splits is None:

@@ -19,6 +19,7 @@ from engine.kernels.decode_attention import (
     check_paged_inputs,
     dot_dtype,
     launch_first_fitting,
+    output_like,
 )
 
 
@@ -225,13 +226,7 @@ def prefill_attention(
         )
     if max_query_len < 0:
         raise ValueError(f"prefill_attention: max_query_len must be >= 0, got {max_query_len}")
-    if out is None:
-        out = torch.empty_like(q)
-    elif out.shape != q.shape or out.dtype != q.dtype or out.device != q.device:
-        raise ValueError(
-            f"prefill_attention: out must be {tuple(q.shape)} {q.dtype} on {q.device}, got "
-            f"{tuple(out.shape)} {out.dtype} on {out.device}"
-        )
+    out = output_like("prefill_attention", q, out)
     if out.stride(-1) != 1:
         raise ValueError(f"prefill_attention: out needs a unit-stride last dim, {out.stride()}")
     if num_seqs == 0 or num_tokens == 0 or max_query_len == 0:

@@ -37,10 +37,10 @@ class ModelConfig:
     torch_dtype: str | None
     eos_token_id: list[int]
 
-    @property
-    def kv_bytes_per_token_per_elem(self) -> int:
-        """K and V elements per token over all layers (multiply by bytes per element)."""
-        return 2 * self.num_layers * self.num_kv_heads * self.head_dim
+    def kv_bytes_per_token(self, elem_bytes: int, scale_bytes: int = 0) -> int:
+        """The KV-cache formula: 2 (K and V) x layers x KV heads (not attention heads) x
+        (head_dim x bytes per element + scale bytes per head, for quantized caches)."""
+        return 2 * self.num_layers * self.num_kv_heads * (self.head_dim * elem_bytes + scale_bytes)
 
     @property
     def num_params(self) -> int:
