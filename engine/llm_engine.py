@@ -58,8 +58,6 @@ class LLMEngine:
         self._check_pool_fits()
         self.runner.allocate_kv_cache(self.config.num_kv_blocks, self.kv_dtype)
         self.runner.capture_cuda_graphs()
-        if self.device.type == "cuda":
-            self.warm_up()
         self.block_manager = BlockManager(self.config.num_kv_blocks, self.config.block_size)
         self.scheduler = Scheduler(self.config, self.block_manager)
         self._rng = random.Random(self.config.seed)
@@ -69,6 +67,8 @@ class LLMEngine:
         self.num_steps = 0
         self.prompt_tokens_total = 0
         self.generation_tokens_total = 0
+        if self.device.type == "cuda":
+            self.warm_up()  # needs the scheduler and request tables above
 
     def _check_pool_fits(self) -> None:
         cfg = self.config
