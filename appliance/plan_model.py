@@ -50,8 +50,9 @@ def weight_bytes(m: ModelConfig, fmt: str, dtype_bytes: int, quantize_embeddings
 
 
 def kv_bytes_per_token(m: ModelConfig, kv_dtype: str) -> int:
-    """2 x layers x KV heads x head_dim x bytes (int8 adds a 16-bit scale per token and head)."""
-    return m.kv_bytes_per_token(ELEMENT_BYTES[kv_dtype], 2 if kv_dtype == "int8" else 0)
+    """2 x layers x KV heads x head_dim x bytes (int8 adds a 16-bit scale per token and head):
+    the engine's own formula (ModelConfig.kv_cache_bytes_per_token)."""
+    return m.kv_cache_bytes_per_token(kv_dtype)
 
 
 def activation_bytes(m: ModelConfig, num_tokens: int, num_rows: int, dtype_bytes: int) -> int:
@@ -99,6 +100,8 @@ class Device:
     max_num_batched_tokens: int = 2048
     bandwidth_gbs: float | None = None
     bf16_tflops: float | None = None
+    max_kv_bytes: int | None = None
+    """Largest KV pool to plan (the CPU's: see the planner); None = as much as fits."""
 
     def __post_init__(self) -> None:
         if self.kind not in ("cuda", "cpu"):

@@ -119,6 +119,7 @@ def _attempt(m: ModelConfig, dev: Device, req: PlanRequest) -> Plan:
     kv_tok = kv_bytes_per_token(m, kv_dtype)
     block_bytes = bs * kv_tok
     pool_blocks = max(0, room[(kv_dtype, fmt)]) // block_bytes
+    left_of = gib(room[(kv_dtype, fmt)])
     if pool_blocks < 1:
         culprit = "quantization" if req.quantization else "gpu_memory_utilization"
         raise _Misfit(
@@ -138,6 +139,16 @@ def _attempt(m: ModelConfig, dev: Device, req: PlanRequest) -> Plan:
             "is left after weights and overheads",
         )
     blocks = req.num_kv_blocks or pool_blocks
+    capped = dev.max_kv_bytes is not None and blocks > dev.max_kv_bytes // block_bytes
+    if capped and req.num_kv_blocks is None:
+        # The CPU's pool is zero-filled RAM shared with everything else; past the class's cap a
+        # CPU could not decode fast enough to fill it anyway (profiles/gpus/cpu.toml).
+        # Soft: pinned lengths still get their blocks (the memory checks below stay in force).
+        pinned_need = -(-(req.max_model_len or 1) // bs) * (
+            req.max_num_seqs or 1 if req.max_model_len else 1
+        )
+        blocks = min(blocks, max(1, dev.max_kv_bytes // block_bytes, pinned_need))
+        why["num_kv_blocks"] = f"the class KV cap, {gib(dev.max_kv_bytes)} of {left_of} left (CPU)"
 
     # 3. max_model_len: the model's maximum, or the longest the pool holds min_seqs times.
     if req.max_model_len is not None:
@@ -196,8 +207,10 @@ def _attempt(m: ModelConfig, dev: Device, req: PlanRequest) -> Plan:
     why["dtype"] = "pinned" if req.dtype else auto_why[dtype]
     why["gpu_memory_utilization"] = "pinned" if req.gpu_memory_utilization else "class default"
     why["block_size"] = "tokens per KV-cache block"
-    left = f"{gib(room[(kv_dtype, fmt)])} left / {bs} tokens x {kv_tok} B per token"
-    why.setdefault("num_kv_blocks", "pinned" if req.num_kv_blocks else left)
+    why.setdefault(
+        "num_kv_blocks",
+        "pinned" if req.num_kv_blocks else f"{left_of} left / {bs} tokens x {kv_tok} B per token",
+    )
     typical_held = blocks // -(-req.typical_len // bs)
     return Plan(
         device=dev.kind,

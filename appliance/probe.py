@@ -18,6 +18,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from engine.memory_cap import CAP_ENV, memory_cap_bytes
+
 if TYPE_CHECKING:
     from appliance.plan_model import Device
 
@@ -53,6 +55,8 @@ class GpuProfile:
     max_num_batched_tokens: int
     """Planned prefill chunk (token budget of one step) on this class."""
     notes: str = ""
+    max_kv_gib: float = 0
+    """Largest KV pool to plan, GiB; 0 = no cap beyond memory (see profiles/gpus/cpu.toml)."""
 
     def __post_init__(self) -> None:
         if self.kind not in ("cuda", "cpu"):
@@ -261,6 +265,7 @@ def device_from_probe(result: Probe) -> Device:
             max_num_seqs=prof.max_num_seqs if prof else 16,
             max_num_batched_tokens=prof.max_num_batched_tokens if prof else 2048,
             bandwidth_gbs=prof.bandwidth_gbs if prof else None, bf16_tflops=None,
+            max_kv_bytes=int(prof.max_kv_gib * GIB) if prof and prof.max_kv_gib else None,
         )  # fmt: skip
     total = gpu.total_bytes or (int(prof.memory_gib * GIB) if prof and prof.memory_gib else None)
     if total is None:
@@ -270,6 +275,10 @@ def device_from_probe(result: Probe) -> Device:
     if bf16 is None:
         bf16 = prof.bf16_supported if prof else (cc is not None and cc >= (8, 0))
     used = total - gpu.free_bytes if gpu.free_bytes is not None else 0
+    cap = memory_cap_bytes()  # APPLIANCE_MEMORY_CAP_GIB: plan as if the card were that size
+    if cap is not None and cap < total:
+        result.problems.append(f"{CAP_ENV}: planning for {cap / GIB:.1f} of {total / GIB:.1f} GiB")
+        total = cap
     return Device(
         kind="cuda", name=gpu.name or "GPU", total_bytes=total, used_bytes=max(0, used),
         bf16_supported=bf16, utilization=prof.default_utilization if prof else 0.90,
