@@ -9,9 +9,9 @@ import dataclasses
 import random
 from pathlib import Path
 
-from engine.block_manager import BlockManager
 from engine.config import EngineConfig
 from engine.detokenizer import IncrementalDetokenizer
+from engine.memory_check import MemoryItems, settle_kv_pool
 from engine.model_runner import ModelRunner
 from engine.models.config import ModelConfig
 from engine.models.loader import resolve_model_folder
@@ -23,12 +23,19 @@ from engine.planning import (
 )
 from engine.request import Request, RequestOutput, RequestStatus
 from engine.sampling_params import SamplingParams
-from engine.scheduler import Scheduler
 from engine.tokenizer import apply_chat_template, eos_token_ids, load_tokenizer
 
 
 class LLMEngine:
-    def __init__(self, model: str | Path | None = None, device: str = "auto", **config) -> None:
+    def __init__(
+        self,
+        model: str | Path | None = None,
+        device: str = "auto",
+        predicted_memory: MemoryItems | None = None,
+        **config,
+    ) -> None:
+        """predicted_memory: the planner's prediction, checked against the measured peak after
+        warm-up (engine.memory_check); None = check against memory x gpu_memory_utilization."""
         self.config = EngineConfig.from_kwargs(**config)
         self.device = resolve_device(device)
         self.folder = resolve_model_folder(model)
@@ -56,10 +63,6 @@ class LLMEngine:
                 self.config, self.model_config, self.device, self.kv_dtype
             )
         self._check_pool_fits()
-        self.runner.allocate_kv_cache(self.config.num_kv_blocks, self.kv_dtype)
-        self.runner.capture_cuda_graphs()
-        self.block_manager = BlockManager(self.config.num_kv_blocks, self.config.block_size)
-        self.scheduler = Scheduler(self.config, self.block_manager)
         self._rng = random.Random(self.config.seed)
         self._requests: dict[str, Request] = {}
         self._detokenizers: dict[str, IncrementalDetokenizer] = {}
@@ -67,8 +70,9 @@ class LLMEngine:
         self.num_steps = 0
         self.prompt_tokens_total = 0
         self.generation_tokens_total = 0
-        if self.device.type == "cuda":
-            self.warm_up()  # needs the scheduler and request tables above
+        # Allocates the KV pool and builds block manager + scheduler; on CUDA also captures
+        # graphs, warms up and shrinks the pool if the measured peak exceeds the prediction.
+        self.memory = settle_kv_pool(self, predicted_memory)
 
     def _check_pool_fits(self) -> None:
         cfg = self.config
