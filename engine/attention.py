@@ -1,5 +1,8 @@
 """Attention backends: one interface, a pure-PyTorch implementation (CPU, the reference) and
-a Triton one (CUDA). The model's attention layer calls `store_kv` then `attention`."""
+a Triton one (CUDA). The model's attention layer calls `store_kv` then `attention`.
+
+With an int8 KV cache every method also takes `k_scales` / `v_scales`, the per-token, per-head
+scale views beside the caches (layout in engine/kernels/torch_ref.py); None otherwise."""
 
 from __future__ import annotations
 
@@ -14,32 +17,54 @@ class AttentionBackend:
 
     name = "torch"
 
-    def store_kv(self, k, v, k_cache, v_cache, slot_mapping) -> None:
-        torch_ref.store_kv_ref(k, v, k_cache, v_cache, slot_mapping)
+    def store_kv(self, k, v, k_cache, v_cache, slot_mapping, k_scales=None, v_scales=None) -> None:
+        torch_ref.store_kv_ref(k, v, k_cache, v_cache, slot_mapping, k_scales, v_scales)
 
-    def decode(self, q, k_cache, v_cache, meta: AttentionMetadata, scale: float) -> torch.Tensor:
+    def decode(
+        self, q, k_cache, v_cache, meta: AttentionMetadata, scale: float, k_scales, v_scales
+    ) -> torch.Tensor:
         n = meta.num_decodes
         return torch_ref.decode_attention_ref(
-            q, k_cache, v_cache, meta.block_tables[:n], meta.seq_lens[:n], scale
+            q, k_cache, v_cache, meta.block_tables[:n], meta.seq_lens[:n], scale, k_scales, v_scales
         )
 
-    def prefill(self, q, k_cache, v_cache, meta: AttentionMetadata, scale: float) -> torch.Tensor:
+    def prefill(
+        self, q, k_cache, v_cache, meta: AttentionMetadata, scale: float, k_scales, v_scales
+    ) -> torch.Tensor:
         n = meta.num_decodes
         starts = [s - n for s in meta.query_start_loc_cpu[n:]]
         return torch_ref.prefill_attention_ref(
-            q, k_cache, v_cache, meta.block_tables[n:], starts, meta.seq_lens_cpu[n:], scale
+            q,
+            k_cache,
+            v_cache,
+            meta.block_tables[n:],
+            starts,
+            meta.seq_lens_cpu[n:],
+            scale,
+            k_scales,
+            v_scales,
         )
 
-    def attention(self, q, k_cache, v_cache, meta: AttentionMetadata, scale: float):
+    def attention(
+        self,
+        q,
+        k_cache,
+        v_cache,
+        meta: AttentionMetadata,
+        scale: float,
+        k_scales=None,
+        v_scales=None,
+    ):
         # q: [num_tokens, num_heads, head_dim]; decodes first, then prefill chunks
         n = meta.num_decodes
+        scales = (k_scales, v_scales)
         if n == meta.num_seqs:
-            return self.decode(q, k_cache, v_cache, meta, scale)
+            return self.decode(q, k_cache, v_cache, meta, scale, *scales)
         if n == 0:
-            return self.prefill(q, k_cache, v_cache, meta, scale)
+            return self.prefill(q, k_cache, v_cache, meta, scale, *scales)
         out = torch.empty_like(q)
-        out[:n] = self.decode(q[:n], k_cache, v_cache, meta, scale)
-        out[n:] = self.prefill(q[n:], k_cache, v_cache, meta, scale)
+        out[:n] = self.decode(q[:n], k_cache, v_cache, meta, scale, *scales)
+        out[n:] = self.prefill(q[n:], k_cache, v_cache, meta, scale, *scales)
         return out
 
 

@@ -2,7 +2,9 @@
 attention metadata and sampling-tensor preparation; runs one scheduled batch per call.
 
 KV cache: one tensor [num_layers, 2, num_blocks, block_size, num_kv_heads, head_dim]; each
-attention layer gets its K and V views (see engine/kernels/torch_ref.py for the layout).
+attention layer gets its K and V views (see engine/kernels/torch_ref.py for the layout). An
+int8 cache has a second tensor beside it, fp16 scales [num_layers, 2, num_blocks, block_size,
+num_kv_heads].
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from engine.config import EngineConfig
 from engine.context import forward_context
 from engine.cuda_graphs import DecodeGraphs, graph_batch_sizes
 from engine.input_prep import prepare_inputs, prepare_sampling
+from engine.kernels.torch_ref import KV_SCALE_DTYPE
 from engine.models.config import ModelConfig
 from engine.models.loader import load_model
 from engine.request import Logprob
@@ -44,6 +47,7 @@ class ModelRunner:
         )
         self.block_size = config.block_size
         self.kv_cache = torch.empty(0)
+        self.kv_scales: torch.Tensor | None = None
         self.graphs: DecodeGraphs | None = None
         self.max_blocks_per_seq = -(-config.max_model_len // config.block_size)
 
@@ -60,9 +64,18 @@ class ModelRunner:
             dtype=kv_dtype,
             device=self.device,
         )  # [num_layers, 2, num_blocks, block_size, num_kv_heads, head_dim]
+        self.kv_scales = None
+        if kv_dtype == torch.int8:
+            # [num_layers, 2, num_blocks, block_size, num_kv_heads]
+            self.kv_scales = torch.zeros(
+                self.kv_cache.shape[:-1], dtype=KV_SCALE_DTYPE, device=self.device
+            )
         backend = select_backend(self.device)
         for i, attn in enumerate(self.model.attention_layers()):
             attn.k_cache, attn.v_cache = self.kv_cache[i, 0], self.kv_cache[i, 1]
+            attn.k_scales = attn.v_scales = None
+            if self.kv_scales is not None:
+                attn.k_scales, attn.v_scales = self.kv_scales[i, 0], self.kv_scales[i, 1]
             attn.backend = backend
         self.backend = backend
 
@@ -90,12 +103,18 @@ class ModelRunner:
         self.graphs.capture()
 
     # --- execution ---------------------------------------------------------------------------
+    def copy_blocks(self, copies: list[tuple[int, int]]) -> None:
+        """Copy-on-write: copy KV block src to dst in every layer (and its int8 scales)."""
+        for src, dst in copies:
+            self.kv_cache[:, :, dst] = self.kv_cache[:, :, src]
+            if self.kv_scales is not None:
+                self.kv_scales[:, :, dst] = self.kv_scales[:, :, src]
+
     @torch.inference_mode()
     def run(self, batch: ScheduledBatch) -> dict[int, tuple[int, Logprob | None]]:
         """Run one batch; returns batch index -> (sampled token, logprob) for each request that
         reached the end of its known tokens."""
-        for src, dst in batch.block_copies:
-            self.kv_cache[:, :, dst] = self.kv_cache[:, :, src]
+        self.copy_blocks(batch.block_copies)
         input_ids, positions, meta, logits_rows = prepare_inputs(
             batch, self.block_size, self.device
         )

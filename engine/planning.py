@@ -48,7 +48,7 @@ def resolve_dtypes(
     if config.kv_cache_dtype == "auto":
         return dtype, dtype
     if config.kv_cache_dtype == "int8":
-        raise ValueError("kv_cache_dtype='int8' is not supported yet; use 'auto'")
+        return dtype, torch.int8  # plus one fp16 scale per token and KV head (see torch_ref)
     return dtype, _NAMED[config.kv_cache_dtype]
 
 
@@ -70,7 +70,8 @@ def resolve_max_model_len(config: EngineConfig, model: ModelConfig, device: torc
 
 
 def kv_bytes_per_token(model: ModelConfig, kv_dtype: torch.dtype) -> int:
-    return model.kv_bytes_per_token(kv_dtype.itemsize)
+    """KV-cache bytes per token, int8 scales included (ModelConfig.kv_cache_bytes_per_token)."""
+    return model.kv_cache_bytes_per_token(str(kv_dtype).removeprefix("torch."))
 
 
 def plan_num_kv_blocks(

@@ -6,6 +6,10 @@ of the sequence's tokens, so each KV block is read once per group. It writes a p
 (acc, max, sum) per query head into an fp32 workspace; a second kernel merges the splits. With
 num_splits == 1 the main kernel normalises and writes the output itself (one launch).
 
+INT8 KV cache: K/V tiles are int8 (exact in any dot dtype) and each token's fp16 scale is
+applied outside the matmuls: scores are scaled per key column, probabilities per value row
+(p * v_scale) before the PV matmul, so no tile is dequantized element by element.
+
 Workspace: fp32 [max_num_seqs, num_heads, num_splits, head_dim + 2]; [..., :head_dim] holds
 the unnormalised accumulator, [..., head_dim] the running max (log2 domain), [..., head_dim+1]
 the running sum. Every program writes its whole slice, so the buffer needs no zeroing.
@@ -16,6 +20,8 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+
+from engine.kernels.kv_scales import check_kv_scales
 
 LOG2E = 1.4426950408889634  # kernels use exp2; scores are pre-multiplied by log2(e)
 MIN_TOKENS_PER_SPLIT = 64  # one BLOCK_N tile: at batch 1 more splits keep winning
@@ -30,6 +36,8 @@ def check_paged_inputs(
     v_cache: torch.Tensor,
     block_tables: torch.Tensor,
     seq_lens: torch.Tensor,
+    k_scales: torch.Tensor | None = None,
+    v_scales: torch.Tensor | None = None,
 ) -> None:
     """Shared argument checks of the paged attention wrappers (raise ValueError)."""
     if q.dim() != 3 or q.stride(-1) != 1:
@@ -51,11 +59,17 @@ def check_paged_inputs(
         raise ValueError(
             f"{name}: num_heads {num_heads} is not a multiple of num_kv_heads {num_kv_heads}"
         )
-    if q.dtype not in _DTYPES or k_cache.dtype not in _DTYPES or v_cache.dtype != k_cache.dtype:
+    cache_dtypes = (*_DTYPES, torch.int8)
+    if (
+        q.dtype not in _DTYPES
+        or k_cache.dtype not in cache_dtypes
+        or v_cache.dtype != k_cache.dtype
+    ):
         raise ValueError(
-            f"{name}: q and the caches must be fp16/bf16/fp32 (caches alike), got "
+            f"{name}: q must be fp16/bf16/fp32 and the caches that or int8 (alike), got "
             f"{q.dtype}, {k_cache.dtype}, {v_cache.dtype}"
         )
+    check_kv_scales(name, k_cache, k_scales, v_scales)
     if k_cache.stride(-1) != 1 or k_cache.stride() != v_cache.stride():
         raise ValueError(
             f"{name}: k_cache/v_cache must share strides with a unit-stride last dim, got "
@@ -119,16 +133,19 @@ def default_num_splits(
 @triton.jit
 def _decode_split_kernel(
     q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, seq_lens_ptr, ws_ptr, out_ptr,
+    k_scale_ptr, v_scale_ptr,  # int8 caches: fp16 [num_blocks, block_size, num_kv_heads]
     qk_scale,  # softmax scale * log2(e)
     num_splits,
     stride_qs, stride_qh,
     stride_cb, stride_co, stride_ch,  # k_cache and v_cache share strides
+    stride_sb, stride_so,  # k/v scales share strides; unit head stride
     stride_bt,
     stride_ws_s, stride_ws_h, stride_ws_p,
     stride_os, stride_oh,
     GROUP: tl.constexpr, BLOCK_G: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
     BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr,
     DIRECT_OUT: tl.constexpr, DOT_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    KV_INT8: tl.constexpr,
 ):  # fmt: skip
     seq = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -167,17 +184,26 @@ def _decode_split_kernel(
         kv_mask = n_mask[:, None] & d_mask[None, :]
         # [BLOCK_N, BLOCK_D] element offsets of these tokens' rows in either cache
         kv_rows = page[:, None] * stride_cb + offset[:, None] * stride_co + kv_head * stride_ch
-        k = tl.load(k_cache_ptr + kv_rows + offs_d[None, :], mask=kv_mask, other=0.0)
-        v = tl.load(v_cache_ptr + kv_rows + offs_d[None, :], mask=kv_mask, other=0.0)
+        k = tl.load(k_cache_ptr + kv_rows + offs_d[None, :], mask=kv_mask, other=0)
+        v = tl.load(v_cache_ptr + kv_rows + offs_d[None, :], mask=kv_mask, other=0)
         # [BLOCK_G, BLOCK_N]
         s = tl.dot(q, tl.trans(k.to(DOT_DTYPE)), input_precision=DOT_PRECISION) * qk_scale
+        if KV_INT8:
+            s_rows = page * stride_sb + offset * stride_so + kv_head  # [BLOCK_N]
+            k_scale = tl.load(k_scale_ptr + s_rows, mask=n_mask, other=0.0).to(tl.float32)
+            v_scale = tl.load(v_scale_ptr + s_rows, mask=n_mask, other=0.0).to(tl.float32)
+            s = s * k_scale[None, :]
         s = tl.where(n_mask[None, :], s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
         p = tl.exp2(s - m_new[:, None])
         alpha = tl.exp2(m_i - m_new)
         l_i = l_i * alpha + tl.sum(p, 1)
+        if KV_INT8:
+            pv = p * v_scale[None, :]
+        else:
+            pv = p
         acc = acc * alpha[:, None] + tl.dot(
-            p.to(DOT_DTYPE), v.to(DOT_DTYPE), input_precision=DOT_PRECISION
+            pv.to(DOT_DTYPE), v.to(DOT_DTYPE), input_precision=DOT_PRECISION
         )
         m_i = m_new
 
@@ -290,6 +316,8 @@ def decode_attention(
     max_seq_len: int | None = None,
     workspace: torch.Tensor | None = None,
     out: torch.Tensor | None = None,
+    k_scales: torch.Tensor | None = None,  # [num_blocks, block_size, num_kv_heads] fp16
+    v_scales: torch.Tensor | None = None,  # (int8 caches only)
 ) -> torch.Tensor:  # [num_seqs, num_heads, head_dim]
     """One query token per sequence attending to its first seq_lens[i] cached tokens.
 
@@ -297,9 +325,12 @@ def decode_attention(
     is None too, from seq_lens.max(), which syncs with the device). For CUDA graphs pass a
     fixed num_splits and a workspace from decode_workspace (shape[0] >= num_seqs); with
     num_splits == 1 no workspace is used. out: optional [num_seqs, num_heads, head_dim]
-    output (q's dtype) to write into. Sequences with seq_len 0 produce zeros.
+    output (q's dtype) to write into. Sequences with seq_len 0 produce zeros. An int8 cache
+    comes with its k_scales / v_scales (engine/kernels/torch_ref.py) and is dequantized here.
     """
-    check_paged_inputs("decode_attention", q, k_cache, v_cache, block_tables, seq_lens)
+    check_paged_inputs(
+        "decode_attention", q, k_cache, v_cache, block_tables, seq_lens, k_scales, v_scales
+    )
     num_seqs, num_heads, head_dim = q.shape
     if seq_lens.shape[0] != num_seqs:
         raise ValueError(
@@ -341,21 +372,25 @@ def decode_attention(
     ws_strides = workspace.stride()[:3] if num_splits > 1 else (0, 0, 0)
     group = num_heads // num_kv_heads
     block_d = max(16, triton.next_power_of_2(head_dim))
+    is_int8 = k_scales is not None
+    if not is_int8:  # placeholders, never read
+        k_scales = v_scales = k_cache
     # fmt: off
     launch_first_fitting(
         _decode_split_kernel, (num_seqs, num_kv_heads, num_splits),
         tile_configs(block_d),
-        q, k_cache, v_cache, block_tables, seq_lens, ws, out,
+        q, k_cache, v_cache, block_tables, seq_lens, ws, out, k_scales, v_scales,
         scale * LOG2E, num_splits,
         q.stride(0), q.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        *(k_scales.stride()[:2] if is_int8 else (0, 0)),
         block_tables.stride(0),
         *ws_strides,
         out.stride(0), out.stride(1),
         GROUP=group, BLOCK_G=max(16, triton.next_power_of_2(group)),
         HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_SIZE=block_size,
         DIRECT_OUT=num_splits == 1, DOT_DTYPE=dot_dtype(q.dtype, _decode_split_kernel),
-        DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+        DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32", KV_INT8=is_int8,
     )
     if num_splits > 1:
         _decode_merge_kernel[(num_seqs, num_heads)](

@@ -5,7 +5,8 @@ Grid: (query tiles, num_seqs, num_kv_heads). A program's BLOCK_R rows are BLOCK_
 consecutive query tokens times the `group` query heads that share one KV head (token-major),
 so every K/V tile is loaded once for the whole GQA group. Query i of a sequence sits at
 position seq_len - q_len + i: it sees the whole cached prefix and the chunk causally. Online
-softmax in the log2 domain, fp32 accumulation.
+softmax in the log2 domain, fp32 accumulation. An int8 cache's per-token scales are applied to
+score columns and probability columns, as in decode_attention.
 """
 
 from __future__ import annotations
@@ -27,9 +28,10 @@ from engine.kernels.decode_attention import (
 def _attend_kv_tile(
     acc, m_i, l_i, q, q_pos, k_cache_ptr, v_cache_ptr, table, n0, kv_end, kv_head,
     stride_cb, stride_co, stride_ch, qk_scale,
+    k_scale_ptr, v_scale_ptr, stride_sb, stride_so,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_SIZE: tl.constexpr,
     BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
-    DOT_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    DOT_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr, KV_INT8: tl.constexpr,
 ):  # fmt: skip
     """Online-softmax update with keys n0 .. n0 + BLOCK_N. CAUSAL=False: the whole tile is
     below kv_end and visible to every row, so no key mask is built (the common case)."""
@@ -46,16 +48,25 @@ def _attend_kv_tile(
     kv_rows += kv_head * stride_ch + offs_d[None, :]
     if CAUSAL:
         kv_mask = n_mask[:, None] & (offs_d < HEAD_DIM)[None, :]
-        k = tl.load(k_cache_ptr + kv_rows, mask=kv_mask, other=0.0)
-        v = tl.load(v_cache_ptr + kv_rows, mask=kv_mask, other=0.0)
+        k = tl.load(k_cache_ptr + kv_rows, mask=kv_mask, other=0)
+        v = tl.load(v_cache_ptr + kv_rows, mask=kv_mask, other=0)
     elif HEAD_DIM == BLOCK_D:
         k = tl.load(k_cache_ptr + kv_rows)
         v = tl.load(v_cache_ptr + kv_rows)
     else:
-        k = tl.load(k_cache_ptr + kv_rows, mask=(offs_d < HEAD_DIM)[None, :], other=0.0)
-        v = tl.load(v_cache_ptr + kv_rows, mask=(offs_d < HEAD_DIM)[None, :], other=0.0)
+        k = tl.load(k_cache_ptr + kv_rows, mask=(offs_d < HEAD_DIM)[None, :], other=0)
+        v = tl.load(v_cache_ptr + kv_rows, mask=(offs_d < HEAD_DIM)[None, :], other=0)
     # [BLOCK_R, BLOCK_N]
     s = tl.dot(q, tl.trans(k.to(DOT_DTYPE)), input_precision=DOT_PRECISION) * qk_scale
+    if KV_INT8:
+        s_rows = page * stride_sb + (k_pos % BLOCK_SIZE) * stride_so + kv_head  # [BLOCK_N]
+        if CAUSAL:
+            k_scale = tl.load(k_scale_ptr + s_rows, mask=n_mask, other=0.0)
+            v_scale = tl.load(v_scale_ptr + s_rows, mask=n_mask, other=0.0)
+        else:
+            k_scale = tl.load(k_scale_ptr + s_rows)
+            v_scale = tl.load(v_scale_ptr + s_rows)
+        s = s * k_scale.to(tl.float32)[None, :]
     if CAUSAL:  # k_pos <= q_pos, which also keeps k_pos < seq_len for real rows
         s = tl.where(k_pos[None, :] <= q_pos[:, None], s, float("-inf"))
     m_new = tl.maximum(m_i, tl.max(s, 1))
@@ -65,7 +76,14 @@ def _attend_kv_tile(
     p = tl.exp2(s - m_safe[:, None])
     alpha = tl.exp2(m_i - m_safe)
     l_i = l_i * alpha + tl.sum(p, 1)
-    pv = tl.dot(p.to(DOT_DTYPE), v.to(DOT_DTYPE), input_precision=DOT_PRECISION)
+    if KV_INT8:
+        pv = tl.dot(
+            (p * v_scale.to(tl.float32)[None, :]).to(DOT_DTYPE),
+            v.to(DOT_DTYPE),
+            input_precision=DOT_PRECISION,
+        )
+    else:
+        pv = tl.dot(p.to(DOT_DTYPE), v.to(DOT_DTYPE), input_precision=DOT_PRECISION)
     return acc * alpha[:, None] + pv, m_new, l_i
 
 
@@ -73,15 +91,17 @@ def _attend_kv_tile(
 def _prefill_kernel(
     q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, query_start_loc_ptr, seq_lens_ptr,
     out_ptr,
+    k_scale_ptr, v_scale_ptr,  # int8 caches: fp16 [num_blocks, block_size, num_kv_heads]
     qk_scale,  # softmax scale * log2(e)
     stride_qt, stride_qh,
     stride_cb, stride_co, stride_ch,  # k_cache and v_cache share strides
+    stride_sb, stride_so,  # k/v scales share strides; unit head stride
     stride_bt,
     stride_ot, stride_oh,
     GROUP: tl.constexpr, TOKENS_PER_TILE: tl.constexpr, BLOCK_R: tl.constexpr,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
     BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr,
-    DOT_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    DOT_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr, KV_INT8: tl.constexpr,
 ):  # fmt: skip
     # Last query tiles first: under the causal mask they have the most keys to visit.
     tile = tl.num_programs(0) - 1 - tl.program_id(0)
@@ -132,6 +152,10 @@ def _prefill_kernel(
             stride_co,
             stride_ch,
             qk_scale,
+            k_scale_ptr,
+            v_scale_ptr,
+            stride_sb,
+            stride_so,
             HEAD_DIM,
             BLOCK_D,
             BLOCK_SIZE,
@@ -139,6 +163,7 @@ def _prefill_kernel(
             False,
             DOT_DTYPE,
             DOT_PRECISION,
+            KV_INT8,
         )
     for n0 in range(full_end, kv_end, BLOCK_N):
         acc, m_i, l_i = _attend_kv_tile(
@@ -157,6 +182,10 @@ def _prefill_kernel(
             stride_co,
             stride_ch,
             qk_scale,
+            k_scale_ptr,
+            v_scale_ptr,
+            stride_sb,
+            stride_so,
             HEAD_DIM,
             BLOCK_D,
             BLOCK_SIZE,
@@ -164,6 +193,7 @@ def _prefill_kernel(
             True,
             DOT_DTYPE,
             DOT_PRECISION,
+            KV_INT8,
         )
 
     l_safe = tl.where(l_i > 0.0, l_i, 1.0)
@@ -201,6 +231,8 @@ def prefill_attention(
     scale: float,
     *,
     out: torch.Tensor | None = None,
+    k_scales: torch.Tensor | None = None,  # [num_blocks, block_size, num_kv_heads] fp16
+    v_scales: torch.Tensor | None = None,  # (int8 caches only)
 ) -> torch.Tensor:  # [num_tokens, num_heads, head_dim]
     """Chunked-prefill attention: sequence i's queries are rows query_start_loc[i] to
     query_start_loc[i+1] of q, its last q_len of seq_lens[i] tokens (all already stored in the
@@ -208,8 +240,11 @@ def prefill_attention(
     whole q/out with query_start_loc[num_decodes:] (and the matching slices of block_tables and
     seq_lens); rows of out outside the given ranges are left untouched. max_query_len must be
     >= every q_len (it sizes the grid; a longer chunk would be left partly uncomputed).
-    out: optional [num_tokens, num_heads, head_dim] output in q's dtype."""
-    check_paged_inputs("prefill_attention", q, k_cache, v_cache, block_tables, seq_lens)
+    out: optional [num_tokens, num_heads, head_dim] output in q's dtype. An int8 cache comes
+    with its k_scales / v_scales (engine/kernels/torch_ref.py) and is dequantized here."""
+    check_paged_inputs(
+        "prefill_attention", q, k_cache, v_cache, block_tables, seq_lens, k_scales, v_scales
+    )
     num_tokens, num_heads, head_dim = q.shape
     num_seqs = seq_lens.shape[0]
     if (
@@ -239,19 +274,23 @@ def prefill_attention(
     block_r = max(block_r, triton.next_power_of_2(group))
     tokens_per_tile = block_r // group
     grid = (triton.cdiv(max_query_len, tokens_per_tile), num_seqs, num_kv_heads)
+    is_int8 = k_scales is not None
+    if not is_int8:  # placeholders, never read
+        k_scales = v_scales = k_cache
     # fmt: off
     launch_first_fitting(
         _prefill_kernel, grid, configs,
-        q, k_cache, v_cache, block_tables, query_start_loc, seq_lens, out,
+        q, k_cache, v_cache, block_tables, query_start_loc, seq_lens, out, k_scales, v_scales,
         scale * LOG2E,
         q.stride(0), q.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        *(k_scales.stride()[:2] if is_int8 else (0, 0)),
         block_tables.stride(0),
         out.stride(0), out.stride(1),
         GROUP=group, TOKENS_PER_TILE=tokens_per_tile, BLOCK_R=block_r,
         HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_SIZE=block_size,
         DOT_DTYPE=dot_dtype(q.dtype, _prefill_kernel),
-        DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+        DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32", KV_INT8=is_int8,
     )
     # fmt: on
     return out

@@ -7,12 +7,41 @@ Token t of a sequence lives in block `block_table[t // block_size]` at offset
 `t % block_size`; its flat slot is `block * block_size + offset`. All layers live in one big
 tensor [num_layers, 2, num_blocks, block_size, num_kv_heads, head_dim] whose views these are.
 New K/V are written into the cache first, then attention reads everything from the cache.
+
+INT8 KV cache (kv_cache_dtype="int8"): the caches hold int8 and two more views,
+`k_scales` / `v_scales` [num_blocks, block_size, num_kv_heads] fp16 (from one tensor
+[num_layers, 2, num_blocks, block_size, num_kv_heads]), hold one scale per token and KV head.
+Symmetric absmax: scale = fp16(max|x| / 127), q = round_half_away(x / scale) clamped to
+[-127, 127], x ~= q * scale. fp16 scales cost 2 bytes per 128-byte row (vs 4 for fp32), and
+their relative rounding error (2^-11) is far below the int8 step; an all-zero row gets scale 0.
 """
 
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+
+KV_SCALE_DTYPE = torch.float16
+_FP16_MAX = 65504.0
+
+
+def quantize_kv_ref(
+    x: torch.Tensor,  # [num_tokens, num_kv_heads, head_dim]
+) -> tuple[torch.Tensor, torch.Tensor]:  # int8 [num_tokens, num_kv_heads, head_dim], fp16 scales
+    """Symmetric per-(token, head) absmax int8 quantization (the store_kv kernel's formula)."""
+    xf = x.float()
+    absmax = xf.abs().amax(-1)  # [num_tokens, num_kv_heads]
+    scale = (absmax / 127.0).clamp(max=_FP16_MAX).to(KV_SCALE_DTYPE)
+    s32 = scale.float()
+    inv = torch.where(s32 > 0, 1.0 / torch.where(s32 > 0, s32, 1.0), 0.0)
+    y = xf * inv[..., None]
+    q = torch.where(y >= 0, torch.floor(y + 0.5), torch.ceil(y - 0.5)).clamp(-127, 127)
+    return q.to(torch.int8), scale
+
+
+def dequantize_kv_ref(q: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    """[..., head_dim] int8 and [...] scales -> fp32 values."""
+    return q.float() * scales.float()[..., None]
 
 
 def store_kv_ref(
@@ -21,8 +50,15 @@ def store_kv_ref(
     k_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim]
     v_cache: torch.Tensor,
     slot_mapping: torch.Tensor,  # [num_tokens] int64
+    k_scales: torch.Tensor | None = None,  # [num_blocks, block_size, num_kv_heads] (int8 cache)
+    v_scales: torch.Tensor | None = None,
 ) -> None:
     num_kv_heads, head_dim = k_cache.shape[2], k_cache.shape[3]
+    if k_cache.dtype == torch.int8:
+        k, k_s = quantize_kv_ref(k)
+        v, v_s = quantize_kv_ref(v)
+        k_scales.view(-1, num_kv_heads).index_copy_(0, slot_mapping, k_s.to(k_scales.dtype))
+        v_scales.view(-1, num_kv_heads).index_copy_(0, slot_mapping, v_s.to(v_scales.dtype))
     k_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, slot_mapping, k.to(k_cache.dtype))
     v_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, slot_mapping, v.to(v_cache.dtype))
 
@@ -40,6 +76,13 @@ def _gather(cache: torch.Tensor, block_table: torch.Tensor, length: int) -> torc
     return _gather_blocks(cache, block_table[:num_blocks]).flatten(0, 1)[:length]
 
 
+def _values(cache: torch.Tensor, scales: torch.Tensor | None, dtype: torch.dtype, gather, *args):
+    """gather(cache, *args) in `dtype`, dequantized with the same gather of `scales` if int8."""
+    if cache.dtype != torch.int8:
+        return gather(cache, *args).to(dtype)
+    return dequantize_kv_ref(gather(cache, *args), gather(scales, *args)).to(dtype)
+
+
 def decode_attention_ref(
     q: torch.Tensor,  # [num_seqs, num_heads, head_dim]
     k_cache: torch.Tensor,
@@ -47,6 +90,8 @@ def decode_attention_ref(
     block_tables: torch.Tensor,  # [num_seqs, max_blocks] int32
     seq_lens: torch.Tensor,  # [num_seqs] int32
     scale: float,
+    k_scales: torch.Tensor | None = None,  # [num_blocks, block_size, num_kv_heads] (int8 cache)
+    v_scales: torch.Tensor | None = None,
 ) -> torch.Tensor:  # [num_seqs, num_heads, head_dim]
     """One query token per sequence, attending to all `seq_lens[i]` cached tokens."""
     num_seqs, num_heads, head_dim = q.shape
@@ -58,8 +103,10 @@ def decode_attention_ref(
     tables = block_tables[:, :num_blocks]
     shape = (num_seqs, num_blocks * block_size, num_kv_heads, head_dim)
     # [num_seqs, num_kv_heads, max_len, head_dim]
-    k = _gather_blocks(k_cache, tables).view(shape)[:, :max_len].transpose(1, 2).to(q.dtype)
-    v = _gather_blocks(v_cache, tables).view(shape)[:, :max_len].transpose(1, 2).to(q.dtype)
+    k = _values(k_cache, k_scales, q.dtype, _gather_blocks, tables)
+    v = _values(v_cache, v_scales, q.dtype, _gather_blocks, tables)
+    k = k.reshape(shape)[:, :max_len].transpose(1, 2)
+    v = v.reshape(shape)[:, :max_len].transpose(1, 2)
     positions = torch.arange(max_len, device=q.device)
     mask = positions[None, :] < seq_lens[:, None].to(q.device)  # [num_seqs, max_len]
     group = num_heads // num_kv_heads
@@ -77,6 +124,8 @@ def prefill_attention_ref(
     query_start_loc: list[int],  # [num_seqs + 1]
     seq_lens: list[int],  # [num_seqs]
     scale: float,
+    k_scales: torch.Tensor | None = None,  # [num_blocks, block_size, num_kv_heads] (int8 cache)
+    v_scales: torch.Tensor | None = None,
 ) -> torch.Tensor:  # [num_tokens, num_heads, head_dim]
     """Chunked prefill: each sequence's queries are its last q_len tokens of seq_len; causal
     within the chunk, full over the cached prefix."""
@@ -86,8 +135,9 @@ def prefill_attention_ref(
         q_len = end - start
         # [1, heads, len, head_dim]; enable_gqa maps query head h to KV head h // group
         qs = q[start:end].transpose(0, 1).unsqueeze(0)
-        ks = _gather(k_cache, block_tables[i], seq_len).to(q.dtype).transpose(0, 1).unsqueeze(0)
-        vs = _gather(v_cache, block_tables[i], seq_len).to(q.dtype).transpose(0, 1).unsqueeze(0)
+        ks = _values(k_cache, k_scales, q.dtype, _gather, block_tables[i], seq_len)
+        vs = _values(v_cache, v_scales, q.dtype, _gather, block_tables[i], seq_len)
+        ks, vs = ks.transpose(0, 1).unsqueeze(0), vs.transpose(0, 1).unsqueeze(0)
         if q_len == seq_len:
             o = F.scaled_dot_product_attention(
                 qs, ks, vs, is_causal=True, scale=scale, enable_gqa=True

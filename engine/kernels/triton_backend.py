@@ -17,8 +17,8 @@ class TritonBackend(AttentionBackend):
     def __init__(self) -> None:
         self._workspaces: dict[tuple, torch.Tensor] = {}
 
-    def store_kv(self, k, v, k_cache, v_cache, slot_mapping) -> None:
-        store_kv(k, v, k_cache, v_cache, slot_mapping)
+    def store_kv(self, k, v, k_cache, v_cache, slot_mapping, k_scales=None, v_scales=None) -> None:
+        store_kv(k, v, k_cache, v_cache, slot_mapping, k_scales, v_scales)
 
     def _workspace(self, q: torch.Tensor, num_splits: int) -> torch.Tensor | None:
         """A persistent split-K workspace (fixed addresses, as CUDA-graph replay needs)."""
@@ -32,7 +32,9 @@ class TritonBackend(AttentionBackend):
             self._workspaces[key] = ws
         return ws
 
-    def decode(self, q, k_cache, v_cache, meta: AttentionMetadata, scale: float, out=None):
+    def decode(
+        self, q, k_cache, v_cache, meta: AttentionMetadata, scale, k_scales, v_scales, out=None
+    ):
         n = meta.num_decodes
         splits = meta.decode_num_splits
         return decode_attention(
@@ -46,14 +48,25 @@ class TritonBackend(AttentionBackend):
             max_seq_len=meta.max_seq_len,
             workspace=self._workspace(q, splits) if splits else None,
             out=out,
+            k_scales=k_scales,
+            v_scales=v_scales,
         )
 
-    def attention(self, q, k_cache, v_cache, meta: AttentionMetadata, scale: float):
+    def attention(
+        self,
+        q,
+        k_cache,
+        v_cache,
+        meta: AttentionMetadata,
+        scale: float,
+        k_scales=None,
+        v_scales=None,
+    ):
         # q: [num_tokens, num_heads, head_dim]; decodes first, then prefill chunks
         n = meta.num_decodes
         out = torch.empty_like(q)
         if n:
-            self.decode(q[:n], k_cache, v_cache, meta, scale, out=out[:n])
+            self.decode(q[:n], k_cache, v_cache, meta, scale, k_scales, v_scales, out=out[:n])
         if n < meta.num_seqs:
             prefill_attention(
                 q,
@@ -65,5 +78,7 @@ class TritonBackend(AttentionBackend):
                 meta.max_query_len,
                 scale,
                 out=out,
+                k_scales=k_scales,
+                v_scales=v_scales,
             )
         return out

@@ -13,6 +13,11 @@ SUPPORTED_ARCHITECTURES = (
     "Qwen3ForCausalLM",
 )
 
+KV_ELEMENT_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "int8": 1}
+"""Bytes per KV-cache element, by kv_cache_dtype name."""
+KV_SCALE_BYTES = {"int8": 2}
+"""Scale bytes per token, per KV head, for K and for V: an int8 cache keeps one fp16 scale."""
+
 
 @dataclass
 class ModelConfig:
@@ -41,6 +46,15 @@ class ModelConfig:
         """The KV-cache formula: 2 (K and V) x layers x KV heads (not attention heads) x
         (head_dim x bytes per element + scale bytes per head, for quantized caches)."""
         return 2 * self.num_layers * self.num_kv_heads * (self.head_dim * elem_bytes + scale_bytes)
+
+    def kv_cache_bytes_per_token(self, kv_dtype: str) -> int:
+        """kv_bytes_per_token for a kv_cache_dtype name (float32, bfloat16, float16, int8);
+        the one formula the engine's pool sizing and the appliance planner share."""
+        if kv_dtype not in KV_ELEMENT_BYTES:
+            raise ValueError(
+                f"unknown KV-cache dtype {kv_dtype!r}; known: {list(KV_ELEMENT_BYTES)}"
+            )
+        return self.kv_bytes_per_token(KV_ELEMENT_BYTES[kv_dtype], KV_SCALE_BYTES.get(kv_dtype, 0))
 
     @property
     def num_params(self) -> int:

@@ -121,6 +121,8 @@ class PagedAttention(nn.Module):
         self.scale = head_dim**-0.5
         self.k_cache = torch.empty(0)
         self.v_cache = torch.empty(0)
+        self.k_scales: torch.Tensor | None = None  # int8 KV cache only
+        self.v_scales: torch.Tensor | None = None
         self.backend: AttentionBackend | None = None
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
@@ -128,5 +130,6 @@ class PagedAttention(nn.Module):
         if self.backend is None:
             raise RuntimeError("no KV cache bound to this model (ModelRunner binds it)")
         meta = get_context()
-        self.backend.store_kv(k, v, self.k_cache, self.v_cache, meta.slot_mapping)
-        return self.backend.attention(q, self.k_cache, self.v_cache, meta, self.scale)
+        scales = (self.k_scales, self.v_scales)
+        self.backend.store_kv(k, v, self.k_cache, self.v_cache, meta.slot_mapping, *scales)
+        return self.backend.attention(q, self.k_cache, self.v_cache, meta, self.scale, *scales)
