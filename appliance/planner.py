@@ -172,6 +172,7 @@ def _attempt(m: ModelConfig, dev: Device, req: PlanRequest) -> Plan:
             else f"the longest with memory for {held} of them (model maximum {limit})"
         )
     per_seq = -(-max_len // bs)
+    typical = min(req.typical_len, max_len)  # no request is longer than max_model_len
 
     # 4. max_num_seqs: as many typical requests as the pool holds, up to the class's cap.
     if req.max_num_seqs is not None:
@@ -186,12 +187,12 @@ def _attempt(m: ModelConfig, dev: Device, req: PlanRequest) -> Plan:
             )
         why["max_num_seqs"] = "pinned"
     else:
-        by_typical = blocks // -(-req.typical_len // bs)
+        by_typical = blocks // -(-typical // bs)
         seqs = max(1, min(dev.max_num_seqs, by_typical))
         seqs = seqs // 8 * 8 if seqs >= 8 else seqs
         why["max_num_seqs"] = (
             f"memory for {by_typical} requests of a typical "
-            f"{req.typical_len} tokens (class cap {dev.max_num_seqs})"
+            f"{typical} tokens (class cap {dev.max_num_seqs})"
         )
     if dev.kind == "cpu" and req.num_kv_blocks is None and seqs * per_seq < blocks:
         blocks = seqs * per_seq  # RAM is shared: never more than the worst case needs
@@ -211,7 +212,7 @@ def _attempt(m: ModelConfig, dev: Device, req: PlanRequest) -> Plan:
         "num_kv_blocks",
         "pinned" if req.num_kv_blocks else f"{left_of} left / {bs} tokens x {kv_tok} B per token",
     )
-    typical_held = blocks // -(-req.typical_len // bs)
+    typical_held = blocks // -(-typical // bs)
     return Plan(
         device=dev.kind,
         dtype=dtype,
@@ -233,7 +234,7 @@ def _attempt(m: ModelConfig, dev: Device, req: PlanRequest) -> Plan:
         margin_bytes=margin,
         kv_pool_bytes=blocks * block_bytes,
         kv_bytes_per_token=kv_tok,
-        typical_len=req.typical_len,
+        typical_len=typical,
         concurrency_at_max_len=blocks // per_seq,
         concurrency_at_typical_len=typical_held,
         target_met=bool(fit),

@@ -1,8 +1,10 @@
 """`appliance profile`: probe the device, plan memory for a model, print the arithmetic.
 
 `--json` prints one JSON object for machines; `--measure` times copy bandwidth and the bf16
-matmul rate on a GPU (on a CPU it says so and keeps the estimates). Exit status: 0 planned,
-2 a pinned setting cannot fit (one message names the setting to change and its new value).
+matmul rate on a GPU and builds the planned engine (random weights) to compare predicted and
+measured memory after warm-up (appliance.profile_measure); on a CPU it says so and keeps the
+estimates. Exit status: 0 planned, 2 a pinned setting cannot fit (one message names the
+setting to change and its new value).
 """
 
 from __future__ import annotations
@@ -10,12 +12,14 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 
 from appliance.plan_model import GIB, Device, Plan, PlanError, PlanRequest
 from appliance.planner import plan
-from appliance.probe import Probe, device_from_probe, probe
+from appliance.probe import Probe
+from appliance.profile_measure import measure_plan, memory_table, report_dict
+from appliance.serve_plan import probe_for
 
 PRESETS_DIR = Path(__file__).resolve().parent.parent / "profiles" / "models"
 PINS = ("max_model_len", "max_num_seqs", "max_num_batched_tokens", "num_kv_blocks",
@@ -34,7 +38,9 @@ def add_profile_parser(subparsers: argparse._SubParsersAction) -> argparse.Argum
                    f"({', '.join(sorted(f.stem for f in PRESETS_DIR.glob('*.json')))}); "
                    "default: the embedded SmolLM2")  # fmt: skip
     p.add_argument("--json", action="store_true", help="print one JSON object")
-    p.add_argument("--measure", action="store_true", help="measure bandwidth/matmul (GPU)")
+    p.add_argument(
+        "--measure", action="store_true", help="measure bandwidth, matmul and memory (GPU)"
+    )
     p.add_argument("--device", choices=["auto", "cpu"], default="auto",
                    help="cpu: plan for the CPU even when a GPU is visible")  # fmt: skip
     p.add_argument("--target-num-seqs", type=int, default=8, help="concurrency to leave room for")
@@ -95,30 +101,25 @@ def _request(args: argparse.Namespace) -> PlanRequest:
 
 
 def run_profile(args: argparse.Namespace) -> int:
-    notes: list[str] = []
     try:
         name, model = load_model_config(args.model)
         req = _request(args)
-        found = probe()
-        if args.device == "cpu" and found.device == "cuda":
-            found.gpu, found.profile = None, None
-            notes.append("--device cpu: planning for the CPU")
-        device = device_from_probe(found)
+        found, device, notes = probe_for(args.device)
     except ValueError as exc:
         print(f"appliance profile: {exc}", file=sys.stderr)
         return 2
-    notes += found.problems
     measured: dict[str, float] = {}
-    if args.measure and found.device != "cuda":
-        notes.append("--measure needs a CUDA GPU; not available here: showing estimates")
-    elif args.measure:
-        try:
-            measured = measure_gpu()
-        except Exception as exc:  # a failed measurement leaves the estimates in place
-            notes.append(f"measurement failed ({type(exc).__name__}: {exc}): estimates only")
-        notes.append("activation peak: estimated (a profiling forward is not wired in yet)")
+    memory = None
     try:
         result = plan(model, device, req)
+        if args.measure and found.device != "cuda":
+            notes.append("--measure needs a CUDA GPU; not available here: showing estimates")
+        elif args.measure:
+            measured, memory = _measure(args, result, notes)
+        if memory is not None:  # the plan again, with the measured activation peak
+            result = plan(
+                model, device, replace(req, measured_activation_bytes=memory.measured.activation)
+            )
     except PlanError as exc:
         if args.json:
             print(json.dumps({"error": str(exc), "setting": exc.setting, "value": exc.value}))
@@ -128,11 +129,26 @@ def run_profile(args: argparse.Namespace) -> int:
     if args.json:
         report = {"model": name, "probe": _probe_dict(found), "device": asdict(device),
                   "plan": result.to_dict(), "engine_config": result.engine_kwargs(),
-                  "measured": measured or None, "notes": notes}  # fmt: skip
+                  "measured": measured or None, "notes": notes,
+                  "memory_check": report_dict(memory) if memory else None}  # fmt: skip
         print(json.dumps(report, indent=2))
     else:
-        _print_tables(name, model, found, device, result, measured, notes)
+        _print_tables(name, model, found, device, result, measured, notes, memory)
     return 0
+
+
+def _measure(args: argparse.Namespace, result: Plan, notes: list[str]):
+    """(bandwidth and matmul readings, the engine's MemoryReport or None) on the GPU."""
+    measured, memory = {}, None
+    try:
+        measured = measure_gpu()
+    except Exception as exc:  # a failed measurement leaves the estimates in place
+        notes.append(f"measurement failed ({type(exc).__name__}: {exc}): estimates only")
+    try:
+        memory = measure_plan(args.model, result, args.enforce_eager)
+    except Exception as exc:
+        notes.append(f"memory measurement failed ({type(exc).__name__}: {exc}): estimates only")
+    return measured, memory
 
 
 def _probe_dict(found: Probe) -> dict:
@@ -145,7 +161,9 @@ def _na(value: object, fmt: str = "{}") -> str:
     return "n/a" if value is None else fmt.format(value)
 
 
-def _print_tables(name, model, found: Probe, device: Device, p: Plan, measured, notes) -> None:
+def _print_tables(
+    name, model, found: Probe, device: Device, p: Plan, measured, notes, memory=None
+) -> None:
     from rich.console import Console
     from rich.table import Table
 
@@ -217,6 +235,8 @@ def _print_tables(name, model, found: Probe, device: Device, p: Plan, measured, 
     for key, value in p.engine_kwargs().items():
         settings.add_row(key, str(value), p.reasons.get(key, ""))
     console.print(settings)
+    if memory is not None:
+        console.print(memory_table(memory))
     if not p.target_met:
         console.print("[yellow]the target concurrency does not fit; see quantization above[/]")
     for note in notes:

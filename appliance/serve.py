@@ -53,7 +53,8 @@ class ConsoleProgress(Progress):
 
 def run_server(settings: ServeSettings, loader: Callable[[], Any] | None = None) -> int:
     """Run until a signal; the exit status is 0 after a drain, 1 on a startup failure and 2
-    for a refused configuration. `loader` builds the engine (default: LLMEngine from settings)."""
+    for a refused configuration. `loader` builds the engine (default: LLMEngine from the
+    memory planner's values for the settings, appliance.serve_plan)."""
     refusal = settings.bind_refusal()
     if refusal:
         print(f"appliance serve: {refusal}", file=sys.stderr)
@@ -78,6 +79,14 @@ def run_server(settings: ServeSettings, loader: Callable[[], Any] | None = None)
     except (OSError, ssl.SSLError) as exc:
         print(f"appliance serve: cannot load the TLS certificate/key: {exc}", file=sys.stderr)
         return 2
+    if loader is None:  # plan before listening: pins that cannot fit are refused at once
+        from appliance.serve_plan import planned_loader
+
+        try:
+            loader = planned_loader(settings)
+        except ValueError as exc:
+            print(f"appliance serve: {exc}", file=sys.stderr)
+            return 2
     if settings.tui:
         code = asyncio.run(serve_tui(settings, ssl_ctx, loader))
         print(f"appliance: stopped; the server log is {settings.tui_log_path}", file=sys.stderr)

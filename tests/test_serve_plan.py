@@ -1,0 +1,95 @@
+"""`appliance serve` runs the memory planner: pins reach it, planned values reach the engine and
+/v1/stats, a pin that cannot fit is refused before anything loads; and the profile's
+predicted-vs-measured table."""
+
+from __future__ import annotations
+
+import json
+import time
+import urllib.request
+
+from rich.console import Console
+
+from appliance.cli import main
+from appliance.plan_model import GIB
+from appliance.profile_measure import memory_table, report_dict
+from appliance.serve_plan import plan_for_serve, plan_request
+from appliance.settings import ServeSettings
+from engine.memory_check import MemoryItems, MemoryReport
+from tests.serve_process import start_server
+
+MIB = 1024**2
+
+
+def test_pins_reach_the_planner_and_the_rest_is_planned():
+    req = plan_request(ServeSettings(max_model_len=1024, dtype="float32", enforce_eager=True))
+    assert req.max_model_len == 1024 and req.dtype == "float32" and req.enforce_eager
+    assert req.max_num_seqs is None and req.num_kv_blocks is None and req.block_size == 16
+    p = plan_for_serve(ServeSettings(device="cpu", max_model_len=1024))
+    assert p.device == "cpu" and p.max_model_len == 1024 and p.reasons["max_model_len"] == "pinned"
+    assert p.max_num_seqs == 16  # the CPU class's cap
+    # the CPU pool holds the worst case (every sequence at max_model_len), no more
+    assert p.num_kv_blocks == p.max_num_seqs * 1024 // p.block_size
+
+
+def test_unpinned_cpu_plan_keeps_the_kv_pool_small():
+    p = plan_for_serve(ServeSettings(device="cpu"))
+    assert p.kv_pool_bytes <= 2 * GIB  # not many GiB of zeros on a shared 24 GB machine
+    assert p.num_kv_blocks * p.block_size >= p.max_model_len
+
+
+def test_a_pin_that_cannot_fit_fails_fast_naming_the_number(capsys):
+    start = time.monotonic()
+    code = main(["serve", "--device", "cpu", "--port", "0", "--num-kv-blocks", "10000000"])
+    assert code == 2
+    assert time.monotonic() - start < 30  # planned from config.json: no model load
+    err = capsys.readouterr().err.strip()
+    assert "num_kv_blocks=10000000 needs" in err
+    assert err.count("set ") == 1 and "set num_kv_blocks to " in err
+
+
+def test_serve_runs_the_plan_on_the_cpu():
+    proc, url = start_server("--max-model-len", "1024", "--log-level", "warning")
+    try:
+        with urllib.request.urlopen(f"{url}/v1/stats", timeout=30) as resp:
+            stats = json.load(resp)
+    finally:
+        proc.kill()
+        proc.wait(30)
+    plan, config = stats["plan"], stats["config"]
+    assert plan["device"] == "cpu" and plan["memory_check"] is None
+    for key in ("max_model_len", "max_num_seqs", "num_kv_blocks", "max_num_batched_tokens"):
+        assert config[key] == plan[key], key
+    assert config["max_model_len"] == 1024 and plan["reasons"]["max_model_len"] == "pinned"
+    assert config["max_num_seqs"] == 16  # planned: the engine's own default is 64
+
+
+def fake_report(shed: int) -> MemoryReport:
+    predicted = MemoryItems(15 * GIB, GIB // 2, 300 * MIB, 4 * GIB, GIB // 2)
+    measured = MemoryItems(15 * GIB, GIB, 280 * MIB, 4 * GIB, 600 * MIB)
+    peak = measured.total if shed else predicted.total - MIB
+    return MemoryReport(predicted, measured, peak, predicted.total, 2000, shed, 2 * MIB)
+
+
+def render(report: MemoryReport) -> str:
+    console = Console(width=120, record=True)
+    console.print(memory_table(report))
+    return console.export_text()
+
+
+def test_profile_table_shows_predicted_vs_measured_per_item():
+    text = render(fake_report(shed=0))
+    for label in ("weights", "activation peak", "CUDA graph pool", "KV pool", "peak in use"):
+        assert label in text
+    assert "0.50 GiB" in text and "1.00 GiB" in text and "+100.0%" in text  # activation
+    assert "-6.7%" in text  # graph pool: 280 of 300 MiB
+    assert "within the plan" in text and "KV pool kept" in text
+
+
+def test_profile_table_says_when_the_pool_was_shrunk():
+    report = fake_report(shed=300)
+    text = render(report)
+    assert "shrunk from 2000 to 1700 blocks before serving" in text
+    rows = report_dict(report)["rows"]
+    assert [r["item"] for r in rows][-1] == "peak" and rows[0]["predicted"] == 15 * GIB
+    json.dumps(report_dict(report))
