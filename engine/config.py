@@ -32,7 +32,10 @@ class EngineConfig:
     kv_cache_dtype: str = "auto"
     """KV-cache element type; auto = the activation dtype."""
     quantization: str = "none"
-    """Weight quantization: none, int8, int4 or auto."""
+    """Weight quantization: none, int8 (per-row), int4 (NF4 per group) or auto (16-bit here; the
+    appliance planner picks). A bitsandbytes-quantized checkpoint keeps its own (none/auto)."""
+    quant_block_size: int = 64
+    """int4: weights per absmax group along a row (even; divides the layers' input sizes)."""
     enforce_eager: bool = False
     """Disable CUDA graphs (plain eager path)."""
     seed: int = 0
@@ -60,6 +63,9 @@ class EngineConfig:
         positive("block_size", self.block_size)
         positive("num_kv_blocks", self.num_kv_blocks)
         positive("min_num_batched_tokens", self.min_num_batched_tokens)
+        positive("quant_block_size", self.quant_block_size)
+        if self.quant_block_size % 2:
+            raise ValueError(f"quant_block_size must be even, got {self.quant_block_size}")
         if not 0.0 < self.gpu_memory_utilization <= 1.0:
             raise ValueError(
                 f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}"

@@ -19,6 +19,7 @@ from engine.input_prep import prepare_inputs, prepare_sampling
 from engine.kernels.torch_ref import KV_SCALE_DTYPE
 from engine.models.config import ModelConfig
 from engine.models.loader import load_model
+from engine.planning import resolve_weight_quant
 from engine.request import Logprob
 from engine.sampler import sample
 from engine.scheduler import ScheduledBatch
@@ -44,6 +45,7 @@ class ModelRunner:
             dtype,
             device,
             random_weights=config.load_format == "random",
+            quant=resolve_weight_quant(config, model_config),
         )
         self.block_size = config.block_size
         self.kv_cache = torch.empty(0)

@@ -10,6 +10,7 @@ import torch
 
 from engine.config import EngineConfig
 from engine.models.config import ModelConfig
+from engine.models.quant import WeightQuant
 
 CPU_MAX_MODEL_LEN = 8192
 _NAMED = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
@@ -32,11 +33,7 @@ def resolve_dtypes(
     config: EngineConfig, model: ModelConfig, device: torch.device
 ) -> tuple[torch.dtype, torch.dtype]:
     """(activation/weight dtype, KV-cache dtype)."""
-    if config.quantization in ("int8", "int4"):
-        raise ValueError(
-            f"quantization={config.quantization!r} is not supported yet; use 'none' (or 'auto', "
-            "which picks 16-bit weights for now)"
-        )
+    resolve_weight_quant(config, model)  # bad quantization settings fail before loading
     if config.dtype != "auto":
         dtype = _NAMED[config.dtype]
     elif device.type == "cpu":
@@ -50,6 +47,40 @@ def resolve_dtypes(
     if config.kv_cache_dtype == "int8":
         return dtype, torch.int8  # plus one fp16 scale per token and KV head (see torch_ref)
     return dtype, _NAMED[config.kv_cache_dtype]
+
+
+def resolve_weight_quant(config: EngineConfig, model: ModelConfig) -> WeightQuant | None:
+    """How linear weights are stored: None = 16-bit. `auto` stays 16-bit in the engine (the
+    appliance planner turns it into int8/int4 when memory demands it)."""
+    from engine.models.bnb_checkpoint import checkpoint_quant
+
+    wanted = config.quantization
+    quant = checkpoint_quant(model.quantization_config, config.quant_block_size)
+    if quant is not None:
+        if wanted not in ("none", "auto", quant.kind):
+            raise ValueError(
+                f"the checkpoint is already quantized ({quant.kind}, bitsandbytes); "
+                f"quantization={wanted!r} cannot re-quantize it: use 'none' or {quant.kind!r}"
+            )
+    elif wanted in ("int8", "int4"):
+        quant = WeightQuant(wanted, config.quant_block_size)
+    else:
+        return None
+    if quant.kind == "int4":
+        sizes = {model.hidden_size, model.intermediate_size, model.num_heads * model.head_dim}
+        bad = sorted(s for s in sizes if s % quant.group_size)
+        if bad:
+            raise ValueError(
+                f"quant_block_size={quant.group_size} must divide the layers' input sizes "
+                f"{sorted(sizes)} (not {bad}); pick a divisor such as 32 or 64"
+            )
+    import importlib.util
+
+    if importlib.util.find_spec("bitsandbytes") is None:
+        raise ValueError(
+            f"quantization {quant.kind} needs bitsandbytes: pip install bitsandbytes==0.50.2"
+        )
+    return quant
 
 
 def resolve_max_model_len(config: EngineConfig, model: ModelConfig, device: torch.device) -> int:

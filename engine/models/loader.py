@@ -12,6 +12,7 @@ from safetensors import safe_open
 
 from engine.models.config import ModelConfig
 from engine.models.llama import LlamaForCausalLM
+from engine.models.quant import WeightQuant, quantize_model
 
 
 def resolve_model_folder(model: str | Path | None) -> Path:
@@ -70,18 +71,28 @@ def load_model(
     dtype: torch.dtype,
     device: torch.device,
     random_weights: bool = False,
+    quant: WeightQuant | None = None,
 ) -> LlamaForCausalLM:
-    """Build the model on `device` in `dtype` and load its weights (or draw random ones)."""
+    """Build the model on `device` in `dtype` and load its weights (or draw random ones);
+    with `quant`, the projections are then quantized (or, for a checkpoint bitsandbytes
+    already quantized, read as they are)."""
     with torch.device("meta"):
         model = LlamaForCausalLM(cfg, max_positions)
     model = model.to_empty(device=device).to(dtype=dtype)
     # Buffers (RoPE tables) were on meta: rebuild them on the device, in fp32.
     rope = type(model.rope)(cfg.head_dim, max_positions, cfg.rope_theta, cfg.rope_scaling)
     model.rope.cos, model.rope.sin = rope.cos.to(device), rope.sin.to(device)
-    if random_weights:
+    if quant is not None and quant.prequantized and not random_weights:
+        from engine.models.bnb_checkpoint import convert_bnb_weights
+
+        quantize_model(model, quant, empty=True)
+        model.load_weights(convert_bnb_weights(iter_safetensors(folder), quant))
+    elif random_weights:
         init_random_weights(model)
     else:
         model.load_weights(iter_safetensors(folder))
+    if quant is not None and (random_weights or not quant.prequantized):
+        quantize_model(model, quant)
     if cfg.tie_word_embeddings:
         model.lm_head.weight = model.embed_tokens.weight
     return model.eval()

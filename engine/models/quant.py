@@ -1,0 +1,203 @@
+"""Weight-only quantized linear layers (INT8 per-row, INT4 NF4 per-group) and the model swap.
+
+bitsandbytes quantizes (imported lazily: only when quantization is asked); we keep its values
+in our own layout (engine/kernels/wq_gemv.py documents it) and compute with the Triton kernel
+on CUDA, or with the pure-PyTorch reference here (dequantize, then matmul) elsewhere.
+Embeddings and the LM head stay in 16 bits.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+log = logging.getLogger(__name__)
+
+QUANTIZED_LINEARS = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")
+"""Our (fused) projection names whose weights are quantized."""
+
+
+@dataclass(frozen=True)
+class WeightQuant:
+    """How linear weights are stored: kind "int8" (per-row absmax) or "int4" (4-bit codes with
+    one absmax per `group_size` weights of a row); quant_type "nf4" or "fp4" for int4."""
+
+    kind: str
+    group_size: int = 64
+    quant_type: str = "nf4"
+    prequantized: bool = False
+    """The checkpoint already holds bitsandbytes-quantized weights (read, not re-quantized)."""
+
+
+def bnb_functional():
+    try:
+        import bitsandbytes.functional as bnb_f
+    except ImportError as e:
+        raise ValueError(
+            "quantization int8/int4 needs bitsandbytes: pip install bitsandbytes==0.50.2"
+        ) from e
+    return bnb_f
+
+
+def code_table(quant_type: str) -> torch.Tensor:
+    """The 16 values a 4-bit code stands for (bitsandbytes' NF4 or FP4 table), fp32."""
+    return bnb_functional().get_4bit_type(quant_type, device="cpu").float()
+
+
+def _on_device_or_cpu(fn, w: torch.Tensor):
+    """Run a bitsandbytes quantizer on w's device; fall back to the CPU backend (with a
+    warning) when the device backend is missing, e.g. a wheel without this CUDA's binary."""
+    try:
+        return fn(w)
+    except (RuntimeError, NotImplementedError) as e:
+        if w.device.type == "cpu":
+            raise
+        log.warning("bitsandbytes failed on %s (%s); quantizing on the CPU", w.device, e)
+        return tuple(t.to(w.device) if torch.is_tensor(t) else t for t in fn(w.cpu()))
+
+
+def quantize_int8(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """[N, K] float -> (int8 [N, K], fp32 scales [N]) with W ~ q * scale (LLM.int8's rows)."""
+    bnb_f = bnb_functional()
+    q, row_absmax, _ = _on_device_or_cpu(lambda t: bnb_f.int8_vectorwise_quant(t, 0.0), w)
+    return q.contiguous(), (row_absmax.float() / 127.0).contiguous()
+
+
+def quantize_4bit(
+    w: torch.Tensor, group_size: int, quant_type: str
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """[N, K] float -> (uint8 [N, K / 2], fp32 absmax [N, K / group_size])."""
+    n, k = w.shape
+    if k % group_size:
+        raise ValueError(
+            f"int4 needs in_features ({k}) to be a multiple of quant_block_size ({group_size})"
+        )
+    bnb_f = bnb_functional()
+
+    def quantize(t: torch.Tensor):
+        q, state = bnb_f.quantize_4bit(t.contiguous(), blocksize=group_size, quant_type=quant_type)
+        return q, state.absmax
+
+    q, absmax = _on_device_or_cpu(quantize, w)
+    return q.view(n, k // 2), absmax.float().view(n, k // group_size)
+
+
+def dequantize_ref(
+    qweight: torch.Tensor, scales: torch.Tensor, code: torch.Tensor | None, group_size: int
+) -> torch.Tensor:
+    """Pure-PyTorch dequantization to fp32 [N, K] (the kernel's reference)."""
+    if qweight.dtype == torch.int8:
+        return qweight.float() * scales[:, None]
+    n, groups = scales.shape
+    # byte b -> (code[b >> 4], code[b & 15]): one lookup yields both weights of a byte
+    pairs = torch.stack([code.repeat_interleave(16), code.repeat(16)], dim=-1)  # [256, 2]
+    values = pairs[qweight.int()].view(n, groups, group_size)  # [N, K / group, group]
+    return (values * scales[:, :, None]).view(n, -1)
+
+
+def wq_matmul_ref(x, qweight, scales, code=None, bias=None, group_size: int = 64):
+    """x @ dequant(W).T + bias, with the weight rounded to x's dtype (as bitsandbytes does)."""
+    w = dequantize_ref(qweight, scales, code, group_size).to(x.dtype)
+    return F.linear(x, w, bias)
+
+
+class QuantLinear(nn.Module):
+    """A linear layer with int8 or int4 weights; `bias` stays in the activation dtype."""
+
+    def __init__(
+        self,
+        in_features: int,
+        out_features: int,
+        bias: bool,
+        quant: WeightQuant,
+        dtype: torch.dtype,
+        device: torch.device | str,
+    ) -> None:
+        super().__init__()
+        self.in_features, self.out_features = in_features, out_features
+        self.group_size = quant.group_size
+        is_int4 = quant.kind == "int4"
+        if is_int4 and (in_features % quant.group_size or quant.group_size % 2):
+            raise ValueError(
+                f"int4 needs in_features ({in_features}) to be a multiple of the even "
+                f"quant_block_size ({quant.group_size})"
+            )
+        qshape = (out_features, in_features // 2) if is_int4 else (out_features, in_features)
+        sshape = (out_features, in_features // quant.group_size) if is_int4 else (out_features,)
+        qdtype = torch.uint8 if is_int4 else torch.int8
+
+        def frozen(shape, dt):
+            return nn.Parameter(torch.zeros(shape, dtype=dt, device=device), requires_grad=False)
+
+        self.qweight = frozen(qshape, qdtype)
+        self.scales = frozen(sshape, torch.float32)
+        self.bias = frozen((out_features,), dtype) if bias else None
+        code = code_table(quant.quant_type).to(device) if is_int4 else None
+        self.register_buffer("code", code, persistent=False)
+
+    @classmethod
+    @torch.no_grad()
+    def from_linear(cls, linear: nn.Linear, quant: WeightQuant) -> QuantLinear:
+        w = linear.weight
+        layer = cls(w.shape[1], w.shape[0], linear.bias is not None, quant, w.dtype, w.device)
+        if quant.kind == "int4":
+            q, s = quantize_4bit(w, quant.group_size, quant.quant_type)
+        else:
+            q, s = quantize_int8(w)
+        layer.qweight.copy_(q)
+        layer.scales.copy_(s)
+        if linear.bias is not None:
+            layer.bias.copy_(linear.bias)
+        return layer
+
+    def dequantize(self) -> torch.Tensor:
+        """The weight as fp32 [out_features, in_features]."""
+        return dequantize_ref(self.qweight, self.scales, self.code, self.group_size)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        args = (x, self.qweight, self.scales, self.code, self.bias, self.group_size)
+        if x.is_cuda and _kernel_enabled():
+            from engine.kernels.wq_gemv import wq_matmul
+
+            return wq_matmul(*args)
+        return wq_matmul_ref(*args)
+
+    def extra_repr(self) -> str:
+        kind = "int4" if self.code is not None else "int8"
+        return f"{self.in_features} -> {self.out_features}, {kind}, group={self.group_size}"
+
+
+def _kernel_enabled() -> bool:
+    from engine.kernels import triton_available
+
+    return triton_available()
+
+
+@torch.no_grad()
+def quantize_model(model: nn.Module, quant: WeightQuant, empty: bool = False) -> None:
+    """Replace every projection named in QUANTIZED_LINEARS by a QuantLinear: quantized from its
+    weights, or (`empty`, for checkpoints already quantized) zeros to be loaded into."""
+    names = [
+        name
+        for name, module in model.named_modules()
+        if isinstance(module, nn.Linear) and name.rsplit(".", 1)[-1] in QUANTIZED_LINEARS
+    ]
+    for name in names:  # one at a time: the 16-bit weight is freed before the next is quantized
+        parent_name, _, attr = name.rpartition(".")
+        parent = model.get_submodule(parent_name)
+        linear = getattr(parent, attr)
+        if empty:
+            w = linear.weight
+            layer = QuantLinear(
+                w.shape[1], w.shape[0], linear.bias is not None, quant, w.dtype, w.device
+            )
+        else:
+            layer = QuantLinear.from_linear(linear, quant)
+        setattr(parent, attr, layer)
+        del linear
+    if next(model.parameters()).is_cuda:
+        torch.cuda.empty_cache()
