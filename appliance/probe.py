@@ -275,6 +275,8 @@ def device_from_probe(result: Probe) -> Device:
     if bf16 is None:
         bf16 = prof.bf16_supported if prof else (cc is not None and cc >= (8, 0))
     used = total - gpu.free_bytes if gpu.free_bytes is not None else 0
+    context = int((prof.cuda_context_gib if prof else 0.5) * GIB)
+    used -= _own_cuda_bytes(context)  # "others" are other processes, not this one
     cap = memory_cap_bytes()  # APPLIANCE_MEMORY_CAP_GIB: plan as if the card were that size
     if cap is not None and cap < total:
         result.problems.append(f"{CAP_ENV}: planning for {cap / GIB:.1f} of {total / GIB:.1f} GiB")
@@ -282,9 +284,22 @@ def device_from_probe(result: Probe) -> Device:
     return Device(
         kind="cuda", name=gpu.name or "GPU", total_bytes=total, used_bytes=max(0, used),
         bf16_supported=bf16, utilization=prof.default_utilization if prof else 0.90,
-        cuda_context_bytes=int((prof.cuda_context_gib if prof else 0.5) * GIB),
+        cuda_context_bytes=context,
         max_num_seqs=prof.max_num_seqs if prof else 256,
         max_num_batched_tokens=prof.max_num_batched_tokens if prof else 2048,
         bandwidth_gbs=gpu.bandwidth_gbs or (prof.bandwidth_gbs if prof else None),
         bf16_tflops=(prof.bf16_tflops or None) if prof else None,
     )  # fmt: skip
+
+
+def _own_cuda_bytes(context: int) -> int:
+    """What this process already holds on cuda:0 (its context and allocator cache), which the
+    plan counts itself; 0 before torch has touched CUDA."""
+    try:
+        import torch
+
+        if not torch.cuda.is_initialized():
+            return 0
+        return context + torch.cuda.memory_reserved(0)
+    except Exception:
+        return 0
