@@ -38,6 +38,9 @@ class EngineConfig:
     """int4: weights per absmax group along a row (even; divides the layers' input sizes)."""
     enforce_eager: bool = False
     """Disable CUDA graphs (plain eager path)."""
+    overlap_steps: bool = True
+    """On a GPU, launch the next step before reading this step's tokens back, so the GPU
+    never waits for the host's scheduling and reporting (tokens are reported one step later)."""
     seed: int = 0
     """Seed for requests that do not bring their own."""
     cpu_kv_cache_gib: float = 2.0

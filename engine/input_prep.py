@@ -4,12 +4,25 @@ a step never waits for the GPU."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from engine.context import AttentionMetadata
 from engine.request import Request
 from engine.sampler import SamplingTensors
 from engine.scheduler import ScheduledBatch
+
+
+@dataclass
+class PendingFill:
+    """input_ids[dst] = previous step's sampled tokens[src], done on the device."""
+
+    dst: torch.Tensor  # [num_filled] int64 rows of input_ids
+    src: torch.Tensor  # [num_filled] int64 rows of the previous step's token_ids
+
+    def apply(self, input_ids: torch.Tensor, prev_tokens: torch.Tensor) -> None:
+        input_ids.index_copy_(0, self.dst, prev_tokens.index_select(0, self.src))
 
 
 def upload(lists: list[list], dtype: torch.dtype, device: torch.device) -> list[torch.Tensor]:
@@ -23,24 +36,41 @@ def upload(lists: list[list], dtype: torch.dtype, device: torch.device) -> list[
 
 
 def prepare_inputs(
-    batch: ScheduledBatch, block_size: int, device: torch.device
-) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata, torch.Tensor]:
-    """(input_ids [T], positions [T], metadata, logits_rows [num_sampling]): the hidden-state
-    row of each request that samples this step."""
+    batch: ScheduledBatch,
+    block_size: int,
+    device: torch.device,
+    pending_rows: dict[int, int] | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata, torch.Tensor, PendingFill | None]:
+    """(input_ids [T], positions [T], metadata, logits_rows [num_sampling], fill): logits_rows
+    is the hidden-state row of each request that samples this step. A decode whose input token
+    is still on the device (a PLACEHOLDER) takes it from the previous step's sampled tokens:
+    `pending_rows` maps id(request) -> its row there, and `fill` says where it goes."""
     input_ids: list[int] = []
     positions: list[int] = []
     slots: list[int] = []
     query_start_loc = [0]
     seq_lens: list[int] = []
+    fill_dst: list[int] = []
+    fill_src: list[int] = []
     for req, num_new in zip(batch.requests, batch.num_new_tokens):
         start = req.num_computed_tokens
         end = start + num_new
-        input_ids.extend(req.token_ids[start:end])
-        positions.extend(range(start, end))
+        if req.num_pending:
+            if num_new != 1 or pending_rows is None or id(req) not in pending_rows:
+                raise RuntimeError(f"request {req.request_id}: input token not read back yet")
+            fill_dst.append(len(input_ids))
+            fill_src.append(pending_rows[id(req)])
         table = req.block_table
-        slots.extend(
-            table[p // block_size] * block_size + p % block_size for p in range(start, end)
-        )
+        if num_new == 1:  # the common case (decode), without the generic loop's overhead
+            input_ids.append(req.token_ids[start])
+            positions.append(start)
+            slots.append(table[start // block_size] * block_size + start % block_size)
+        else:
+            input_ids.extend(req.token_ids[start:end])
+            positions.extend(range(start, end))
+            slots.extend(
+                table[p // block_size] * block_size + p % block_size for p in range(start, end)
+            )
         query_start_loc.append(query_start_loc[-1] + num_new)
         seq_lens.append(end)
     logits_indices = [query_start_loc[i + 1] - 1 for i in batch.sampling_indices]
@@ -48,8 +78,9 @@ def prepare_inputs(
     tables = [
         x for r in batch.requests for x in r.block_table + [0] * (max_blocks - len(r.block_table))
     ]
-    ids, pos, slot_mapping, qsl, lens, flat_tables, logits_rows = upload(
-        [input_ids, positions, slots, query_start_loc, seq_lens, tables, logits_indices],
+    ids, pos, slot_mapping, qsl, lens, flat_tables, logits_rows, dst, src = upload(
+        [input_ids, positions, slots, query_start_loc, seq_lens, tables, logits_indices]
+        + [fill_dst, fill_src],
         torch.int64,
         device,
     )
@@ -64,7 +95,7 @@ def prepare_inputs(
         query_start_loc_cpu=query_start_loc,
         seq_lens_cpu=seq_lens,
     )
-    return ids, pos, meta, logits_rows
+    return ids, pos, meta, logits_rows, PendingFill(dst, src) if fill_dst else None
 
 
 def prepare_sampling(reqs: list[Request], vocab: int, device: torch.device) -> SamplingTensors:

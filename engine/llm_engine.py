@@ -5,7 +5,7 @@ Not thread-safe: one thread owns it (AsyncEngine runs it in its own thread).
 
 from __future__ import annotations
 
-import dataclasses
+import copy
 import random
 from pathlib import Path
 
@@ -15,6 +15,7 @@ from engine.memory_check import MemoryItems, settle_kv_pool
 from engine.model_runner import ModelRunner
 from engine.models.config import ModelConfig
 from engine.models.loader import resolve_model_folder
+from engine.pending_step import PendingStep
 from engine.planning import (
     plan_num_kv_blocks,
     resolve_device,
@@ -70,6 +71,8 @@ class LLMEngine:
         self.num_steps = 0
         self.prompt_tokens_total = 0
         self.generation_tokens_total = 0
+        self._pending: PendingStep | None = None
+        self._overlap = self.config.overlap_steps and self.device.type == "cuda"
         # Allocates the KV pool and builds block manager + scheduler; on CUDA also captures
         # graphs, warms up and shrinks the pool if the measured peak exceeds the prediction.
         self.memory = settle_kv_pool(self, predicted_memory)
@@ -159,23 +162,45 @@ class LLMEngine:
         self._aborted.append(req)
 
     def has_unfinished(self) -> bool:
-        return self.scheduler.num_unfinished > 0 or bool(self._aborted)
+        return self.scheduler.num_unfinished > 0 or bool(self._aborted) or self._pending is not None
 
     # --- the step loop -------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
-        """Schedule, run, update. Returns an output for each request that advanced."""
+        """Schedule, launch, update. Returns an output for each request that advanced.
+
+        With overlap (GPU), the step launched here is read back by the next call: tokens are
+        reported one step late, and the device runs while the host does the bookkeeping."""
         touched, self._aborted = list(self._aborted), []
         batch = self.scheduler.schedule()
+        launched = None
         if not batch.is_empty:
             self.prompt_tokens_total += sum(
                 max(0, min(r.num_computed_tokens + n, r.num_prompt_tokens) - r.num_computed_tokens)
                 for r, n in zip(batch.requests, batch.num_new_tokens)
             )
-            sampled = self.runner.run(batch)
+            if self._pending is not None and self._needs_tokens_on_host(batch):
+                touched += self._resolve()
+            launched = self.runner.launch(batch, self._pending)
+            self.scheduler.advance(batch)
             self.num_steps += 1
-            self.generation_tokens_total += len(sampled)
-            touched += self.scheduler.update(batch, sampled)
-        return [self._output(req) for req in touched]
+        if self._pending is not None:
+            touched += self._resolve()
+        self._pending = launched
+        if launched is not None and not self._overlap:
+            touched += self._resolve()
+        return [self._output(req) for req in dict.fromkeys(touched)]
+
+    def _resolve(self) -> list[Request]:
+        """Read the pending step's tokens back and apply them."""
+        pending, self._pending = self._pending, None
+        sampled = pending.collect()
+        self.generation_tokens_total += len(sampled)
+        return self.scheduler.resolve(pending.batch, sampled)
+
+    @staticmethod
+    def _needs_tokens_on_host(batch) -> bool:
+        """Penalties count output tokens on the host: they need pending tokens read first."""
+        return any(r.num_pending and r.params.has_penalties for r in batch.requests)
 
     def _output(self, req: Request) -> RequestOutput:
         detok = self._detokenizers.get(req.request_id)
@@ -191,7 +216,7 @@ class LLMEngine:
             text=detok.text if detok is not None else "",
             finished=req.is_finished,
             finish_reason=req.finish_reason,
-            metrics=dataclasses.replace(req.metrics),  # a snapshot: readers on other threads
+            metrics=copy.copy(req.metrics),  # a snapshot: readers on other threads
             logprobs=list(req.logprobs) if req.logprobs is not None else None,
             stop_reason=req.stop_reason,
             trace=list(req.trace) if req.is_finished else [],
@@ -201,7 +226,7 @@ class LLMEngine:
         """Feed the new token to the detokenizer; a matched stop string finishes the request."""
         if detok.stopped_on is not None:
             return
-        detok.step([req.token_ids[-1]])
+        detok.step(req.token_ids[-1 - req.num_pending : len(req.token_ids) - req.num_pending])
         if detok.stopped_on is not None:
             req.stop_reason = detok.stopped_on
             self.scheduler.finish(req, RequestStatus.FINISHED_STOPPED)

@@ -19,6 +19,7 @@ from engine.input_prep import prepare_inputs, prepare_sampling
 from engine.kernels.torch_ref import KV_SCALE_DTYPE
 from engine.models.config import ModelConfig
 from engine.models.loader import load_model
+from engine.pending_step import PendingStep
 from engine.planning import resolve_weight_quant
 from engine.request import Logprob
 from engine.sampler import sample
@@ -112,14 +113,21 @@ class ModelRunner:
             if self.kv_scales is not None:
                 self.kv_scales[:, :, dst] = self.kv_scales[:, :, src]
 
-    @torch.inference_mode()
     def run(self, batch: ScheduledBatch) -> dict[int, tuple[int, Logprob | None]]:
-        """Run one batch; returns batch index -> (sampled token, logprob) for each request that
-        reached the end of its known tokens."""
+        """Run one batch and wait for it; returns batch index -> (sampled token, logprob) for
+        each request that reached the end of its known tokens."""
+        return self.launch(batch).collect()
+
+    @torch.inference_mode()
+    def launch(self, batch: ScheduledBatch, prev: PendingStep | None = None) -> PendingStep:
+        """Queue one batch on the device without waiting for it. Decodes whose input token is
+        still pending read it from `prev` (the step launched just before) on the device."""
         self.copy_blocks(batch.block_copies)
-        input_ids, positions, meta, logits_rows = prepare_inputs(
-            batch, self.block_size, self.device
+        input_ids, positions, meta, logits_rows, fill = prepare_inputs(
+            batch, self.block_size, self.device, prev.rows if prev is not None else None
         )
+        if fill is not None:
+            fill.apply(input_ids, prev.out.token_ids)
         if self.graphs is not None and batch.num_decodes == len(batch.requests) <= (
             self.graphs.max_batch
         ):
@@ -129,23 +137,8 @@ class ModelRunner:
                 hidden = self.model(input_ids, positions)  # [num_tokens, hidden]
         sampling_rows = batch.sampling_indices
         if not sampling_rows:
-            return {}
+            return PendingStep.launched(batch, sampling_rows, None)
         reqs = [batch.requests[i] for i in sampling_rows]
         logits = self.model.compute_logits(hidden[logits_rows])  # [num_sampling, vocab]
         out = sample(logits, prepare_sampling(reqs, self.model_config.vocab_size, self.device))
-        tokens = out.token_ids.tolist()
-        result: dict[int, tuple[int, Logprob | None]] = {}
-        if out.logprobs is None:
-            for row, i in enumerate(sampling_rows):
-                result[i] = (tokens[row], None)
-            return result
-        chosen = out.logprobs.tolist()
-        top_ids, top_lps = out.top_ids.tolist(), out.top_logprobs.tolist()
-        for row, (i, req) in enumerate(zip(sampling_rows, reqs)):
-            n = req.params.logprobs
-            logprob = None
-            if n is not None:
-                top = list(zip(top_ids[row][:n], top_lps[row][:n]))
-                logprob = Logprob(tokens[row], chosen[row], top)
-            result[i] = (tokens[row], logprob)
-        return result
+        return PendingStep.launched(batch, sampling_rows, out)

@@ -12,6 +12,9 @@ from dataclasses import dataclass, field
 
 from engine.sampling_params import SamplingParams
 
+PLACEHOLDER = -1
+"""Stands in token_ids for a token sampled on the device but not read back yet (overlap)."""
+
 
 class RequestStatus(enum.Enum):
     WAITING = "waiting"
@@ -99,6 +102,9 @@ class Request:
         self.block_table: list[int] = []
         self.num_computed_tokens = 0
         """Tokens whose K/V is in the cache."""
+        self.num_pending = 0
+        """Sampled tokens not read back from the device yet: the last num_pending entries of
+        token_ids are PLACEHOLDER (an overlapped step launched before its tokens came back)."""
         self.logprobs: list[Logprob] | None = [] if params.logprobs is not None else None
         self.stop_reason: str | int | None = None
         now = time.time() if arrival_time is None else arrival_time
@@ -116,11 +122,18 @@ class Request:
 
     @property
     def num_output_tokens(self) -> int:
+        """Sampled tokens, pending ones included (the index of the next token to sample)."""
         return len(self.token_ids) - len(self.prompt_token_ids)
 
     @property
     def output_token_ids(self) -> list[int]:
-        return self.token_ids[len(self.prompt_token_ids) :]
+        """The generated tokens read back so far (pending placeholders excluded)."""
+        return self.token_ids[len(self.prompt_token_ids) : len(self.token_ids) - self.num_pending]
+
+    @property
+    def is_awaiting_last_token(self) -> bool:
+        """Every token it may generate is sampled, some still pending: nothing left to run."""
+        return self.num_pending > 0 and self.num_output_tokens >= self.params.max_tokens
 
     @property
     def is_finished(self) -> bool:
@@ -134,9 +147,19 @@ class Request:
     def record(self, event: str, **detail) -> None:
         self.trace.append(TraceEvent(time.time(), event, detail))
 
+    def append_placeholder(self) -> None:
+        """Reserve the slot of a token sampled on the device but not read back yet."""
+        self.token_ids.append(PLACEHOLDER)
+        self.num_pending += 1
+
     def append_token(self, token_id: int, logprob: Logprob | None = None) -> None:
-        """Add a sampled token and apply the token-level stop rules (EOS, stop ids, length)."""
-        self.token_ids.append(token_id)
+        """Add a sampled token (into the oldest placeholder, if any) and apply the token-level
+        stop rules (EOS, stop ids, length)."""
+        if self.num_pending:
+            self.token_ids[len(self.token_ids) - self.num_pending] = token_id
+            self.num_pending -= 1
+        else:
+            self.token_ids.append(token_id)
         if self.logprobs is not None and logprob is not None:
             self.logprobs.append(logprob)
         if self.metrics.first_token_time is None:
@@ -149,10 +172,14 @@ class Request:
         elif token_id in params.stop_token_ids:
             self.stop_reason = token_id
             self.finish(RequestStatus.FINISHED_STOPPED)
-        elif self.num_output_tokens >= params.max_tokens:
+        elif self.num_output_tokens - self.num_pending >= params.max_tokens:
             self.finish(RequestStatus.FINISHED_LENGTH)
 
     def finish(self, status: RequestStatus) -> None:
+        """End the request; tokens still pending are dropped (sampled after the end)."""
+        if self.num_pending:
+            del self.token_ids[-self.num_pending :]
+            self.num_pending = 0
         if self.status.is_finished:
             return
         self.status = status

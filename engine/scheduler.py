@@ -94,7 +94,11 @@ class Scheduler:
     def schedule(self) -> ScheduledBatch:
         batch = ScheduledBatch()
         budget = self.token_budget()
-        decodes = [r for r in self.running if r.num_tokens - r.num_computed_tokens == 1]
+        decodes = [
+            r
+            for r in self.running
+            if r.num_tokens - r.num_computed_tokens == 1 and not r.is_awaiting_last_token
+        ]
         prefills = [r for r in self.running if r.num_tokens - r.num_computed_tokens > 1]
         for req in decodes + prefills:
             if budget == 0:
@@ -165,15 +169,32 @@ class Scheduler:
     def update(
         self, batch: ScheduledBatch, sampled: dict[int, tuple[int, object]]
     ) -> list[Request]:
-        """Advance computed counts, append sampled tokens (index -> (token, logprob)), and
-        release requests that finished. Returns the requests that got a token or finished."""
-        touched = []
-        for i, (req, num_new) in enumerate(zip(batch.requests, batch.num_new_tokens)):
+        """advance() then resolve(): the step's tokens are already known."""
+        self.advance(batch)
+        return self.resolve(batch, sampled)
+
+    def advance(self, batch: ScheduledBatch) -> None:
+        """The step is launched: advance computed counts, and give each sampling request a
+        placeholder for its token (so the next step can be scheduled before it comes back)."""
+        sampling = batch.sampling_indices
+        for req, num_new in zip(batch.requests, batch.num_new_tokens):
             req.num_computed_tokens += num_new
-            if i in sampled:
-                token, logprob = sampled[i]
-                req.append_token(token, logprob)
-                touched.append(req)
-                if req.is_finished:
-                    self._release(req)
+        for i in sampling:
+            batch.requests[i].append_placeholder()
+
+    def resolve(
+        self, batch: ScheduledBatch, sampled: dict[int, tuple[int, object]]
+    ) -> list[Request]:
+        """The step's tokens came back (index -> (token, logprob)): fill the placeholders,
+        apply the stop rules and release requests that finished. Requests that finished
+        meanwhile (a stop, an abort) ignore theirs. Returns the requests that got a token."""
+        touched = []
+        for i, (token, logprob) in sampled.items():
+            req = batch.requests[i]
+            if req.is_finished:
+                continue
+            req.append_token(token, logprob)
+            touched.append(req)
+            if req.is_finished:
+                self._release(req)
         return touched
