@@ -67,6 +67,7 @@ def main() -> None:
     ap.add_argument("--output", type=int, default=512)
     ap.add_argument("--max-num-batched-tokens", type=int, default=8192)
     ap.add_argument("--window", type=int, default=20, help="profiled steps per window")
+    ap.add_argument("--warm-passes", type=int, default=0)
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args()
     lo, hi = map(int, args.prompt.split(","))
@@ -81,6 +82,10 @@ def main() -> None:
     engine = llm.engine
     prompts = random_prompts(args.requests, lo, hi, engine.model_config.vocab_size, seed=10)
     params = SamplingParams(max_tokens=args.output, temperature=0.0, ignore_eos=True)
+    for n in range(args.warm_passes):  # the same workload before, e.g. to rule out JIT compiles
+        start = time.perf_counter()
+        llm.generate(prompts, params)
+        print(f"warm pass {n}: {time.perf_counter() - start:.2f} s")
     for i, p in enumerate(prompts):
         engine.add_request(f"r{i}", p, params)
     report: dict = {"preset": args.preset, "requests": args.requests}
