@@ -177,7 +177,8 @@ def _attempt(m: ModelConfig, dev: Device, req: PlanRequest) -> Plan:
     # 4. max_num_seqs: as many typical requests as the pool holds, up to the class's cap.
     if req.max_num_seqs is not None:
         seqs = req.max_num_seqs
-        if req.max_model_len is not None and seqs * per_seq > blocks:
+        # A pinned pool may be oversubscribed on purpose: the scheduler preempts, nothing OOMs.
+        if req.max_model_len is not None and req.num_kv_blocks is None and seqs * per_seq > blocks:
             raise _Misfit(
                 6,
                 "max_num_seqs",
