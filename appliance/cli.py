@@ -1,4 +1,4 @@
-"""The `appliance` command: serve, top, profile, bench and tune."""
+"""The `appliance` command: serve, top, profile, bench, tune and eval-quant."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ import argparse
 import sys
 
 from appliance.bench_cmd import add_bench_parser, add_tune_parser, run_bench, run_tune
+from appliance.eval_quant_cmd import add_eval_quant_parser, run_eval_quant
 from appliance.profile_cmd import add_profile_parser, run_profile
 from appliance.settings import SettingsError, load_settings
 
@@ -93,7 +94,13 @@ def run_top(args: argparse.Namespace) -> int:
     return 0
 
 
-COMMANDS = {"top": run_top, "profile": run_profile, "bench": run_bench, "tune": run_tune}
+COMMANDS = {
+    "top": run_top,
+    "profile": run_profile,
+    "bench": run_bench,
+    "tune": run_tune,
+    "eval-quant": run_eval_quant,
+}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -108,6 +115,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_profile_parser(sub)
     add_bench_parser(sub)
     add_tune_parser(sub)
+    add_eval_quant_parser(sub)
     return parser
 
 

@@ -1,0 +1,92 @@
+"""Teacher-forced scoring: the model's next-token distributions over a given token sequence,
+computed through the engine's own paged KV cache (so a quantized cache is what attention
+reads, exactly as in generation: every chunk's K/V is stored first, then read back).
+
+Used by quality checks (`appliance eval-quant`: perplexity, KL between configurations). It
+borrows KV blocks from the engine's block manager for the duration of one sequence; call it
+while the engine has no requests running, or with enough free blocks.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import torch
+
+from engine.context import AttentionMetadata, forward_context
+from engine.input_prep import upload
+
+
+class _Sequence:
+    """The one thing BlockManager needs of a sequence: its block table."""
+
+    def __init__(self) -> None:
+        self.block_table: list[int] = []
+
+
+def iter_next_token_logprobs(
+    engine, token_ids: list[int], chunk_size: int = 256
+) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """Yield (targets [m] int64, logprobs [m, vocab] fp32) chunk by chunk: row i holds
+    log p(token_ids[j + 1] | token_ids[: j + 1]) for the chunk's positions j, so over all
+    chunks the rows cover positions 0 .. len - 2 (len - 1 predictions). Tensors live on the
+    engine's device. `engine` is an LLMEngine (or LLM.engine)."""
+    cfg, runner, blocks = engine.config, engine.runner, engine.block_manager
+    n = len(token_ids)
+    if n < 2:
+        raise ValueError("scoring needs at least 2 tokens")
+    if n > cfg.max_model_len:
+        raise ValueError(f"{n} tokens exceed max_model_len={cfg.max_model_len}")
+    if chunk_size <= 0:
+        raise ValueError(f"chunk_size must be positive, got {chunk_size}")
+    seq = _Sequence()
+    if blocks.allocate(seq, 0, n) is None:
+        raise RuntimeError(
+            f"scoring {n} tokens needs {blocks.blocks_for(n)} free KV blocks, "
+            f"{blocks.num_free_blocks} are free"
+        )
+    try:
+        targets_all = torch.tensor(token_ids[1:] + [0], dtype=torch.int64)
+        for lo in range(0, n - 1, chunk_size):
+            hi = min(lo + chunk_size, n)  # feed tokens [lo, hi); predictions for [lo, hi - 1)
+            logits = _forward_chunk(runner, token_ids, seq.block_table, lo, hi)
+            m = min(hi, n - 1) - lo
+            logprobs = torch.log_softmax(logits[:m], dim=-1)  # [m, vocab]
+            yield targets_all[lo : lo + m].to(logprobs.device), logprobs
+    finally:
+        blocks.free(seq)
+
+
+@torch.inference_mode()
+def _forward_chunk(runner, token_ids: list[int], table: list[int], lo: int, hi: int):
+    """Logits [hi - lo, vocab] (fp32) of tokens [lo, hi), with [0, lo) already cached."""
+    bs = runner.block_size
+    slots = [table[p // bs] * bs + p % bs for p in range(lo, hi)]
+    ids, pos, slot_mapping, qsl, lens, tables = upload(
+        [token_ids[lo:hi], list(range(lo, hi)), slots, [0, hi - lo], [hi], table],
+        torch.int64,
+        runner.device,
+    )
+    meta = AttentionMetadata(
+        slot_mapping=slot_mapping,
+        query_start_loc=qsl.to(torch.int32),
+        seq_lens=lens.to(torch.int32),
+        block_tables=tables.to(torch.int32).view(1, len(table)),
+        num_decodes=0,
+        max_query_len=hi - lo,
+        max_seq_len=hi,
+        query_start_loc_cpu=[0, hi - lo],
+        seq_lens_cpu=[hi],
+    )
+    with forward_context(meta):
+        hidden = runner.model(ids, pos)  # [hi - lo, hidden]
+    return runner.model.compute_logits(hidden)  # [hi - lo, vocab] fp32
+
+
+def sequence_nll(engine, token_ids: list[int], chunk_size: int = 256) -> tuple[float, int]:
+    """(total negative log-likelihood in nats, number of predicted tokens) of token_ids."""
+    total, count = 0.0, 0
+    for targets, logprobs in iter_next_token_logprobs(engine, token_ids, chunk_size):
+        total -= float(logprobs.gather(1, targets[:, None]).sum())
+        count += targets.shape[0]
+    return total, count
