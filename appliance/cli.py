@@ -39,6 +39,11 @@ def _serve_parser(sub) -> None:
     p.add_argument("--seed", type=int, help="engine seed for requests without one")
     p.add_argument("--adaptive-batching", action="store_true",
                    help="scale each step's token budget with the waiting queue")  # fmt: skip
+    p.add_argument(
+        "--load-format",
+        choices=["auto", "random"],
+        help="random: random weights (--model may then be a preset, e.g. llama-3-8b)",
+    )
     p.add_argument("--profile", metavar="NAME",
                    help="a tuned profile from `appliance tune` (name or .toml path)")  # fmt: skip
     p.add_argument("--max-queue", type=int, help="most waiting requests before 429 (default 128)")

@@ -15,13 +15,13 @@ import sys
 from dataclasses import asdict, replace
 from pathlib import Path
 
+from appliance.model_presets import PRESETS_DIR
 from appliance.plan_model import GIB, Device, Plan, PlanError, PlanRequest
 from appliance.planner import plan
 from appliance.probe import Probe
 from appliance.profile_measure import measure_plan, memory_table, report_dict
 from appliance.serve_plan import probe_for
 
-PRESETS_DIR = Path(__file__).resolve().parent.parent / "profiles" / "models"
 PINS = ("max_model_len", "max_num_seqs", "max_num_batched_tokens", "num_kv_blocks",
         "gpu_memory_utilization", "dtype", "kv_cache_dtype", "quantization")  # fmt: skip
 

@@ -11,9 +11,9 @@ import json
 import tempfile
 from pathlib import Path
 
+from appliance.model_presets import PRESETS_DIR
 from appliance.plan_model import GIB, Plan
 
-PRESETS_DIR = Path(__file__).resolve().parent.parent / "profiles" / "models"
 LABELS = {
     "weights": "weights",
     "activation": "activation peak",

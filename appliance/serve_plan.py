@@ -8,6 +8,7 @@ second or two, before the server listens or loads a single weight.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Callable
 from typing import Any
@@ -62,6 +63,10 @@ def plan_for_serve(settings: ServeSettings) -> Plan:
 def planned_loader(settings: ServeSettings) -> Callable[[], Any]:
     """Plan now (fail fast); the returned loader builds the engine from the plan and attaches
     it, with the post-warm-up memory check, as `engine.plan` for /v1/stats."""
+    from appliance.model_presets import resolve_served_model
+
+    model = resolve_served_model(settings.model, settings.load_format)
+    settings = dataclasses.replace(settings, model=model)
     result = plan_for_serve(settings)
 
     def load() -> Any:

@@ -15,7 +15,7 @@ ENV_PREFIX = "APPLIANCE_"
 ENGINE_FIELDS = (
     "max_model_len", "max_num_seqs", "max_num_batched_tokens", "block_size", "num_kv_blocks",
     "gpu_memory_utilization", "dtype", "kv_cache_dtype", "quantization", "enforce_eager", "seed",
-    "adaptive_batching",
+    "adaptive_batching", "load_format",
 )  # fmt: skip
 PROFILE_FIELDS = ("max_num_seqs", "max_num_batched_tokens", "adaptive_batching")
 """Settings a tuned profile (`appliance tune`) supplies, below everything the user sets."""
@@ -70,6 +70,9 @@ class ServeSettings:
     seed: int | None = None
     adaptive_batching: bool | None = None
     """Scale each step's token budget with the waiting queue; None = the engine default (off)."""
+    load_format: str = "auto"
+    """auto (the model's weights) or random (random weights in the model's shapes; a preset name
+    from profiles/models as --model then serves that shape with the embedded tokenizer)."""
     profile: str | None = None
     """A tuned profile (name under profiles/tuned/ or a .toml path) written by `appliance tune`:
     its chosen values apply where no flag, variable or config file sets them."""
@@ -128,6 +131,8 @@ class ServeSettings:
             raise SettingsError(
                 f"log_level must be debug, info, warning or error: {self.log_level}"
             )
+        if self.load_format not in ("auto", "random"):
+            raise SettingsError(f"load_format must be auto or random, got {self.load_format!r}")
         self.api_keys = self._load_keys()
 
     def _load_keys(self) -> list[ApiKey]:
