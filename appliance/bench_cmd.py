@@ -1,20 +1,18 @@
-"""The `appliance bench` and `appliance tune` subcommands: argument parsers and the runs behind
-them (drive the server at --url, print a table, write JSON, plots and the tuned profile)."""
+"""The `appliance bench` subcommand: its argument parser and run (drive the server at --url,
+print a table, write JSON and plots); the flags and setup it shares with `appliance tune`."""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import time
 from pathlib import Path
 
 from rich.console import Console
 
-from appliance import tune as tuning
 from appliance.loadgen.client import ClientConfig
-from appliance.loadgen.report import SLO, parse_duration, summarize, summarize_all, table
+from appliance.loadgen.report import SLO, parse_duration, summarize_all, table
 from appliance.loadgen.report import write_json as write_bench_json
 from appliance.loadgen.runner import Stage
 from appliance.loadgen.session import LoadSession
@@ -70,28 +68,6 @@ def add_bench_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--ramp-steps", type=int, default=4)
     p.add_argument("--num-requests", type=int, default=None, help="per level")
     p.add_argument("--duration", default="30s", help="per level (a ramp: the whole ramp)")
-    return p  # fmt: skip
-
-
-def add_tune_parser(sub) -> argparse.ArgumentParser:
-    p = sub.add_parser("tune", help="find the highest concurrency meeting the SLOs; save a profile")
-    _common(p, "ttft=1s,tpot=50ms")
-    p.add_argument("--start", type=int, default=4, help="first concurrency (4, or 1)")
-    p.add_argument("--max-concurrency", type=int, default=256)
-    p.add_argument("--step-duration", default="20s", help="how long each probe runs")
-    p.add_argument("--step-requests", type=int, default=None, help="cap on requests per probe")
-    p.add_argument(
-        "--soak",
-        default=None,
-        help="hold the best value this long (default 30m on a GPU, 1m on the CPU)",
-    )
-    p.add_argument("--name", default=None, help="profile name (default: MODEL-GPU)")
-    p.add_argument(
-        "--profile-out",
-        type=Path,
-        default=None,
-        help="profile .toml path or folder (default profiles/tuned/)",
-    )
     return p  # fmt: skip
 
 
@@ -160,75 +136,3 @@ async def _bench(cfg, spec, stages, progress) -> LoadSession:
         for stage in stages:
             await session.run(stage)
     return session
-
-
-def run_tune(args) -> int:
-    console = _console()
-    try:
-        cfg, spec, slo, out = _setup(args)
-        step_s = parse_duration(args.step_duration)
-        soak_s = parse_duration(args.soak) if args.soak else None
-        if not slo.limits():
-            raise ValueError("tune needs at least one latency limit in --slo")
-    except ValueError as exc:
-        Console(stderr=True).print(f"[red]appliance tune: {exc}")
-        return 2
-    try:
-        return asyncio.run(_tune(args, cfg, spec, slo, out, step_s, soak_s, console))
-    except RuntimeError as exc:
-        Console(stderr=True).print(f"[red]appliance tune: {exc}")
-        return 1
-
-
-async def _tune(args, cfg, spec, slo, out, step_s, soak_s, console) -> int:
-    from appliance.loadgen import plots  # matplotlib loads only when plotting
-
-    async with LoadSession(cfg, spec, console=console,
-                           show_progress=not args.no_progress) as session:  # fmt: skip
-
-        async def measure(c: int):
-            stage = Stage("closed", c, num_requests=args.step_requests, duration_s=step_s)
-            return summarize(await session.run(stage, f"probe concurrency {c}"), slo)
-
-        def report(p: tuning.Probe) -> None:
-            verdict = "[green]meets SLO" if p.ok else "[red]" + "; ".join(p.reasons)
-            s = p.summary
-            console.print(f"probe {p.order}: concurrency {p.concurrency:>4}  {s.num_ok} ok  "
-                          f"{s.output_token_throughput:8.1f} tok/s  {verdict}")  # fmt: skip
-
-        result = await tuning.search(measure, slo, args.start, args.max_concurrency, report)
-        if result.best is None:
-            console.print(f"[red]no concurrency from 1 meets the SLO ({slo.describe()})")
-            plots.search_path(result.probes, slo, out / "tune_search.png")
-            return 1
-        if soak_s is None:
-            soak_s = 1800.0 if (session.info.device or "cpu").startswith("cuda") else 60.0
-        console.print(f"best concurrency {result.best} (first bad: {result.first_bad}); "
-                      f"soaking {soak_s:g}s")  # fmt: skip
-        mark = len(session.samples)
-        soak_stage = await session.run(Stage("closed", result.best, duration_s=soak_s), "soak")
-        soak = summarize(soak_stage, slo)
-        drift = tuning.detect_drift(soak_stage.results, session.samples[mark:])
-        for reason in tuning.check_slo(soak, slo):
-            drift.notes.append(f"soak broke the SLO: {reason}")
-    info = session.info
-    name = args.name or "-".join(
-        x.replace("/", "_").replace(" ", "_") for x in (info.model or "model", info.gpu_name
-                                                        or info.device or "unknown"))  # fmt: skip
-    workload = {"input_len": args.input_len, "output_len": args.output_len,
-                "prefix_len": args.prefix_len, "jsonl": str(args.jsonl or "")}  # fmt: skip
-    prof = tuning.build_profile(name, info, result, soak, drift, slo, workload, soak_s)
-    path = tuning.write_tuned_profile(prof, args.profile_out)
-    summaries = [p.summary for p in sorted(result.probes, key=lambda p: p.concurrency)]
-    console.print(table(summaries + [soak], slo, title="appliance tune (probes, then soak)"))
-    console.print(("[green]soak stable" if drift.stable else "[yellow]soak drift: ")
-                  + "; ".join(drift.notes))  # fmt: skip
-    paths = [plots.search_path(result.probes, slo, out / "tune_search.png")]
-    paths += plots.bench_plots(summaries, session.results(), session.samples, slo, out)
-    (out / "tune.json").write_text(json.dumps(
-        {"profile": str(path), "best": result.best, "first_bad": result.first_bad,
-         "probes": [{"concurrency": p.concurrency, "ok": p.ok, "reasons": p.reasons}
-                    for p in result.probes], "drift_notes": drift.notes}, indent=1))  # fmt: skip
-    console.print(f"profile: {path}")
-    console.print("plots: " + ", ".join(str(p) for p in paths))
-    return 0  # drift is recorded in the profile (soak.stable) and printed above

@@ -5,10 +5,11 @@ from __future__ import annotations
 import argparse
 import sys
 
-from appliance.bench_cmd import add_bench_parser, add_tune_parser, run_bench, run_tune
+from appliance.bench_cmd import add_bench_parser, run_bench
 from appliance.eval_quant_cmd import add_eval_quant_parser, run_eval_quant
 from appliance.profile_cmd import add_profile_parser, run_profile
 from appliance.settings import SettingsError, load_settings
+from appliance.tune_cmd import add_tune_parser, run_tune
 
 
 def _serve_parser(sub) -> None:

@@ -68,9 +68,12 @@ async def search(
     start: int = 4,
     max_concurrency: int = 256,
     on_probe: Callable[[Probe], None] | None = None,
+    resolution: float = 0.0,
 ) -> SearchResult:
     """Double from `start` until the SLOs break (or `max_concurrency`), then binary-search
-    between the last good and the first bad value. A failing start searches below it."""
+    between the last good and the first bad value, until they are 1 apart or, with
+    `resolution` > 0, within that share of the good value (0.1: stop within 10%). A failing
+    start searches below it."""
     if start < 1 or max_concurrency < start:
         raise ValueError("need 1 <= start <= max_concurrency")
     probes: list[Probe] = []
@@ -96,7 +99,7 @@ async def search(
             c = min(2 * c, max_concurrency)
         else:
             bad = c
-    while bad is not None and bad - good > 1:
+    while bad is not None and bad - good > max(1, int(resolution * good)):
         mid = (good + bad) // 2
         if await probe(mid):
             good = mid
@@ -162,8 +165,9 @@ def detect_drift(results: list[RequestResult], samples: list[StatsSample]) -> Dr
 
 def build_profile(name: str, info, result: SearchResult, soak: LevelSummary | None,
                   drift: Drift | None, slo: SLO, workload: dict,
-                  soak_s: float) -> TunedProfile:  # fmt: skip
-    """The profile of a finished tune (`info` is the server's ServerInfo)."""
+                  soak_s: float, chosen: dict | None = None) -> TunedProfile:  # fmt: skip
+    """The profile of a finished tune (`info` is the server's ServerInfo); `chosen`: the engine
+    settings of the winning sweep point, recorded over what the server reported."""
     best = result.best_probe
     measured = soak or (best.summary if best else None)
     config = info.config or {}
@@ -194,6 +198,8 @@ def build_profile(name: str, info, result: SearchResult, soak: LevelSummary | No
             "max_num_seqs": result.best,
             "max_num_batched_tokens": config.get("max_num_batched_tokens"),
             "max_model_len": config.get("max_model_len"),
+            "adaptive_batching": config.get("adaptive_batching"),
+            **(chosen or {}),
         },
         capacity=capacity,
         slo={**slo.limits(), "percentile": slo.percentile},

@@ -11,7 +11,7 @@ from aiohttp import web
 from aiohttp.test_utils import TestServer
 from rich.console import Console
 
-from appliance.bench_cmd import _tune, add_tune_parser
+from appliance.tune_cmd import _tune, add_tune_parser
 from appliance.loadgen.client import ClientConfig
 from appliance.loadgen.report import SLO
 from appliance.loadgen.workload import LengthDist, WorkloadSpec

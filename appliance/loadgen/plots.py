@@ -131,3 +131,36 @@ def bench_plots(summaries: list[LevelSummary], results: list[RequestResult],
         histograms(results, slo, folder / "ttft_tpot_hist.png"),
         timeline(samples, folder / "kv_queue_timeline.png"),
     ]
+
+
+def sweep_plot(rows: list, slo: SLO, path: Path) -> Path:
+    """A tune sweep: p95 TPOT per probe for each point (left), and each point's capacity, the
+    highest concurrency meeting the SLOs, with its output token rate (right)."""
+    fig, (left, right) = plt.subplots(1, 2, figsize=(13, 4.5))
+    pct = f"p{slo.percentile:g}"
+    metric = "tpot_s" if "tpot_s" in slo.limits() else next(iter(slo.limits()), "tpot_s")
+    for row in rows:
+        pts = sorted((p.concurrency, v * 1000) for p in row.result.probes
+                     if (v := p.summary.get(metric, pct)) is not None)  # fmt: skip
+        if pts:
+            left.plot(*zip(*pts), marker="o", label=row.label)
+    limit = slo.limits().get(metric)
+    if limit is not None:
+        left.axhline(limit * 1000, color="red", linestyle="--", label="SLO")
+    left.set_xscale("log", base=2)
+    left.set_title(f"{metric[:-2].upper()} {pct} per probe")
+    left.set_xlabel("concurrency")
+    left.set_ylabel("ms")
+    left.legend(fontsize=7)
+    labels = [row.label.replace(" ", "\n") for row in rows]
+    best = [row.result.best or 0 for row in rows]
+    bars = right.bar(range(len(rows)), best, color="tab:blue")
+    for bar, row in zip(bars, rows):
+        probe = row.result.best_probe
+        text = f"{probe.summary.output_token_throughput:.0f} tok/s" if probe else "none"
+        right.annotate(text, (bar.get_x() + bar.get_width() / 2, bar.get_height()),
+                       ha="center", va="bottom", fontsize=8)  # fmt: skip
+    right.set_xticks(range(len(rows)), labels, fontsize=7)
+    right.set_title("capacity per point (highest concurrency meeting the SLOs)")
+    right.set_ylabel("concurrency")
+    return _save(fig, path)
