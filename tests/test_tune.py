@@ -15,6 +15,7 @@ from appliance.tune import (
     search,
     write_tuned_profile,
 )
+from appliance.tune_sweep import PointResult, parse_sweep, pick_best, point_env
 
 
 def simulated(knee: int, slo: SLO):
@@ -101,3 +102,40 @@ def test_profile_round_trips(tmp_path):
         load_tuned_profile(tmp_path / "bad.toml")
     with pytest.raises(ValueError):
         TunedProfile(name="../escape")
+
+
+async def test_resolution_stops_the_binary_search_early():
+    slo = SLO(tpot_s=0.05)
+    measure, exact_calls = simulated(300, slo)
+    await search(measure, slo, start=4, max_concurrency=1024)
+    measure, calls = simulated(300, slo)
+    result = await search(measure, slo, start=4, max_concurrency=1024, resolution=0.1)
+    assert 270 <= result.best <= 300 and result.first_bad - result.best <= 30
+    assert len(calls) < len(exact_calls)
+
+
+def test_sweep_grid_is_every_combination_with_typed_values():
+    points = parse_sweep(["max_num_seqs=32,64", "adaptive-batching=off,on"])
+    assert points == [
+        {"max_num_seqs": 32, "adaptive_batching": False},
+        {"max_num_seqs": 32, "adaptive_batching": True},
+        {"max_num_seqs": 64, "adaptive_batching": False},
+        {"max_num_seqs": 64, "adaptive_batching": True},
+    ]
+    assert point_env(points[1]) == {"APPLIANCE_MAX_NUM_SEQS": "32",
+                                    "APPLIANCE_ADAPTIVE_BATCHING": "1"}  # fmt: skip
+    for bad in (["max_num_seqs=many"], ["port=1,2"], ["max_num_seqs"], ["a=1", "a=2"]):
+        with pytest.raises(ValueError):
+            parse_sweep(bad)
+
+
+async def test_the_sweep_picks_the_point_with_the_highest_capacity():
+    slo = SLO(tpot_s=0.05)
+    rows = []
+    for point, knee in (({"adaptive_batching": False}, 24), ({"adaptive_batching": True}, 40),
+                        ({"max_num_seqs": 8}, 0)):  # fmt: skip
+        measure, _ = simulated(knee, slo)
+        rows.append(PointResult(point, await search(measure, slo, start=4)))
+    best = pick_best(rows)
+    assert best.point == {"adaptive_batching": True} and best.result.best == 40
+    assert pick_best(rows[2:]) is None
