@@ -57,4 +57,5 @@ def apply_memory_cap(device) -> None:
     if cap >= total:
         return
     outside = total - free - torch.cuda.memory_reserved(device)  # context, other processes
-    torch.cuda.set_per_process_memory_fraction(max(0.01, (cap - outside) / total), device)
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    torch.cuda.set_per_process_memory_fraction(max(0.01, (cap - outside) / total), index)

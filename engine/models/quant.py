@@ -63,6 +63,8 @@ def _on_device_or_cpu(fn, w: torch.Tensor):
 def quantize_int8(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """[N, K] float -> (int8 [N, K], fp32 scales [N]) with W ~ q * scale (LLM.int8's rows)."""
     bnb_f = bnb_functional()
+    # bitsandbytes' CUDA int8 quantizer takes fp16 only (weights are far inside its range)
+    w = w.half() if w.device.type == "cuda" else w
     q, row_absmax, _ = _on_device_or_cpu(lambda t: bnb_f.int8_vectorwise_quant(t, 0.0), w)
     return q.contiguous(), (row_absmax.float() / 127.0).contiguous()
 
@@ -103,6 +105,10 @@ def wq_matmul_ref(x, qweight, scales, code=None, bias=None, group_size: int = 64
     """x @ dequant(W).T + bias, with the weight rounded to x's dtype (as bitsandbytes does)."""
     w = dequantize_ref(qweight, scales, code, group_size).to(x.dtype)
     return F.linear(x, w, bias)
+
+
+DEQUANT_MIN_ROWS = 16
+"""Above this many rows a CUDA quantized linear dequantizes to 16 bits and calls cuBLAS."""
 
 
 class QuantLinear(nn.Module):
@@ -160,6 +166,10 @@ class QuantLinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         args = (x, self.qweight, self.scales, self.code, self.bias, self.group_size)
+        if x.is_cuda and x.numel() // x.shape[-1] > DEQUANT_MIN_ROWS:
+            # Many rows (prefill): dequantize once and let cuBLAS run the GEMM; the in-kernel
+            # dequantizing tl.dot path measured far slower there (H200, 2026-11-29).
+            return wq_matmul_ref(*args)
         if x.is_cuda and _kernel_enabled():
             from engine.kernels.wq_gemv import wq_matmul
 
