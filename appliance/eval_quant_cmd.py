@@ -57,7 +57,8 @@ def add_eval_quant_parser(subparsers: argparse._SubParsersAction) -> argparse.Ar
     p.add_argument("--max-kl", type=float, help="fail above this mean KL (nats)")
     p.add_argument("--max-ppl-increase", type=float, metavar="PCT",
                    help="fail above this perplexity increase, in percent")  # fmt: skip
-    p.add_argument("--show-diffs", type=int, default=12, help="differing answers to print")
+    p.add_argument("--show-diffs", type=int, default=5,
+                   help="differing answers to print per config (default 5)")  # fmt: skip
     return p
 
 
@@ -71,37 +72,45 @@ def _clip(text: str, width: int = 60) -> str:
     return escape(text if len(text) <= width else text[: width - 1] + "…")
 
 
+def _from_divergence(a: str, b: str, context: int = 16) -> tuple[str, str]:
+    """Both answers from `context` characters before their first differing character."""
+    same = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+    start = max(0, same - context)
+    mark = "…" if start else ""
+    return mark + a[start:], mark + b[start:]
+
+
 def print_report(report: dict, console: Console, show_diffs: int) -> None:
     base = report["baseline"]
     n = len(report["prompts"])
     has_expect = sum(p["expect"] is not None for p in report["prompts"])
     table = Table(title=f"eval-quant: {escape(report['model'])}, baseline {base['dtype']}, "
                   f"{n} prompts, {report['scored_tokens']} scored tokens")  # fmt: skip
-    for col in ("config", "same", "agree", "first div", "ppl", "Δppl", "KL mean", "KL max",
-                "hits", "time"):  # fmt: skip
-        left = col in ("config", "first div")
-        table.add_column(col, justify="left" if left else "right", no_wrap=col != "first div")
-    table.add_row("baseline", f"{n}/{n}", "1.000", "-",
+    for col in ("config", "same", "agree", "ppl", "Δppl", "KL mean", "KL max", "hits", "time"):
+        table.add_column(col, justify="left" if col == "config" else "right", no_wrap=True)
+    table.add_row("baseline", f"{n}/{n}", "1.000",
                   _fmt(base["perplexity"], ".3f"), "-", "-", "-",
-                  f"{base['expected_hits']}/{has_expect}", f"{base['seconds']:.1f}s")  # fmt: skip
+                  f"{base['expected_hits']}/{has_expect}", f"{base['seconds']:.0f}s")  # fmt: skip
     for c in report["configs"]:
         if not c["ok"]:
-            table.add_row(c["name"], "[red]failed[/]", *[""] * 8)
+            table.add_row(c["name"], "[red]failed[/]", *[""] * 7)
             continue
-        divs = ",".join("-" if d is None else str(d) for d in c["first_divergence"])
         inc = c["ppl_increase_pct"]
         table.add_row(c["name"], f"{c['identical']}/{n}", f"{c['mean_agreement']:.3f}",
-                      divs, _fmt(c["perplexity"], ".3f"),
+                      _fmt(c["perplexity"], ".3f"),
                       "n/a" if inc is None else f"{inc:+.2f}%",
                       _fmt(c["mean_kl"], ".4f"), _fmt(c["max_kl"], ".3f"),
-                      f"{c['expected_hits']}/{has_expect}", f"{c['seconds']:.1f}s")  # fmt: skip
+                      f"{c['expected_hits']}/{has_expect}", f"{c['seconds']:.0f}s")  # fmt: skip
     console.print(table)
     for c in report["configs"]:
         if not c["ok"]:
             console.print(f"[red]{escape(c['name'])} failed:[/] {escape(c['error'])}")
+        else:
+            divs = ",".join("-" if d is None else str(d) for d in c["first_divergence"])
+            console.print(f"{escape(c['name'])} first divergence per prompt: {divs}")
     console.print("same: answers identical to the baseline's; agree: mean share of each answer "
-                  "before its first differing token; first div: that token's index per prompt "
-                  "(- = identical); KL(baseline || config) in nats per token; hits: answers "
+                  "before its first differing token (its index: first divergence, - = "
+                  "identical); KL(baseline || config) in nats per token; hits: answers "
                   "containing the prompt's expected text")  # fmt: skip
     diffs = Table(title="answers that differ", show_lines=True)
     for col in ("config", "prompt", "baseline", "quantized"):
@@ -110,12 +119,15 @@ def print_report(report: dict, console: Console, show_diffs: int) -> None:
     for c in report["configs"]:
         if not c["ok"]:
             continue
+        per_config = 0
         for p, d, a, b in zip(report["prompts"], c["first_divergence"], base["answers"],
                               c["answers"]):  # fmt: skip
-            if d is not None and shown < show_diffs:
+            if d is not None and per_config < show_diffs:
+                a, b = _from_divergence(a, b)
                 diffs.add_row(c["name"], _clip(f"[{p['category']}] {p['prompt']}", 40),
                               _clip(a), _clip(b))  # fmt: skip
                 shown += 1
+                per_config += 1
     if shown:
         console.print(diffs)
 
