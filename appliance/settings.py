@@ -70,9 +70,10 @@ class ServeSettings:
     seed: int | None = None
     adaptive_batching: bool | None = None
     """Scale each step's token budget with the waiting queue; None = the engine default (off)."""
-    load_format: str = "auto"
-    """auto (the model's weights) or random (random weights in the model's shapes; a preset name
-    from profiles/models as --model then serves that shape with the embedded tokenizer)."""
+    load_format: str | None = None
+    """auto (the model's weights; None = the engine default, auto) or random (random weights in
+    the model's shapes: a preset name from profiles/models as --model then serves that shape
+    with the embedded tokenizer)."""
     profile: str | None = None
     """A tuned profile (name under profiles/tuned/ or a .toml path) written by `appliance tune`:
     its chosen values apply where no flag, variable or config file sets them."""
@@ -131,7 +132,7 @@ class ServeSettings:
             raise SettingsError(
                 f"log_level must be debug, info, warning or error: {self.log_level}"
             )
-        if self.load_format not in ("auto", "random"):
+        if self.load_format not in (None, "auto", "random"):
             raise SettingsError(f"load_format must be auto or random, got {self.load_format!r}")
         self.api_keys = self._load_keys()
 
