@@ -129,8 +129,9 @@ class PlanRequest:
     """Unpinned max_model_len is the longest the pool holds this many times."""
     quantize_embeddings: bool = False
     """Quantize embeddings and LM head too (they stay 16-bit by default)."""
-    allow_int8_kv: bool = False
-    """May the planner choose an int8 KV cache (the engine cannot store one yet)."""
+    allow_int8_kv: bool = True
+    """May the planner choose an int8 KV cache (after every weight format, at 16-bit KV, fails
+    to leave room for the target concurrency)."""
     enforce_eager: bool = False
     """No CUDA graphs: no graph pool."""
     measured_activation_bytes: int | None = None

@@ -70,7 +70,10 @@ def test_24gb_card_cannot_hold_batch16_x_2048_in_fp16_and_says_why():
 
 
 def test_24gb_card_with_fp16_pinned_picks_a_smaller_batch():
-    req = PlanRequest(target_num_seqs=16, useful_context=2048, quantization="none")
+    # the article's arithmetic is for a 16-bit KV cache: pin it
+    req = PlanRequest(
+        target_num_seqs=16, useful_context=2048, quantization="none", kv_cache_dtype="bfloat16"
+    )
     p = plan(LLAMA2, gpu(24), req)
     assert p.quantization == "none" and not p.target_met
     assert 7 * GIB < p.kv_pool_bytes < 9 * GIB  # the article's "about 8 GB left for KV"
@@ -78,6 +81,14 @@ def test_24gb_card_with_fp16_pinned_picks_a_smaller_batch():
     assert 4 <= fit_at_2048 < 16
     assert p.max_num_seqs < 16
     assert "pinned" in p.reasons["quantization"]
+
+
+def test_pinned_16_bit_weights_that_leave_too_little_room_get_an_int8_kv_cache():
+    req = PlanRequest(target_num_seqs=16, useful_context=2048, quantization="none")
+    p = plan(LLAMA2, gpu(24), req)
+    assert p.quantization == "none" and p.kv_cache_dtype == "int8"
+    assert p.kv_bytes_per_token == 512 * 1024 // 2 + 2 * 32 * 32 * 2  # half, plus fp16 scales
+    assert p.max_num_seqs >= 16
 
 
 def test_article_batch8_x_1024_fits_fp16_on_24gb():
