@@ -9,6 +9,7 @@ from __future__ import annotations
 import torch
 
 from engine.config import EngineConfig
+from engine.memory_cap import usable_mem_info
 from engine.models.config import ModelConfig
 from engine.models.quant import WeightQuant
 
@@ -112,7 +113,7 @@ def plan_num_kv_blocks(
     block_bytes = kv_bytes_per_token(model, kv_dtype) * config.block_size
     wanted = config.max_num_seqs * (-(-config.max_model_len // config.block_size))
     if device.type == "cuda":
-        free, total = torch.cuda.mem_get_info(device)
+        free, total = usable_mem_info(device)  # honours APPLIANCE_MEMORY_CAP_GIB
         used = total - free
         activation_reserve = 2 * 1024**3
         budget = int(total * config.gpu_memory_utilization) - used - activation_reserve
