@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# One GPU-machine call per part, each under the device's 10-minute limit; everything it
+# measures lands in $OUT (or ./out) and a short summary is printed last.
+#
+#   scripts/gpu_check.sh tests   # every `-m gpu` test file, one timeout each     (~6 min)
+#   scripts/gpu_check.sh bench   # bench_gpu A-D + profile --measure, 24 GiB cap (~6 min)
+#   scripts/gpu_check.sh quant   # bench_quant + bench_kv_int8                    (~5 min)
+#
+# bitsandbytes is not installed on the H200: carry its wheel (.whl/, see the device README) and
+# this script installs it into /tmp/site first. Run from the repository root.
+set -uo pipefail
+PART="${1:-tests}"
+PY="${PYTHON:-python3}"  # the H200's python3 holds torch
+OUT="${OUT:-$PWD/out}"
+mkdir -p "$OUT"
+if compgen -G ".whl/*.whl" > /dev/null; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+        --target /tmp/site .whl/*.whl && export PYTHONPATH="/tmp/site${PYTHONPATH:+:$PYTHONPATH}"
+fi
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+summary=()
+
+run_part() {  # name, seconds, command...
+    local name=$1 limit=$2
+    shift 2
+    local start=$SECONDS
+    timeout "$limit" "$@" > "$OUT/$name.txt" 2>&1
+    local code=$?
+    summary+=("$(printf '%-28s rc=%-3s %4ss  %s' "$name" "$code" $((SECONDS - start)) \
+        "$(grep -E 'passed|failed|error|skipped|no tests ran' "$OUT/$name.txt" | tail -n 1)")")
+}
+
+case "$PART" in
+tests)
+    for f in tests/test_gpu_engine.py tests/test_kernels.py tests/test_fused_kernels.py \
+             tests/test_kv_int8.py tests/test_kv_int8_engine.py tests/test_quant_linear.py \
+             tests/test_quant_engine.py tests/test_memory_gpu.py; do
+        run_part "pytest_$(basename "$f" .py)" 150 \
+            "$PY" -m pytest -m gpu -q -rf -p no:cacheprovider "$f"
+    done
+    ;;
+bench)
+    run_part bench_gpu 330 "$PY" scripts/bench_gpu.py --out "$OUT/bench" --time-budget 300
+    run_part profile_h200 90 "$PY" -m appliance profile --model llama-3-8b --measure
+    APPLIANCE_MEMORY_CAP_GIB=24 run_part profile_h200_cap24 90 \
+        "$PY" -m appliance profile --model llama-3-8b --measure
+    ;;
+quant)
+    run_part bench_quant 330 "$PY" scripts/bench_quant.py --out "$OUT/quant"
+    run_part bench_kv_int8 200 "$PY" scripts/bench_kv_int8.py --out "$OUT/bench_kv_int8.json"
+    ;;
+*)
+    echo "usage: scripts/gpu_check.sh tests|bench|quant" >&2
+    exit 2
+    ;;
+esac
+for f in "$OUT"/*.txt; do
+    grep -E "FAILED|Error" "$f" | head -n 5 | sed "s|^|$(basename "$f"): |"
+done
+printf '%s\n' "${summary[@]}"
