@@ -220,10 +220,8 @@ def bench_throughput(engines: Engines, hw: Hardware, sz: dict, name: str, full: 
     return [_row(name, "out tok/s", num_out / elapsed, floor.tok_s, full, detail)]
 
 
-def bench_batch1(engines: Engines, hw: Hardware, sz: dict, full: bool) -> list:
-    """Workload B: decode tok/s of one request = (tokens - 1) / (finish - first token)."""
-    preset = BIG
-    llm = engines.get(preset)
+def batch1_rates(llm: LLM, sz: dict) -> list[float]:
+    """Decode tok/s of one request = (tokens - 1) / (finish - first token), per repeat."""
     vocab = llm.engine.model_config.vocab_size
     llm.generate(random_prompts(1, sz["b_prompt"], sz["b_prompt"], vocab, 20), _params(16))
     rates = []
@@ -232,6 +230,13 @@ def bench_batch1(engines: Engines, hw: Hardware, sz: dict, full: bool) -> list:
         (out,) = llm.generate(prompt, _params(sz["b_output"]))
         m = out.metrics
         rates.append((len(out.token_ids) - 1) / (m.finished_time - m.first_token_time))
+    return rates
+
+
+def bench_batch1(engines: Engines, hw: Hardware, sz: dict, full: bool) -> list:
+    """Workload B: batch-1 decode tok/s, median of repeats."""
+    preset = BIG
+    rates = batch1_rates(engines.get(preset), sz)
     floor = batch1_decode_floor_tok_s(engines.shape(), hw, sz["b_prompt"], sz["b_output"])
     detail = dict(model=preset, runs=rates, prompt_len=sz["b_prompt"], output_len=sz["b_output"])
     return [_row("B", "decode tok/s", statistics.median(rates), floor, full, detail)]

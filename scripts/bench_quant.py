@@ -36,6 +36,7 @@ from engine.planning import resolve_weight_quant  # noqa: E402
 from scripts.bench_floor import measure_hardware  # noqa: E402
 from scripts.bench_gpu import (  # noqa: E402
     _params,
+    batch1_rates,
     materialise_preset,
     random_prompts,
 )
@@ -82,15 +83,7 @@ def bench_kind(folder: Path, kind: str, sz: dict, bandwidth: float, eager: bool)
     row["build_s"] = round(time.perf_counter() - start, 1)
     row["allocated_after_build"] = torch.cuda.memory_allocated()
     vocab = llm.engine.model_config.vocab_size
-    # Workload B: (tokens - 1) / (finish - first token) of one request.
-    llm.generate(random_prompts(1, sz["b_prompt"], sz["b_prompt"], vocab, 20), _params(16))
-    rates = []
-    for i in range(sz["b_repeats"]):
-        prompt = random_prompts(1, sz["b_prompt"], sz["b_prompt"], vocab, seed=21 + i)
-        (out,) = llm.generate(prompt, _params(sz["b_output"]))
-        m = out.metrics
-        rates.append((len(out.token_ids) - 1) / (m.finished_time - m.first_token_time))
-    row["b_tok_s"] = statistics.median(rates)
+    row["b_tok_s"] = statistics.median(batch1_rates(llm, sz))  # workload B
     kv = llm.engine.model_config.kv_cache_bytes_per_token("bfloat16")
     context = sz["b_prompt"] + sz["b_output"] / 2
     row["b_floor_tok_s"] = bandwidth / (row["weight_bytes"] + context * kv)
