@@ -101,6 +101,8 @@ def test_random_weights_need_only_a_config(tiny_llama, tmp_path):
         llm.generate(["text"], OK)
 
 
-def test_unsupported_quantization_is_refused_not_ignored(tiny_llama):
-    with pytest.raises(ValueError, match="quantization='int8' is not supported yet"):
-        LLM(str(tiny_llama), device="cpu", quantization="int8")
+def test_bad_quantization_settings_are_refused_naming_the_setting(tiny_llama):
+    with pytest.raises(ValueError, match="quantization must be one of"):
+        LLM(str(tiny_llama), device="cpu", quantization="int3")
+    with pytest.raises(ValueError, match="quant_block_size"):
+        LLM(str(tiny_llama), device="cpu", quantization="int4", quant_block_size=7)
