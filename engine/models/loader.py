@@ -9,10 +9,11 @@ from pathlib import Path
 
 import torch
 from safetensors import safe_open
+from torch import nn
 
 from engine.models.config import ModelConfig
 from engine.models.llama import LlamaForCausalLM
-from engine.models.quant import WeightQuant, quantize_model
+from engine.models.quant import QuantLinear, WeightQuant, quantize_model
 
 
 def resolve_model_folder(model: str | Path | None) -> Path:
@@ -73,37 +74,69 @@ def load_model(
     random_weights: bool = False,
     quant: WeightQuant | None = None,
 ) -> LlamaForCausalLM:
-    """Build the model on `device` in `dtype` and load its weights (or draw random ones);
-    with `quant`, the projections are then quantized (or, for a checkpoint bitsandbytes
-    already quantized, read as they are)."""
+    """Build the model on `device` in `dtype` and load its weights (or draw random ones).
+
+    With `quant`, the device never holds the 16-bit model: the checkpoint is loaded on the CPU
+    (random weights stay unallocated), then each projection comes to the device in 16 bits (or
+    is drawn there), is quantized there and its 16-bit weight freed; the remaining parameters
+    (embeddings, norms, LM head) follow. A checkpoint bitsandbytes already quantized is read
+    as it is."""
     with torch.device("meta"):
-        model = LlamaForCausalLM(cfg, max_positions)
-    model = model.to_empty(device=device).to(dtype=dtype)
+        model = LlamaForCausalLM(cfg, max_positions).to(dtype=dtype)
+    gen = torch.Generator(device=device).manual_seed(0) if random_weights else None
+    if quant is None:
+        model.to_empty(device=device)
+        if random_weights:
+            init_random_weights(model, gen)
+        else:
+            model.load_weights(iter_safetensors(folder))
+    elif random_weights:
+
+        def draw(linear: nn.Linear) -> nn.Linear:  # each projection drawn on the device
+            return init_random_weights(linear.to_empty(device=device), gen)
+
+        quantize_model(model, quant, device, draw)
+        _materialize(model, device)
+        init_random_weights(model, gen)
+    elif quant.prequantized:
+        from engine.models.bnb_checkpoint import convert_bnb_weights
+
+        quantize_model(model, quant, device)  # empty: the checkpoint fills them
+        _materialize(model, device)
+        model.load_weights(convert_bnb_weights(iter_safetensors(folder), quant))
+    else:
+        model.to_empty(device="cpu")
+        model.load_weights(iter_safetensors(folder))
+        quantize_model(model, quant, device, lambda linear: linear.to(device))
+        model.to(device)
     # Buffers (RoPE tables) were on meta: rebuild them on the device, in fp32.
     rope = type(model.rope)(cfg.head_dim, max_positions, cfg.rope_theta, cfg.rope_scaling)
     model.rope.cos, model.rope.sin = rope.cos.to(device), rope.sin.to(device)
-    if quant is not None and quant.prequantized and not random_weights:
-        from engine.models.bnb_checkpoint import convert_bnb_weights
-
-        quantize_model(model, quant, empty=True)
-        model.load_weights(convert_bnb_weights(iter_safetensors(folder), quant))
-    elif random_weights:
-        init_random_weights(model)
-    else:
-        model.load_weights(iter_safetensors(folder))
-    if quant is not None and (random_weights or not quant.prequantized):
-        quantize_model(model, quant)
     if cfg.tie_word_embeddings:
         model.lm_head.weight = model.embed_tokens.weight
     return model.eval()
 
 
+def _materialize(model: nn.Module, device: torch.device) -> None:
+    """Allocate on `device`, uninitialised, every parameter and buffer still on meta."""
+    for module in model.modules():
+        tensors = [*module.parameters(recurse=False), *module.buffers(recurse=False)]
+        if any(t.is_meta for t in tensors):
+            module.to_empty(device=device, recurse=False)
+
+
 @torch.no_grad()
-def init_random_weights(model: LlamaForCausalLM, seed: int = 0) -> None:
-    """Random weights in real shapes, for speed and memory benchmarks (never zeros)."""
-    gen = torch.Generator(device=model.embed_tokens.weight.device).manual_seed(seed)
+def init_random_weights(model: nn.Module, gen: torch.Generator) -> nn.Module:
+    """Random weights in real shapes, for speed and memory benchmarks (never zeros); quantized
+    layers keep theirs. Returns `model`."""
+    quantized = {
+        id(p) for m in model.modules() if isinstance(m, QuantLinear) for p in m.parameters()
+    }
     for name, param in model.named_parameters():
+        if id(param) in quantized:
+            continue
         if "norm" in name:
             param.fill_(1.0)
         else:
             param.normal_(0.0, 0.02, generator=gen)
+    return model

@@ -9,6 +9,7 @@ Embeddings and the LM head stay in 16 bits.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -188,26 +189,33 @@ def _kernel_enabled() -> bool:
 
 
 @torch.no_grad()
-def quantize_model(model: nn.Module, quant: WeightQuant, empty: bool = False) -> None:
-    """Replace every projection named in QUANTIZED_LINEARS by a QuantLinear: quantized from its
-    weights, or (`empty`, for checkpoints already quantized) zeros to be loaded into."""
+def quantize_model(
+    model: nn.Module,
+    quant: WeightQuant,
+    device: torch.device | str,
+    prepare: Callable[[nn.Linear], nn.Linear] | None = None,
+) -> None:
+    """Replace every projection named in QUANTIZED_LINEARS by a QuantLinear on `device`, one at
+    a time: `prepare` brings the 16-bit linear onto `device` (moved there, or drawn there), it is
+    quantized, and its 16-bit weight is freed before the next one comes. So `device` holds at
+    most one projection in 16 bits. Without `prepare` the QuantLinears are left empty (zeros),
+    for checkpoints already quantized."""
     names = [
         name
         for name, module in model.named_modules()
         if isinstance(module, nn.Linear) and name.rsplit(".", 1)[-1] in QUANTIZED_LINEARS
     ]
-    for name in names:  # one at a time: the 16-bit weight is freed before the next is quantized
+    for name in names:
         parent_name, _, attr = name.rpartition(".")
         parent = model.get_submodule(parent_name)
         linear = getattr(parent, attr)
-        if empty:
-            w = linear.weight
-            layer = QuantLinear(
-                w.shape[1], w.shape[0], linear.bias is not None, quant, w.dtype, w.device
-            )
+        if prepare is None:
+            n, k = linear.weight.shape
+            dtype = linear.weight.dtype
+            layer = QuantLinear(k, n, linear.bias is not None, quant, dtype, device)
         else:
-            layer = QuantLinear.from_linear(linear, quant)
+            layer = QuantLinear.from_linear(prepare(linear), quant)
         setattr(parent, attr, layer)
-        del linear
-    if next(model.parameters()).is_cuda:
+        del linear  # the last reference to the 16-bit weight
+    if torch.device(device).type == "cuda":
         torch.cuda.empty_cache()
