@@ -79,14 +79,16 @@ def _attempt(m: ModelConfig, dev: Device, req: PlanRequest) -> Plan:
     margin = max(MIN_SAFETY_BYTES, int(SAFETY_FRACTION * budget))
     fixed = act + graphs + context + margin
 
-    # 1. weight format, 2. KV dtype: the first (best) pair that leaves room for the target.
+    # 1. weight format, 2. KV dtype: the first (best) pair that leaves room for the target:
+    # the best weights first, with an int8 KV cache before lower-precision weights (eval-quant
+    # on SmolLM2: int8 KV moved perplexity by -0.02%, int8 weights -0.08%, int4 weights +19%).
     useful = min(req.useful_context, limit, req.max_model_len or limit)
     target_tokens = req.target_num_seqs * -(-useful // bs) * bs
     formats = [req.quantization] if req.quantization else list(WEIGHT_FORMATS)
     kv_dtypes = [req.kv_cache_dtype] if req.kv_cache_dtype else [dtype]
     if not req.kv_cache_dtype and req.allow_int8_kv:
         kv_dtypes.append("int8")
-    options = [(kv, f) for kv in kv_dtypes for f in formats]
+    options = [(kv, f) for f in formats for kv in kv_dtypes]
     room = {o: budget - fixed - weight_bytes(m, o[1], a, req.quantize_embeddings) for o in options}
     need = {o: target_tokens * kv_bytes_per_token(m, o[0]) for o in options}
     fit = [o for o in options if room[o] >= need[o]]
@@ -114,7 +116,10 @@ def _attempt(m: ModelConfig, dev: Device, req: PlanRequest) -> Plan:
         if req.kv_cache_dtype
         else f"{kv_dtype} KV: the activation dtype, full precision"
         if kv_dtype == dtype
-        else "int8 KV: 16-bit KV cannot reach the target with any weights"
+        else f"int8 KV: with a 16-bit KV cache {name[fmt]} weights leave "
+        f"{gib(room[(dtype, fmt)])}, short of {target}"
+        if (dtype, fmt) in room
+        else "int8 KV"
     )
     kv_tok = kv_bytes_per_token(m, kv_dtype)
     block_bytes = bs * kv_tok

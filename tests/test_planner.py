@@ -62,11 +62,20 @@ def test_quantized_weights_shrink_and_keep_16bit_embeddings():
 
 
 def test_24gb_card_cannot_hold_batch16_x_2048_in_fp16_and_says_why():
-    p = plan(LLAMA2, gpu(24), PlanRequest(target_num_seqs=16, useful_context=2048))
+    req = PlanRequest(target_num_seqs=16, useful_context=2048, kv_cache_dtype="bfloat16")
+    p = plan(LLAMA2, gpu(24), req)
     assert p.quantization != "none"  # 14 GB of weights + 16 GiB of KV do not fit in 24 GB
     assert "16 x 2048 tokens (16.00 GiB of KV)" in p.reasons["quantization"]
     assert "float16" in p.reasons["quantization"] or "bfloat16" in p.reasons["quantization"]
     assert p.concurrency_at_typical_len >= 16 * 2
+
+
+def test_int8_kv_comes_before_lower_precision_weights():
+    # Unpinned, the same card: int8 KV with 16-bit weights is tried before int8 weights, and
+    # int8 KV with int8 weights before int4 weights (eval-quant's measured quality order).
+    p = plan(LLAMA2, gpu(24), PlanRequest(target_num_seqs=16, useful_context=2048))
+    assert (p.quantization, p.kv_cache_dtype) == ("int8", "int8") and p.target_met
+    assert "short of 16 x 2048 tokens" in p.reasons["kv_cache_dtype"]
 
 
 def test_24gb_card_with_fp16_pinned_picks_a_smaller_batch():
