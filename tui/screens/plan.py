@@ -1,5 +1,6 @@
-"""PlanScreen: the engine configuration and the memory plan the server reports in /v1/stats
-(`n/a` for what it does not report: the planner's own table arrives with [4 of 7])."""
+"""PlanScreen: the memory plan the server reports in /v1/stats (each chosen setting with the
+planner's one-line reason, the byte budget), the memory check after warm-up (predicted vs
+measured per item), and the engine configuration. `n/a` for what the server does not report."""
 
 from __future__ import annotations
 
@@ -46,6 +47,61 @@ def table(title: str, items: dict) -> Table:
     return t
 
 
+GIB = 1024**3
+BUDGET_ITEMS = (
+    ("budget", "budget_bytes"), ("weights", "weight_bytes"), ("activation", "activation_bytes"),
+    ("CUDA graph pool", "graph_pool_bytes"), ("CUDA context", "cuda_context_bytes"),
+    ("safety margin", "margin_bytes"), ("KV pool", "kv_pool_bytes"),
+)  # fmt: skip
+
+
+def gib(n: object) -> str:
+    return f"{n / GIB:.2f} GiB" if isinstance(n, int | float) else fmt.NA
+
+
+def plan_table(plan: dict) -> Table:
+    """Each chosen setting, its value and the planner's reason."""
+    t = Table(title="Memory plan", title_justify="left", box=None, padding=(0, 1))
+    for name in ("setting", "value", "why"):
+        t.add_column(name, style="bold" if name == "setting" else None, no_wrap=name != "why")
+    for key, why in (plan.get("reasons") or {}).items():
+        t.add_row(key, value_text(plan.get(key)), str(why))
+    for label, key in BUDGET_ITEMS:
+        if key in plan:
+            t.add_row(label, gib(plan[key]), "")
+    return t
+
+
+def check_table(check: dict) -> Table:
+    """Predicted vs measured memory per item after warm-up."""
+    t = Table(title="Memory check after warm-up", title_justify="left", box=None, padding=(0, 1))
+    t.add_column("item", style="bold")
+    for name in ("predicted", "measured", "diff"):
+        t.add_column(name, justify="right")
+    predicted, measured = check.get("predicted") or {}, check.get("measured") or {}
+    rows = [(k, predicted.get(k), measured.get(k)) for k in measured]
+    total = sum(predicted.values()) if predicted else None
+    rows.append(("peak", total, check.get("measured_peak")))
+    for item, pred, meas in rows:
+        diff = (
+            f"{100 * (meas - pred) / pred:+.1f}%"
+            if isinstance(pred, int | float) and isinstance(meas, int | float) and pred
+            else fmt.NA
+        )
+        t.add_row(item, gib(pred), gib(meas), diff)
+    return t
+
+
+def check_outcome(check: dict) -> Text:
+    shed = check.get("shed_blocks") or 0
+    if shed:
+        return Text(
+            f"the peak ran over the plan: KV pool shrunk by {shed} blocks to "
+            f"{check.get('final_blocks')} before serving"
+        )
+    return Text("the measured peak is within the plan")
+
+
 def render(view: View | None) -> Group:
     doc = view.doc if view else {}
     config = doc.get("config") or {}
@@ -54,11 +110,17 @@ def render(view: View | None) -> Group:
     fields.update({k: v for k, v in config.items() if k not in fields})
     kv_total = (doc.get("engine") or {}).get("kv_blocks_total")
     fields["kv_blocks_total (live)"] = kv_total
-    if isinstance(plan, dict) and plan:
-        head = table("Memory plan", plan)
+    parts: list = []
+    if isinstance(plan, dict) and plan.get("reasons"):
+        parts.append(plan_table(plan))
+        check = plan.get("memory_check")
+        if isinstance(check, dict):
+            parts += [Text(""), check_table(check), check_outcome(check)]
+    elif isinstance(plan, dict) and plan:
+        parts.append(table("Memory plan", plan))
     else:
-        head = Text("Memory plan: n/a (this server reports no plan)", "bold")
-    return Group(head, Text(""), table("Engine configuration", fields))
+        parts.append(Text("Memory plan: n/a (this server reports no plan)", "bold"))
+    return Group(*parts, Text(""), table("Engine configuration", fields))
 
 
 class PlanScreen(Screen):
