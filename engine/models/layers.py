@@ -29,6 +29,32 @@ def fused_kernels_enabled() -> bool:
     return triton_available()
 
 
+class Linear(nn.Linear):
+    """nn.Linear whose batch-1 calls on CUDA may run the split-K Triton GEMV, where it
+    measured faster than cuBLAS for this shape on this device (engine/kernels/gemv.py;
+    APPLIANCE_TRITON_GEMV=0 disables it)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.is_cuda and x.dim() == 2 and x.shape[0] == 1 and _gemv_enabled():
+            from engine.kernels.gemv import gemv, gemv_config
+
+            config = gemv_config(self.weight, self.bias)
+            if config is not None:
+                return gemv(x, self.weight, self.bias, config)
+        return F.linear(x, self.weight, self.bias)
+
+
+@cache
+def _gemv_enabled() -> bool:
+    from engine.kernels import triton_available
+
+    return triton_available() and os.environ.get("APPLIANCE_TRITON_GEMV", "1") not in (
+        "0",
+        "false",
+        "off",
+    )
+
+
 class RMSNorm(nn.Module):
     def __init__(self, size: int, eps: float) -> None:
         super().__init__()

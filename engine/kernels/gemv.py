@@ -1,0 +1,164 @@
+"""Triton split-K GEMV for batch-1 decode: out[1, N] = x[1, K] @ W[N, K].T (+ bias).
+
+Batch-1 decode is a pass over every weight byte; cuBLAS reached about 74% of the copy
+bandwidth on the Llama-3-8B shapes (H200, 2026-11-29), short of the 85% workload B needs. Each
+program reads a [BLOCK_N, K / SPLIT_K] slab of W and writes one fp32 partial per row; a second
+kernel sums the SPLIT_K partials (SPLIT_K=1: the first kernel writes the output itself). Enough
+programs keep many loads in flight even when N is small (o_proj, down_proj).
+
+Whether it beats cuBLAS is measured, not assumed: `gemv_wins` times both once per (N, K, dtype)
+on the device (outside CUDA-graph capture) and the model's linears use the winner.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+import triton
+import triton.language as tl
+
+_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+# (BLOCK_N, BLOCK_K, num_warps): candidates, tried by gemv_wins on the device
+CONFIGS = [(8, 512, 4), (16, 256, 4), (32, 256, 8)]
+
+
+@triton.jit
+def _gemv_kernel(
+    x_ptr, w_ptr, bias_ptr, out_ptr, part_ptr,
+    N, K, stride_wn, k_per_split,
+    SPLIT_K: tl.constexpr, HAS_BIAS: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+):  # fmt: skip
+    pid_n = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_mask = offs_n < N
+    rows = w_ptr + offs_n.to(tl.int64)[:, None] * stride_wn  # [BLOCK_N, 1]
+    k_start = pid_k * k_per_split
+    k_end = tl.minimum(k_start + k_per_split, K)
+    acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
+    for k0 in range(k_start, k_end, BLOCK_K):
+        offs_k = k0 + tl.arange(0, BLOCK_K)
+        k_mask = offs_k < k_end
+        w = tl.load(rows + offs_k[None, :], mask=n_mask[:, None] & k_mask[None, :], other=0.0)
+        x = tl.load(x_ptr + offs_k, mask=k_mask, other=0.0)
+        acc += w.to(tl.float32) * x.to(tl.float32)[None, :]
+    partial = tl.sum(acc, axis=1)  # [BLOCK_N]
+    if SPLIT_K == 1:
+        if HAS_BIAS:
+            partial += tl.load(bias_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)
+        tl.store(out_ptr + offs_n, partial.to(out_ptr.dtype.element_ty), mask=n_mask)
+    else:
+        tl.store(part_ptr + pid_k * N + offs_n, partial, mask=n_mask)
+
+
+@triton.jit
+def _reduce_kernel(
+    part_ptr, bias_ptr, out_ptr, N,
+    SPLIT_K: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK: tl.constexpr,
+):  # fmt: skip
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < N
+    total = tl.zeros((BLOCK,), dtype=tl.float32)
+    for s in range(SPLIT_K):
+        total += tl.load(part_ptr + s * N + offs, mask=mask, other=0.0)
+    if HAS_BIAS:
+        total += tl.load(bias_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    tl.store(out_ptr + offs, total.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+@functools.cache
+def _num_sms(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+def split_k_for(n: int, k: int, block_n: int, block_k: int, num_sms: int) -> int:
+    """Splits along K so the grid has about 4 programs per SM, each at least 4 K-tiles long."""
+    programs = triton.cdiv(n, block_n)
+    want = max(1, (4 * num_sms) // programs)
+    return max(1, min(want, k // (4 * block_k)))
+
+
+def gemv(
+    x: torch.Tensor,  # [1, K]
+    weight: torch.Tensor,  # [N, K], unit stride along K
+    bias: torch.Tensor | None = None,  # [N]
+    config: tuple[int, int, int] = CONFIGS[0],
+    num_sms: int | None = None,
+) -> torch.Tensor:  # [1, N] in x's dtype
+    """x @ weight.T + bias for one row, by the split-K Triton kernel."""
+    if x.dim() != 2 or x.shape[0] != 1:
+        raise ValueError(f"gemv: x must be [1, K], got {tuple(x.shape)}")
+    n, k = weight.shape
+    if x.shape[1] != k or weight.dtype != x.dtype or x.dtype not in _DTYPES:
+        raise ValueError(
+            f"gemv: x {tuple(x.shape)} {x.dtype} does not match weight {tuple(weight.shape)} "
+            f"{weight.dtype} (fp16, bf16 or fp32, same dtype)"
+        )
+    if weight.stride(1) != 1 or x.stride(1) != 1:
+        raise ValueError("gemv: weight and x need a unit-stride last dim")
+    if bias is not None and (bias.shape != (n,) or not bias.is_contiguous()):
+        raise ValueError(f"gemv: bias must be contiguous [{n}], got {tuple(bias.shape)}")
+    block_n, block_k, warps = config
+    if num_sms is None:
+        num_sms = _num_sms(x.device.index or 0) if x.is_cuda else 4
+    split = split_k_for(n, k, block_n, block_k, num_sms)
+    k_per_split = triton.cdiv(triton.cdiv(k, split), block_k) * block_k
+    split = triton.cdiv(k, k_per_split)
+    out = torch.empty(1, n, dtype=x.dtype, device=x.device)
+    part = torch.empty(split, n, dtype=torch.float32, device=x.device) if split > 1 else out
+    b = bias if bias is not None else out
+    grid = (triton.cdiv(n, block_n), split)
+    _gemv_kernel[grid](
+        x, weight, b, out, part, n, k, weight.stride(0), k_per_split,
+        SPLIT_K=split, HAS_BIAS=bias is not None, BLOCK_N=block_n, BLOCK_K=block_k,
+        num_warps=warps,
+    )  # fmt: skip
+    if split > 1:
+        _reduce_kernel[(triton.cdiv(n, 1024),)](
+            part, b, out, n, SPLIT_K=split, HAS_BIAS=bias is not None, BLOCK=1024
+        )
+    return out
+
+
+_choice: dict[tuple, tuple[int, int, int] | None] = {}
+"""(N, K, dtype, device) -> the winning config, or None where cuBLAS won."""
+
+
+def _time_ms(fn, reps: int = 30) -> float:
+    for _ in range(3):
+        fn()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(reps):
+        fn()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) / reps
+
+
+def gemv_config(weight: torch.Tensor, bias: torch.Tensor | None) -> tuple[int, int, int] | None:
+    """The config that beats F.linear at batch 1 for this weight's shape, timed once on the
+    device; None when cuBLAS is faster (or while a CUDA graph is being captured: nothing can be
+    timed then, and the warm-up forward before each capture has already decided)."""
+    key = (*weight.shape, weight.dtype, weight.device)
+    if key in _choice:
+        return _choice[key]
+    if not weight.is_cuda or torch.cuda.is_current_stream_capturing():
+        return None
+    x = torch.randn(1, weight.shape[1], dtype=weight.dtype, device=weight.device)
+    best, best_ms = None, _time_ms(lambda: torch.nn.functional.linear(x, weight, bias))
+    ref = torch.nn.functional.linear(x, weight, bias).float()
+    for cfg in CONFIGS:
+        try:
+            got = gemv(x, weight, bias, cfg)
+        except Exception:  # a config this GPU cannot run (resources): skip it
+            continue
+        if not torch.allclose(got.float(), ref, rtol=2e-2, atol=2e-2):
+            continue
+        ms = _time_ms(lambda cfg=cfg: gemv(x, weight, bias, cfg))
+        if ms < best_ms:
+            best, best_ms = cfg, ms
+    _choice[key] = best
+    return best
