@@ -36,6 +36,9 @@ def _serve_parser(sub) -> None:
     p.add_argument("--gpu-memory-utilization", type=float, help="share of GPU memory to use")
     p.add_argument("--kv-cache-dtype", help="KV-cache element type")
     p.add_argument("--quantization", choices=["none", "int8", "int4", "auto"])
+    p.add_argument("--quant-block-size", type=int, help="int4: weights per absmax group (64)")
+    p.add_argument("--quantize-embeddings", action="store_true", default=None,
+                   help="with int8/int4: quantize the LM head and embeddings too")  # fmt: skip
     p.add_argument("--enforce-eager", action="store_true", help="disable CUDA graphs")
     p.add_argument("--seed", type=int, help="engine seed for requests without one")
     p.add_argument("--adaptive-batching", action="store_true",

@@ -41,6 +41,7 @@ def plan_request(settings: ServeSettings) -> PlanRequest:
         dtype=None if settings.dtype == "auto" else settings.dtype,
         block_size=settings.block_size or 16,
         enforce_eager=bool(settings.enforce_eager),
+        quantize_embeddings=bool(settings.quantize_embeddings),
         **pins,
     )
 

@@ -15,7 +15,7 @@ ENV_PREFIX = "APPLIANCE_"
 ENGINE_FIELDS = (
     "max_model_len", "max_num_seqs", "max_num_batched_tokens", "block_size", "num_kv_blocks",
     "gpu_memory_utilization", "dtype", "kv_cache_dtype", "quantization", "enforce_eager", "seed",
-    "adaptive_batching", "load_format",
+    "adaptive_batching", "load_format", "quant_block_size", "quantize_embeddings",
 )  # fmt: skip
 PROFILE_FIELDS = ("max_num_seqs", "max_num_batched_tokens", "adaptive_batching")
 """Settings a tuned profile (`appliance tune`) supplies, below everything the user sets."""
@@ -65,9 +65,14 @@ class ServeSettings:
     """KV-cache element type; None = the engine default."""
     quantization: str | None = None
     """Weight quantization (none, int8, int4, auto); None = the engine default."""
+    quant_block_size: int | None = None
+    """int4: weights per absmax group along a row; None = the engine default (64)."""
+    quantize_embeddings: bool | None = None
+    """With int8/int4: quantize the LM head and embeddings too; None = no."""
     enforce_eager: bool | None = None
     """Disable CUDA graphs; None = the engine default."""
     seed: int | None = None
+    """Engine seed for requests without their own; None = the engine default."""
     adaptive_batching: bool | None = None
     """Scale each step's token budget with the waiting queue; None = the engine default (off)."""
     load_format: str | None = None
@@ -77,7 +82,6 @@ class ServeSettings:
     profile: str | None = None
     """A tuned profile (name under profiles/tuned/ or a .toml path) written by `appliance tune`:
     its chosen values apply where no flag, variable or config file sets them."""
-    """Engine seed for requests without their own; None = the engine default."""
     max_queue: int = 128
     """Most requests waiting for a slot; past it requests get 429 with Retry-After."""
     api_key: list[str] = field(default_factory=list, repr=False)

@@ -36,6 +36,8 @@ class EngineConfig:
     appliance planner picks). A bitsandbytes-quantized checkpoint keeps its own (none/auto)."""
     quant_block_size: int = 64
     """int4: weights per absmax group along a row (even; divides the layers' input sizes)."""
+    quantize_embeddings: bool = False
+    """With int8/int4: quantize the LM head and input embeddings too (16-bit by default)."""
     enforce_eager: bool = False
     """Disable CUDA graphs (plain eager path)."""
     overlap_steps: bool = True

@@ -50,6 +50,10 @@ def resolve_dtypes(
     return dtype, _NAMED[config.kv_cache_dtype]
 
 
+BNB_4BIT_BLOCKS = (32, 64, 128, 256, 512, 1024, 2048, 4096)
+"""Block sizes bitsandbytes' 4-bit quantizer accepts."""
+
+
 def resolve_weight_quant(config: EngineConfig, model: ModelConfig) -> WeightQuant | None:
     """How linear weights are stored: None = 16-bit. `auto` stays 16-bit in the engine (the
     appliance planner turns it into int8/int4 when memory demands it)."""
@@ -64,9 +68,18 @@ def resolve_weight_quant(config: EngineConfig, model: ModelConfig) -> WeightQuan
                 f"quantization={wanted!r} cannot re-quantize it: use 'none' or {quant.kind!r}"
             )
     elif wanted in ("int8", "int4"):
-        quant = WeightQuant(wanted, config.quant_block_size)
+        quant = WeightQuant(wanted, config.quant_block_size, embeddings=config.quantize_embeddings)
+    elif config.quantize_embeddings:
+        raise ValueError(
+            "quantize_embeddings needs quantized weights: set quantization to int8 or int4"
+        )
     else:
         return None
+    if quant.kind == "int4" and quant.group_size not in BNB_4BIT_BLOCKS:
+        raise ValueError(
+            f"quant_block_size={quant.group_size}: bitsandbytes quantizes 4-bit weights in "
+            f"blocks of {', '.join(map(str, BNB_4BIT_BLOCKS))}; pick one of those (64 is usual)"
+        )
     if quant.kind == "int4":
         sizes = {model.hidden_size, model.intermediate_size, model.num_heads * model.head_dim}
         bad = sorted(s for s in sizes if s % quant.group_size)

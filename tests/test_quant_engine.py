@@ -116,3 +116,39 @@ def test_bad_settings_fail_clearly(tiny_llama):
 def test_auto_stays_16_bit(tiny_llama):
     llm = _engine(tiny_llama, quantization="auto")
     assert isinstance(llm.engine.runner.model.layers[0].mlp.down_proj, torch.nn.Linear)
+
+
+def _quant_dequant(w: torch.Tensor, kind: str) -> torch.Tensor:
+    from engine.models.quant import code_table
+
+    if kind == "int8":
+        return dequantize_ref(*quantize_int8(w), None, 0)
+    return dequantize_ref(*quantize_4bit(w, 64, "nf4"), code_table("nf4"), 64)
+
+
+@pytest.mark.parametrize("kind", ["int8", "int4"])
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])  # untied and tied embeddings
+def test_quantized_embeddings_and_head_match_dequantized_weights(kind, arch, tmp_path):
+    from tests.tiny_models import make_tiny_model
+
+    folder = make_tiny_model(arch, tmp_path / "model")
+    model = _hf_model(folder, dtype=torch.float32)
+    with torch.no_grad():
+        for name, module in model.named_modules():
+            if name.rsplit(".", 1)[-1] in (*_PROJ, "lm_head", "embed_tokens"):
+                module.weight.copy_(_quant_dequant(module.weight, kind))  # a tied pair: twice
+    ref_folder = tmp_path / "dequantized"
+    model.save_pretrained(ref_folder)
+    byte_tokenizer().save_pretrained(ref_folder)
+
+    llm = _engine(folder, quantization=kind, quantize_embeddings=True)
+    ours = llm.engine.runner.model
+    assert type(ours.lm_head).__name__ == "QuantLinear"
+    assert type(ours.embed_tokens).__name__ == "QuantEmbedding"
+    assert (ours.embed_tokens.table is ours.lm_head) == (arch == "qwen2")
+    assert _greedy(llm) == _greedy(_engine(ref_folder))
+
+
+def test_quantize_embeddings_without_quantized_weights_is_refused(tiny_llama):
+    with pytest.raises(ValueError, match="quantize_embeddings needs quantized weights"):
+        _engine(tiny_llama, quantize_embeddings=True)

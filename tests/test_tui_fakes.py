@@ -19,9 +19,10 @@ T0 = 1_760_000_000.0
 CONFIG = {
     "max_model_len": 2048, "max_num_seqs": 16, "max_num_batched_tokens": 2048, "block_size": 16,
     "num_kv_blocks": 512, "gpu_memory_utilization": 0.9, "dtype": "bfloat16",
-    "kv_cache_dtype": "auto", "quantization": "none", "enforce_eager": False, "overlap_steps": True, "seed": 0,
+    "kv_cache_dtype": "auto", "quantization": "none", "enforce_eager": False, "seed": 0,
+    "overlap_steps": True,
     "cpu_kv_cache_gib": 2.0, "load_format": "auto", "adaptive_batching": False,
-    "min_num_batched_tokens": 512, "quant_block_size": 64,
+    "min_num_batched_tokens": 512, "quant_block_size": 64, "quantize_embeddings": False,
 }  # fmt: skip
 GPU = {
     "name": "NVIDIA H200", "utilization_perc": 87.0, "memory_used_bytes": 120 * 2**30,

@@ -112,8 +112,8 @@ def load_model(
     # Buffers (RoPE tables) were on meta: rebuild them on the device, in fp32.
     rope = type(model.rope)(cfg.head_dim, max_positions, cfg.rope_theta, cfg.rope_scaling)
     model.rope.cos, model.rope.sin = rope.cos.to(device), rope.sin.to(device)
-    if cfg.tie_word_embeddings:
-        model.lm_head.weight = model.embed_tokens.weight
+    if cfg.tie_word_embeddings and isinstance(model.embed_tokens, nn.Embedding):
+        model.lm_head.weight = model.embed_tokens.weight  # else both read one quantized copy
     return model.eval()
 
 

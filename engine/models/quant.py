@@ -3,7 +3,7 @@
 bitsandbytes quantizes (imported lazily: only when quantization is asked); we keep its values
 in our own layout (engine/kernels/wq_gemv.py documents it) and compute with the Triton kernel
 on CUDA, or with the pure-PyTorch reference here (dequantize, then matmul) elsewhere.
-Embeddings and the LM head stay in 16 bits.
+Embeddings and the LM head stay in 16 bits unless asked (WeightQuant.embeddings).
 """
 
 from __future__ import annotations
@@ -32,6 +32,8 @@ class WeightQuant:
     quant_type: str = "nf4"
     prequantized: bool = False
     """The checkpoint already holds bitsandbytes-quantized weights (read, not re-quantized)."""
+    embeddings: bool = False
+    """Quantize the LM head and the input embeddings too (a tied pair shares one copy)."""
 
 
 def bnb_functional():
@@ -200,10 +202,14 @@ def quantize_model(
     quantized, and its 16-bit weight is freed before the next one comes. So `device` holds at
     most one projection in 16 bits. Without `prepare` the QuantLinears are left empty (zeros),
     for checkpoints already quantized."""
+    embeddings = quant.embeddings and prepare is not None
+    if embeddings and model.config.tie_word_embeddings:
+        model.lm_head.weight = model.embed_tokens.weight  # the tie may not survive materialising
+    wanted = QUANTIZED_LINEARS + (("lm_head",) if embeddings else ())
     names = [
         name
         for name, module in model.named_modules()
-        if isinstance(module, nn.Linear) and name.rsplit(".", 1)[-1] in QUANTIZED_LINEARS
+        if isinstance(module, nn.Linear) and name.rsplit(".", 1)[-1] in wanted
     ]
     for name in names:
         parent_name, _, attr = name.rpartition(".")
@@ -217,5 +223,33 @@ def quantize_model(
             layer = QuantLinear.from_linear(prepare(linear), quant)
         setattr(parent, attr, layer)
         del linear  # the last reference to the 16-bit weight
+    if embeddings:
+        _quantize_embeddings(model, quant, prepare)
     if torch.device(device).type == "cuda":
         torch.cuda.empty_cache()
+
+
+def _quantize_embeddings(model: nn.Module, quant: WeightQuant, prepare) -> None:
+    """Swap embed_tokens for a QuantEmbedding: the (quantized) LM head's rows when the pair is
+    tied, else its own quantized copy."""
+    embedding = model.embed_tokens
+    if model.config.tie_word_embeddings:
+        table = model.lm_head
+    else:
+        as_linear = nn.Linear(1, 1, bias=False, device="meta")
+        as_linear.weight = embedding.weight  # [vocab, hidden]: rows are what a lookup reads
+        table = QuantLinear.from_linear(prepare(as_linear), quant)
+    model.embed_tokens = QuantEmbedding(table, embedding.weight.dtype)
+
+
+class QuantEmbedding(nn.Module):
+    """An embedding lookup from a QuantLinear's rows, dequantized per looked-up token."""
+
+    def __init__(self, table: QuantLinear, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.table, self.dtype = table, dtype
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:  # [T] -> [T, hidden]
+        t = self.table
+        rows = dequantize_ref(t.qweight[input_ids], t.scales[input_ids], t.code, t.group_size)
+        return rows.to(self.dtype)
