@@ -104,6 +104,8 @@ def test_bad_settings_fail_clearly(tiny_llama):
     with pytest.raises(ValueError, match="quant_block_size must be even"):
         _engine(tiny_llama, quantization="int4", quant_block_size=33)
     with pytest.raises(ValueError, match="must divide"):  # hidden size 64
+        _engine(tiny_llama, quantization="int4", quant_block_size=128)
+    with pytest.raises(ValueError, match="bitsandbytes quantizes 4-bit weights in blocks of"):
         _engine(tiny_llama, quantization="int4", quant_block_size=48)
     with pytest.raises(ValueError, match="quant_type"):
         from engine.models.bnb_checkpoint import checkpoint_quant
