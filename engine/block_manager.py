@@ -60,6 +60,10 @@ class BlockManager:
         Returns the (src, dst) block copies to perform before writing, or None, changing
         nothing, when there are not enough free blocks.
         """
+        table = seq.block_table
+        if num_new == 1 and num_computed < len(table) * self.block_size:
+            if self.ref_counts[table[num_computed // self.block_size]] == 1:
+                return []  # a decode inside its own last block: the common case, nothing to do
         shared = self._shared_in_range(seq, num_computed, num_new)
         grow = max(0, self.blocks_for(num_computed + num_new) - len(seq.block_table))
         if not self.can_allocate(grow + len(shared)):

@@ -5,7 +5,6 @@ Not thread-safe: one thread owns it (AsyncEngine runs it in its own thread).
 
 from __future__ import annotations
 
-import copy
 import random
 from pathlib import Path
 
@@ -206,7 +205,8 @@ class LLMEngine:
         detok = self._detokenizers.get(req.request_id)
         if detok is not None and req.status is not RequestStatus.FINISHED_ABORTED:
             self._detokenize(req, detok)
-        if req.is_finished:
+        finished = req.is_finished
+        if finished:
             del self._requests[req.request_id]
             self._detokenizers.pop(req.request_id, None)
         return RequestOutput(
@@ -214,12 +214,12 @@ class LLMEngine:
             prompt_token_ids=req.prompt_token_ids,
             token_ids=req.output_token_ids,
             text=detok.text if detok is not None else "",
-            finished=req.is_finished,
-            finish_reason=req.finish_reason,
-            metrics=copy.copy(req.metrics),  # a snapshot: readers on other threads
+            finished=finished,
+            finish_reason=req.status.value if finished else None,
+            metrics=req.metrics.snapshot(),  # readers on other threads
             logprobs=list(req.logprobs) if req.logprobs is not None else None,
             stop_reason=req.stop_reason,
-            trace=list(req.trace) if req.is_finished else [],
+            trace=list(req.trace) if finished else [],
         )
 
     def _detokenize(self, req: Request, detok: IncrementalDetokenizer) -> None:
