@@ -141,8 +141,6 @@ class Generation:
         new = c.record.update(output, now)
         if new:
             if c.last_token_at is not None and self.on_itl is not None:
-                gap = (now - c.last_token_at) / new
-                for _ in range(new):
-                    self.on_itl(gap)
+                self.on_itl((now - c.last_token_at) / new, new)
             c.last_token_at = now
         c.last = output

@@ -147,9 +147,9 @@ async def serve_generation(request: web.Request, req: GenerateRequest) -> web.St
     record.event("admitted", num_choices=k)
     tracker.add(record)
 
-    def on_itl(seconds: float) -> None:
-        tracker.observe_itl(seconds)
-        metrics.observe_itl(seconds)
+    def on_itl(seconds: float, count: int) -> None:
+        tracker.observe_itl(seconds, count)
+        metrics.observe_itl(seconds, count)
 
     gen = Generation(state.async_engine, state.settings, record, entry, choices, on_itl)
     fmt = Formatter(

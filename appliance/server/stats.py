@@ -72,8 +72,8 @@ class StatsTracker:
     def rejected(self) -> None:
         self.counters["rejected_total"] += 1
 
-    def observe_itl(self, seconds: float) -> None:
-        self.latency["itl_s"].append(seconds)
+    def observe_itl(self, seconds: float, count: int = 1) -> None:
+        self.latency["itl_s"].extend([seconds] * count)
 
     def finish(self, record: RequestRecord) -> None:
         """Count a closed record and feed its latencies to the windows and the sinks."""
