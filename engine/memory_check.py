@@ -200,7 +200,9 @@ def kv_pool_bytes(runner) -> int:
 def measure_cuda(engine) -> Measurement:
     """Capture graphs and warm up (every shape, then the heaviest step) on CUDA, reading the
     allocator around each: graph pool = reservation growth of the capture, activation peak =
-    peak reservation growth of the warm-up."""
+    peak of live tensors during the warm-up above those alive before it. (Reservation growth
+    read ~0 under a memory cap, where the allocator frees cached blocks instead of growing:
+    H200 with a 24 GiB cap, 2026-11-29. The peak itself is read from the reservation.)"""
     dev, runner = engine.device, engine.runner
     torch.cuda.synchronize(dev)
     gc.collect()
@@ -209,16 +211,18 @@ def measure_cuda(engine) -> Measurement:
     runner.capture_cuda_graphs()
     torch.cuda.synchronize(dev)
     base = torch.cuda.memory_reserved(dev)
+    live_before = torch.cuda.memory_allocated(dev)
     torch.cuda.reset_peak_memory_stats(dev)
     engine.warm_up()
     run_peak_step(engine)
     torch.cuda.synchronize(dev)
     peak_reserved = torch.cuda.max_memory_reserved(dev)
+    activation = torch.cuda.max_memory_allocated(dev) - live_before
     free, total = torch.cuda.mem_get_info(dev)
     outside = total - free - torch.cuda.memory_reserved(dev)
     weights = sum(t.nbytes for t in runner.model.parameters())
     weights += sum(t.nbytes for t in runner.model.buffers())
-    items = MemoryItems(weights, peak_reserved - base, base - before, kv_pool_bytes(runner),
+    items = MemoryItems(weights, activation, base - before, kv_pool_bytes(runner),
                         outside)  # fmt: skip
     return Measurement(items, outside + peak_reserved)
 
