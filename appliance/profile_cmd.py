@@ -73,15 +73,10 @@ def measure_gpu() -> dict[str, float]:
     """Copy bandwidth (GB/s, read + write) and bf16 matmul rate (TFLOP/s) on cuda:0."""
     import torch
 
+    from engine.timing import seconds_per_call
+
     def timed(fn, repeat: int) -> float:
-        fn()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(repeat):
-            fn()
-        end.record()
-        torch.cuda.synchronize()
-        return start.elapsed_time(end) / 1e3 / repeat
+        return seconds_per_call(fn, "cuda", repeat, warmup=1)
 
     src = torch.empty(GIB // 2, dtype=torch.uint8, device="cuda")
     dst = torch.empty_like(src)

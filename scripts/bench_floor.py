@@ -24,12 +24,13 @@ that a real mixed step could hide some decode weight reads under prefill compute
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 
 import torch
 from rich.console import Console
 from rich.table import Table
+
+from engine.timing import seconds_per_call
 
 
 @dataclass(frozen=True)
@@ -154,34 +155,16 @@ def throughput_floor(
 
 
 # --- measuring the device ------------------------------------------------------------------------
-def _seconds_per_call(fn, device: torch.device, iters: int, warmup: int = 3) -> float:
-    for _ in range(warmup):
-        fn()
-    if device.type != "cuda":
-        start = time.perf_counter()
-        for _ in range(iters):
-            fn()
-        return (time.perf_counter() - start) / iters
-    torch.cuda.synchronize(device)
-    begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    begin.record()
-    for _ in range(iters):
-        fn()
-    end.record()
-    end.synchronize()
-    return begin.elapsed_time(end) / 1e3 / iters
-
-
 def _copy_bandwidth(device: torch.device, dtype: torch.dtype, nbytes: int, iters: int) -> float:
     src = torch.empty(nbytes // dtype.itemsize, dtype=dtype, device=device).normal_()
     dst = torch.empty_like(src)
-    seconds = _seconds_per_call(lambda: dst.copy_(src), device, iters)
+    seconds = seconds_per_call(lambda: dst.copy_(src), device, iters)
     return 2 * src.numel() * dtype.itemsize / seconds  # each byte is read once, written once
 
 
 def _matmul_rate(device: torch.device, dtype: torch.dtype, n: int, iters: int) -> float:
     a, b = (torch.randn(n, n, device=device).to(dtype) for _ in range(2))
-    return 2 * n**3 / _seconds_per_call(lambda: torch.mm(a, b), device, iters)
+    return 2 * n**3 / seconds_per_call(lambda: torch.mm(a, b), device, iters)
 
 
 def measure_hardware(device: torch.device, dtype: torch.dtype) -> Hardware:

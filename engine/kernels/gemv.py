@@ -18,6 +18,8 @@ import torch
 import triton
 import triton.language as tl
 
+from engine.timing import seconds_per_call
+
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 # (BLOCK_N, BLOCK_K, num_warps): candidates, tried by gemv_wins on the device
 CONFIGS = [(8, 512, 4), (16, 256, 4), (32, 256, 8)]
@@ -127,15 +129,7 @@ _choice: dict[tuple, tuple[int, int, int] | None] = {}
 
 
 def _time_ms(fn, reps: int = 30) -> float:
-    for _ in range(3):
-        fn()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(reps):
-        fn()
-    end.record()
-    end.synchronize()
-    return start.elapsed_time(end) / reps
+    return seconds_per_call(fn, "cuda", reps) * 1e3
 
 
 def gemv_config(weight: torch.Tensor, bias: torch.Tensor | None) -> tuple[int, int, int] | None:

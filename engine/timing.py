@@ -1,0 +1,31 @@
+"""Timing a device operation: the one helper every benchmark and measured choice uses."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+import torch
+
+
+def seconds_per_call(
+    fn: Callable[[], object], device: torch.device | str, iters: int, warmup: int = 3
+) -> float:
+    """Mean seconds of fn() over `iters` calls after `warmup` calls: CUDA events on a GPU
+    (device time, queued back to back), wall time elsewhere."""
+    device = torch.device(device)
+    for _ in range(warmup):
+        fn()
+    if device.type != "cuda":
+        start = time.perf_counter()
+        for _ in range(iters):
+            fn()
+        return (time.perf_counter() - start) / iters
+    torch.cuda.synchronize(device)
+    begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    begin.record()
+    for _ in range(iters):
+        fn()
+    end.record()
+    end.synchronize()
+    return begin.elapsed_time(end) / 1e3 / iters
