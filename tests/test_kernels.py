@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from engine.kernels.torch_ref import decode_attention_ref, prefill_attention_ref, store_kv_ref
+from tests.paged_kv import paged_tables
 from tests.triton_modules import HAS_CUDA, import_kernel_modules
 
 DEVICE = "cuda" if HAS_CUDA else "cpu"
@@ -40,15 +41,7 @@ ATOL = {torch.float32: 1e-4, torch.float16: 4e-3, torch.bfloat16: 3e-2}
 def make_paged_kv(seq_lens, num_kv_heads, head_dim, block_size, dtype, gen, spare=3):
     """Caches of NaN except live tokens; block tables drawn from a permuted pool (block 0 is
     the all-NaN padding block); one extra padding column per table."""
-    blocks = [-(-n // block_size) for n in seq_lens]
-    num_blocks = 1 + sum(blocks) + spare
-    perm = (torch.randperm(num_blocks - 1, generator=gen) + 1).tolist()
-    tables = torch.zeros(len(seq_lens), max(blocks, default=0) + 1, dtype=torch.int32)
-    slots = []
-    for i, (n, b) in enumerate(zip(seq_lens, blocks, strict=True)):
-        tables[i, :b] = torch.tensor(perm[:b], dtype=torch.int32)
-        perm = perm[b:]
-        slots += [int(tables[i, t // block_size]) * block_size + t % block_size for t in range(n)]
+    num_blocks, tables, slots = paged_tables(seq_lens, block_size, gen, spare)
     shape = (num_blocks, block_size, num_kv_heads, head_dim)
     caches = []
     for _ in range(2):

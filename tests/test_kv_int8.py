@@ -19,6 +19,7 @@ from engine.kernels.torch_ref import (
     quantize_kv_ref,
     store_kv_ref,
 )
+from tests.paged_kv import paged_tables
 from tests.triton_modules import HAS_CUDA, import_kernel_modules
 
 DEVICE = "cuda" if HAS_CUDA else "cpu"
@@ -43,15 +44,7 @@ def _interpret_without_cuda(monkeypatch):
 def paged_int8_kv(seq_lens, num_kv_heads, head_dim, block_size, gen, spare=2):
     """(k, v, k_scales, v_scales, tables, k_live, v_live): int8 caches holding quantized
     N(0, 1) K/V for the live tokens (k_live/v_live, fp32, per sequence); block 0 is padding."""
-    blocks = [-(-n // block_size) for n in seq_lens]
-    num_blocks = 1 + sum(blocks) + spare
-    perm = (torch.randperm(num_blocks - 1, generator=gen) + 1).tolist()
-    tables = torch.zeros(len(seq_lens), max(blocks, default=0) + 1, dtype=torch.int32)
-    slots = []
-    for i, (n, b) in enumerate(zip(seq_lens, blocks, strict=True)):
-        tables[i, :b] = torch.tensor(perm[:b], dtype=torch.int32)
-        perm = perm[b:]
-        slots += [int(tables[i, t // block_size]) * block_size + t % block_size for t in range(n)]
+    num_blocks, tables, slots = paged_tables(seq_lens, block_size, gen, spare)
     slots = torch.tensor(slots, dtype=torch.long)
     out = []
     for _ in range(2):
