@@ -131,7 +131,7 @@ def prepare_sampling(reqs: list[Request], vocab: int, device: torch.device) -> S
         any_min_p=any(m > 0.0 for m in min_p),
         max_logprobs=max(wants_logprobs) if wants_logprobs else None,
     )
-    if any(p.has_penalties for p in params):
+    if any(r.has_penalties for r in reqs):
         _prepare_penalties(t, reqs, vocab, device)
     return t
 

@@ -199,7 +199,7 @@ class LLMEngine:
     @staticmethod
     def _needs_tokens_on_host(batch) -> bool:
         """Penalties count output tokens on the host: they need pending tokens read first."""
-        return any(r.num_pending and r.params.has_penalties for r in batch.requests)
+        return any(r.num_pending and r.has_penalties for r in batch.requests)
 
     def _output(self, req: Request) -> RequestOutput:
         detok = self._detokenizers.get(req.request_id)

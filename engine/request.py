@@ -104,6 +104,8 @@ class Request:
         self.request_id = request_id
         self.prompt_token_ids = list(prompt_token_ids)
         self.params = params
+        self.has_penalties = params.has_penalties
+        """Read every step (sampling, overlap): computed once, params never change."""
         self.seed = seed
         """Effective seed: the request's own, or one drawn from the engine's seed."""
         self.eos_token_ids = eos_token_ids
