@@ -43,6 +43,7 @@ def main() -> None:
         max_model_len=args.context + args.steps + 8,
         max_num_seqs=max(args.batch, 1),
         enforce_eager=args.eager,
+        overlap_steps=False,  # phases are timed one after another, each synchronised
     )
     engine, runner = llm.engine, llm.engine.runner
     params = SamplingParams(max_tokens=args.steps + 4, temperature=0.0, ignore_eos=True)
@@ -73,7 +74,7 @@ def main() -> None:
         with phase("schedule"):
             batch = engine.scheduler.schedule()
         with phase("prepare_inputs"):
-            ids, pos, meta, rows = prepare_inputs(batch, runner.block_size, runner.device)
+            ids, pos, meta, rows, _ = prepare_inputs(batch, runner.block_size, runner.device)
         with phase("forward (graph)" if runner.graphs is not None else "forward (eager)"):
             if runner.graphs is not None:
                 hidden = runner.graphs.run(ids, pos, meta)
