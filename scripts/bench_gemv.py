@@ -77,8 +77,11 @@ def variants(n: int, k: int, m: int, dtype: torch.dtype):
             yield f"gemv{cfg}", wbytes, lambda cfg=cfg: gemv_mod.gemv(x, w, None, cfg), None
     q8 = torch.randint(-127, 128, (n, k), device="cuda", dtype=torch.int8, generator=g)
     s8 = torch.rand(n, device="cuda", generator=g) / 127
-    yield "int8", q8.numel() + s8.numel() * 4, lambda: wq_gemv.wq_matmul(x, q8, s8), (
-        lambda: F.linear(x, (q8.float() * s8[:, None]).to(dtype))
+    yield (
+        "int8",
+        q8.numel() + s8.numel() * 4,
+        lambda: wq_gemv.wq_matmul(x, q8, s8),
+        (lambda: F.linear(x, (q8.float() * s8[:, None]).to(dtype))),
     )
     group = 64
     q4 = torch.randint(0, 256, (n, k // 2), device="cuda", dtype=torch.uint8, generator=g)
@@ -86,9 +89,12 @@ def variants(n: int, k: int, m: int, dtype: torch.dtype):
     code = NF4.cuda()
     from engine.models.quant import wq_matmul_ref
 
-    yield "int4", q4.numel() + s4.numel() * 4, (
-        lambda: wq_gemv.wq_matmul(x, q4, s4, code, group_size=group)
-    ), lambda: wq_matmul_ref(x, q4, s4, code, None, group)
+    yield (
+        "int4",
+        q4.numel() + s4.numel() * 4,
+        (lambda: wq_gemv.wq_matmul(x, q4, s4, code, group_size=group)),
+        lambda: wq_matmul_ref(x, q4, s4, code, None, group),
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
