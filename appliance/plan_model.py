@@ -18,6 +18,10 @@ INT4_GROUP = 64
 SAFETY_FRACTION, MIN_SAFETY_BYTES = 0.03, 256 * MIB
 GRAPH_OVERHEAD_BYTES = 2 * MIB
 """Per captured CUDA graph (kernel parameters, graph bookkeeping); calibrate with --measure."""
+GRAPH_POOL_BASE_BYTES = 300 * MIB
+"""What the graph pool holds whatever max_num_seqs is (library workspaces captured into it):
+`profile --measure` on the H200 (2026-11-29, Llama-3-8B) measured a 0.34 GiB pool with 20
+captured sizes up to 256 and 0.32 GiB with 7 up to 32, against 0.06 GiB from the other terms."""
 CPU_MAX_MODEL_LEN = 8192
 """The engine caps max_model_len on the CPU (engine.planning.CPU_MAX_MODEL_LEN)."""
 
@@ -78,9 +82,10 @@ def graph_batch_sizes(max_num_seqs: int) -> list[int]:
 
 def graph_pool_bytes(m: ModelConfig, max_num_seqs: int, dtype_bytes: int) -> int:
     """Decode graphs share one pool sized by the largest graph's forward (no logits: sampling
-    runs eagerly), plus GRAPH_OVERHEAD_BYTES per captured batch size."""
+    runs eagerly), plus GRAPH_OVERHEAD_BYTES per captured batch size and GRAPH_POOL_BASE_BYTES."""
     largest = activation_bytes(m, max_num_seqs, 0, dtype_bytes)
-    return largest + GRAPH_OVERHEAD_BYTES * len(graph_batch_sizes(max_num_seqs))
+    per_graph = GRAPH_OVERHEAD_BYTES * len(graph_batch_sizes(max_num_seqs))
+    return GRAPH_POOL_BASE_BYTES + largest + per_graph
 
 
 @dataclass

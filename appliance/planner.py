@@ -165,6 +165,7 @@ def _attempt(m: ModelConfig, dev: Device, req: PlanRequest) -> Plan:
                 f"max_model_len={max_len} needs "
                 f"{gib(-(-max_len // bs) * block_bytes)} of KV for one sequence; the "
                 f"pool holds {gib(blocks * block_bytes)}",
+                blocks * bs if blocks > 0 else None,
             )
         why["max_model_len"] = "pinned"
     else:
@@ -295,10 +296,17 @@ def _candidate(m: ModelConfig, dev: Device, req: PlanRequest, name: str, need: i
         return _stage(m, dev, req, **{name: value})
 
     if name in ("max_num_seqs", "max_model_len", "max_num_batched_tokens"):
-        goal = reached(1)  # the most relaxed value gets furthest
-        if goal < need or now is None or now <= 1:
+        if now is None or now <= 1:
             return None
-        v = _largest(lambda v: reached(v) >= goal, 1, now - 1)
+        # smaller is more relaxed, but not always furthest (a tiny max_model_len changes the
+        # derived batch budget): probe powers of two for how far lowering alone gets
+        probes = [1 << i for i in range((now - 1).bit_length()) if 1 << i < now]
+        stages = {v: reached(v) for v in probes}
+        goal = max(stages.values())
+        if goal < need:
+            return None
+        lo = max(v for v, st in stages.items() if st >= goal)
+        v = _largest(lambda v: reached(v) >= goal, lo, now - 1)
         return v // 256 * 256 if v and v >= 256 else v  # a round number fits too
     if name == "num_kv_blocks":
         per_seq = -(-(req.max_model_len or 1) // req.block_size)
@@ -342,4 +350,15 @@ def _fix(m: ModelConfig, dev: Device, req: PlanRequest, misfit: _Misfit) -> tupl
                 mid = (lo + hi) // 2
                 lo, hi = (lo, mid) if reached(mid) >= goal else (mid + 1, hi)
             return "memory_gib", lo
+    if misfit.bound is not None and culprit in req.pinned:
+        # the culprit's own limit may meet a later check of the same setting (a length within
+        # the model's maximum but too long for the pool): suggest the value that passes both
+        trial = replace(req, **{culprit: misfit.bound})
+        try:
+            _attempt(m, dev, trial)
+        except _Misfit as again:
+            if again.culprit == culprit and again.stage > misfit.stage:
+                name, value = _fix(m, dev, trial, again)
+                if name == culprit and value is not None:
+                    return name, value
     return culprit, misfit.bound
