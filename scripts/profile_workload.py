@@ -68,6 +68,7 @@ def main() -> None:
     ap.add_argument("--max-num-batched-tokens", type=int, default=8192)
     ap.add_argument("--window", type=int, default=20, help="profiled steps per window")
     ap.add_argument("--warm-passes", type=int, default=0)
+    ap.add_argument("--top", type=int, default=14, help="kernels listed per window")
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args()
     lo, hi = map(int, args.prompt.split(","))
@@ -92,7 +93,7 @@ def main() -> None:
     print(f"{args.preset}: {args.requests} requests, prompt U[{lo},{hi}], output {args.output}")
     print("mixed window (prefill + decode):")
     prof, wall, n = profiled_steps(engine, args.window)
-    report["mixed"] = kernel_table(prof, wall, n)
+    report["mixed"] = kernel_table(prof, wall, n, args.top)
     last = {}
     schedule = engine.scheduler.schedule
 
@@ -112,7 +113,7 @@ def main() -> None:
         if len(steps) == 200:
             print("decode-only window:")
             prof, wall, n = profiled_steps(engine, args.window)
-            report["decode"] = kernel_table(prof, wall, n)
+            report["decode"] = kernel_table(prof, wall, n, args.top)
     total = time.perf_counter() - start_all
     ms = [s[2] for s in steps]
     report["steps"] = dict(n=len(ms), total_s=total, median_ms=statistics.median(ms))
