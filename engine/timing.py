@@ -29,3 +29,20 @@ def seconds_per_call(
     end.record()
     end.synchronize()
     return begin.elapsed_time(end) / 1e3 / iters
+
+
+def graph_seconds(fn: Callable[[], object], replays: int = 5) -> float:
+    """Mean seconds of one replay of fn() captured in a CUDA graph: device time without the
+    per-launch host cost, as decode steps run their kernels. fn runs once outside the capture
+    first (Triton compiles, cuBLAS picks its kernels). Not while another capture is running."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    seconds = seconds_per_call(graph.replay, "cuda", replays, warmup=1)
+    del graph
+    return seconds

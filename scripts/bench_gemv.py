@@ -1,6 +1,7 @@
 """Batch-1 (M = 1) linear layers on the GPU, per Llama-3-8B shape: cuBLAS, our split-K bf16
 GEMV per config, and the weight-only int8 / int4 kernels, each timed inside a CUDA graph (as
-decode runs them) and against the copy bandwidth measured in the same run.
+decode runs them: once per layer's own weight, so none is served from L2) and against the copy
+bandwidth measured in the same run.
 
     PYTHONPATH=. python scripts/bench_gemv.py [--out FILE.json] [--m 1]
 
@@ -25,7 +26,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from engine.kernels import gemv as gemv_mod  # noqa: E402
-from engine.kernels import wq_gemv  # noqa: E402
+from engine.kernels import wq_splitk  # noqa: E402
+from engine.models.quant import wq_matmul_ref  # noqa: E402
+from engine.timing import graph_seconds  # noqa: E402
 from scripts.bench_floor import measure_hardware  # noqa: E402
 
 # (name, N, K, count per token) for Llama-3-8B: 32 layers and the LM head
@@ -42,59 +45,60 @@ NF4 = torch.tensor(
 )  # fmt: skip
 
 
-def graph_us(fn, calls: int = 20, replays: int = 10) -> float:
-    """Microseconds per fn() call, fn captured `calls` times in one CUDA graph."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(calls):
-            fn()
-    graph.replay()
-    torch.cuda.synchronize()
-    begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    begin.record()
-    for _ in range(replays):
-        graph.replay()
-    end.record()
-    end.synchronize()
-    return begin.elapsed_time(end) * 1e3 / (replays * calls)
+def per_call_us(call, weights: list) -> float:
+    """Microseconds per call(w), timed in one CUDA graph that calls it once per weight in
+    `weights` (distinct tensors, as a decode step's layers: none is still in L2 at its turn)."""
+
+    def all_weights():
+        for w in weights:
+            call(w)
+
+    return graph_seconds(all_weights) * 1e6 / len(weights)
 
 
-def variants(n: int, k: int, m: int, dtype: torch.dtype):
-    """(path, bytes read, fn, reference fn) for one shape."""
+def variants(n: int, k: int, m: int, copies: int, dtype: torch.dtype):
+    """(path, bytes read per call, us per call, max error against its reference)."""
     g = torch.Generator(device="cuda").manual_seed(0)
     x = torch.randn(m, k, device="cuda", dtype=dtype, generator=g)
-    w = (torch.randn(n, k, device="cuda", dtype=dtype, generator=g) / k**0.5).contiguous()
-    wbytes = w.numel() * w.element_size()
-    yield "cublas", wbytes, lambda: F.linear(x, w), None
+    ws = [torch.randn(n, k, device="cuda", dtype=dtype, generator=g) for _ in range(copies)]
+    wbytes = n * k * 2
+    yield "cublas", wbytes, per_call_us(lambda w: F.linear(x, w), ws), 0.0
     if m == 1:
+        ref = F.linear(x, ws[0]).float()
         for cfg in gemv_mod.CONFIGS:
-            yield f"gemv{cfg}", wbytes, lambda cfg=cfg: gemv_mod.gemv(x, w, None, cfg), None
-    q8 = torch.randint(-127, 128, (n, k), device="cuda", dtype=torch.int8, generator=g)
-    s8 = torch.rand(n, device="cuda", generator=g) / 127
-    yield (
-        "int8",
-        q8.numel() + s8.numel() * 4,
-        lambda: wq_gemv.wq_matmul(x, q8, s8),
-        (lambda: F.linear(x, (q8.float() * s8[:, None]).to(dtype))),
-    )
-    group = 64
-    q4 = torch.randint(0, 256, (n, k // 2), device="cuda", dtype=torch.uint8, generator=g)
-    s4 = torch.rand(n, k // group, device="cuda", generator=g)
-    code = NF4.cuda()
-    from engine.models.quant import wq_matmul_ref
 
-    yield (
-        "int4",
-        q4.numel() + s4.numel() * 4,
-        (lambda: wq_gemv.wq_matmul(x, q4, s4, code, group_size=group)),
-        lambda: wq_matmul_ref(x, q4, s4, code, None, group),
+            def call(w, cfg=cfg):
+                return gemv_mod.gemv(x, w, None, cfg)
+
+            err = (call(ws[0]).float() - ref).abs().max().item()
+            yield f"gemv{cfg}", wbytes, per_call_us(call, ws), err
+    del ws
+    if m != 1:
+        return
+    q8 = [torch.randint(-127, 128, (n, k), device="cuda", dtype=torch.int8, generator=g)
+          for _ in range(copies)]  # fmt: skip
+    s8 = torch.rand(n, device="cuda", generator=g) / 127
+    yield from _quantized("int8", x, [(q, s8, None, None, 0) for q in q8], n * k + n * 4)
+    del q8
+    group, code = 64, NF4.cuda()
+    q4 = [torch.randint(0, 256, (n, k // 2), device="cuda", dtype=torch.uint8, generator=g)
+          for _ in range(copies)]  # fmt: skip
+    s4 = torch.rand(n, k // group, device="cuda", generator=g)
+    yield from _quantized(
+        "int4", x, [(q, s4, code, None, group) for q in q4], n * k // 2 + s4.numel() * 4
     )
+
+
+def _quantized(kind: str, x: torch.Tensor, layers: list, nbytes: int):
+    """Each split-K config of wq_splitk for these same-shape layers."""
+    ref = wq_matmul_ref(x, *layers[0]).float()
+    for cfg in wq_splitk.CONFIGS[kind]:
+
+        def call(layer, cfg=cfg):
+            return wq_splitk.wq_gemv(x, *layer, cfg)
+
+        err = (call(layers[0]).float() - ref).abs().max().item()
+        yield f"{kind}{cfg}", nbytes, per_call_us(call, layers), err
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -109,13 +113,7 @@ def main(argv: list[str] | None = None) -> int:
     table = Table("shape", "N x K", "path", "us", "GB/s", "% of copy bw", "max err")
     rows, per_token = [], {}
     for name, n, k, count in SHAPES:
-        for path, nbytes, fn, ref in variants(n, k, args.m, torch.bfloat16):
-            try:
-                err = (fn().float() - ref().float()).abs().max().item() if ref else 0.0
-                us = graph_us(fn)
-            except Exception as e:  # a config this GPU cannot run: report it, go on
-                table.add_row(name, f"{n}x{k}", path, "error", str(e)[:60], "", "")
-                continue
+        for path, nbytes, us, err in variants(n, k, args.m, min(count, 32), torch.bfloat16):
             rate = nbytes / (us * 1e-6)
             rows.append(dict(shape=name, n=n, k=k, path=path, us=us, bytes=nbytes, err=err))
             table.add_row(
@@ -127,7 +125,7 @@ def main(argv: list[str] | None = None) -> int:
             best[name] = min(best.get(name, float("inf")), us * count)
     console.print(table)
     for family, times in per_token.items():
-        if len(times) == len(SHAPES) or family in ("int8", "int4"):
+        if len(times) == len(SHAPES) or family in ("int8", "int4"):  # best config per shape
             total = sum(times.values()) / 1e3
             console.print(f"{family}: weight GEMVs of one decode token {total:.2f} ms ({times})")
     if args.out:

@@ -119,6 +119,7 @@ ROPE_CASES = [
     (7, 8, 2, 128, LLAMA3_SCALING),
     (33, 4, 4, 32, None),
     (7, 6, 2, 80, None),  # non-power-of-two head count and head_dim
+    (70, 5, 1, 64, None),  # enough tokens for one program per token for all q (and all k) heads
 ] + [
     pytest.param(t, h, kv, 128, LLAMA3_SCALING, marks=GPU)
     for t, h, kv in [(1, 32, 8), (37, 32, 8), (4096, 32, 8), (4096, 16, 8), (300, 28, 4)]

@@ -95,3 +95,22 @@ def test_linear_with_gemv_replays_in_a_cuda_graph():
     graph.replay()
     torch.testing.assert_close(out.float(), F.linear(x, layer.weight).float(), rtol=2e-2, atol=2e-2)
     assert not torch.equal(out, expected)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
+def test_choice_is_made_per_shape_over_all_weights_before_capture():
+    from engine.models.layers import choose_batch1_linears
+
+    layers = [Linear(1024, 3072, bias=False) for _ in range(4)] + [Linear(1024, 512, bias=True)]
+    model = torch.nn.ModuleList(layers).to(DEVICE, torch.bfloat16)
+    choose_batch1_linears(model)
+    for layer in layers:
+        key = _gemv_mod._key(layer.weight, layer.bias)
+        assert key in _gemv_mod._choice and _gemv_mod._choice[key] in [None, *_gemv_mod.CONFIGS]
+    x = torch.randn(1, 1024, dtype=torch.bfloat16, device=DEVICE)
+    for layer in layers:
+        ref = F.linear(
+            x.float(), layer.weight.float(), layer.bias.float() if layer.bias is not None else None
+        )
+        torch.testing.assert_close(layer(x).float(), ref, rtol=2e-2, atol=2e-2)

@@ -6,8 +6,9 @@ program reads a [BLOCK_N, K / SPLIT_K] slab of W and writes one fp32 partial per
 kernel sums the SPLIT_K partials (SPLIT_K=1: the first kernel writes the output itself). Enough
 programs keep many loads in flight even when N is small (o_proj, down_proj).
 
-Whether it beats cuBLAS is measured, not assumed: `gemv_wins` times both once per (N, K, dtype)
-on the device (outside CUDA-graph capture) and the model's linears use the winner.
+Whether it beats cuBLAS is measured, not assumed: `choose_configs` times both per weight shape
+on the device, in a CUDA graph over the model's own weights, before the decode graphs are
+captured; the model's linears use the winner.
 """
 
 from __future__ import annotations
@@ -18,10 +19,10 @@ import torch
 import triton
 import triton.language as tl
 
-from engine.timing import seconds_per_call
+from engine.timing import graph_seconds
 
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
-# (BLOCK_N, BLOCK_K, num_warps): candidates, tried by gemv_wins on the device
+# (BLOCK_N, BLOCK_K, num_warps): candidates, timed by choose_configs on the device
 CONFIGS = [(8, 512, 4), (16, 256, 4), (32, 256, 8)]
 
 
@@ -125,34 +126,73 @@ def gemv(
 
 
 _choice: dict[tuple, tuple[int, int, int] | None] = {}
-"""(N, K, dtype, device) -> the winning config, or None where cuBLAS won."""
+"""(N, K, dtype, device, has bias) -> the winning config, or None where cuBLAS won."""
 
 
-def _time_ms(fn, reps: int = 30) -> float:
-    return seconds_per_call(fn, "cuda", reps) * 1e3
+def _key(weight: torch.Tensor, bias: torch.Tensor | None) -> tuple:
+    return (*weight.shape, weight.dtype, weight.device, bias is not None)
+
+
+def choose_configs(linears: list[tuple[torch.Tensor, torch.Tensor | None]]) -> None:
+    """Decide between cuBLAS and each config for every (weight, bias) shape in `linears`: timed
+    in a CUDA graph that calls it once per weight of that shape, as a decode step does (so
+    no weight is still in L2 at its next call, unlike timing one small weight repeatedly;
+    eager timing would add Triton's host launch cost, which graph replay does not pay).
+    Results must match F.linear; a config this GPU cannot run is skipped."""
+    groups: dict[tuple, list] = {}
+    for w, b in linears:
+        if w.is_cuda and w.dim() == 2 and w.dtype in _DTYPES and w.stride(1) == 1:
+            groups.setdefault(_key(w, b), []).append((w, b))
+    for key, pairs in groups.items():
+        if key not in _choice:
+            _choice[key] = _fastest(pairs)
+    torch.cuda.empty_cache()
+
+
+def _fastest(pairs: list[tuple[torch.Tensor, torch.Tensor | None]]):
+    """The fastest config for these same-shape weights, or None where cuBLAS wins."""
+    w0, b0 = pairs[0]
+    x = torch.randn(1, w0.shape[1], dtype=w0.dtype, device=w0.device)
+    ref = torch.nn.functional.linear(x, w0, b0).float()
+
+    def call(cfg, pair):
+        if cfg is None:
+            return torch.nn.functional.linear(x, *pair)
+        return gemv(x, *pair, cfg)
+
+    return fastest_config([None, *CONFIGS], call, pairs, ref)
+
+
+def fastest_config(configs: list, call, items: list, ref: torch.Tensor):
+    """The config c of `configs` for which call(c, item) for every item, replayed in one CUDA
+    graph, takes least time; a config whose output for items[0] is not close to `ref`, or that
+    this GPU cannot run (resources), is skipped. None if none ran."""
+    best, best_s = None, float("inf")
+    for cfg in configs:
+        try:
+            got = call(cfg, items[0]).float()
+            if not torch.allclose(got, ref, rtol=2e-2, atol=2e-2):
+                continue
+
+            def all_items(cfg=cfg):
+                for item in items:
+                    call(cfg, item)
+
+            s = graph_seconds(all_items)
+        except Exception:  # resources this GPU lacks for the config: skip it
+            continue
+        if s < best_s:
+            best, best_s = cfg, s
+    return best
 
 
 def gemv_config(weight: torch.Tensor, bias: torch.Tensor | None) -> tuple[int, int, int] | None:
-    """The config that beats F.linear at batch 1 for this weight's shape, timed once on the
-    device; None when cuBLAS is faster (or while a CUDA graph is being captured: nothing can be
-    timed then, and the warm-up forward before each capture has already decided)."""
-    key = (*weight.shape, weight.dtype, weight.device)
-    if key in _choice:
-        return _choice[key]
-    if not weight.is_cuda or torch.cuda.is_current_stream_capturing():
-        return None
-    x = torch.randn(1, weight.shape[1], dtype=weight.dtype, device=weight.device)
-    best, best_ms = None, _time_ms(lambda: torch.nn.functional.linear(x, weight, bias))
-    ref = torch.nn.functional.linear(x, weight, bias).float()
-    for cfg in CONFIGS:
-        try:
-            got = gemv(x, weight, bias, cfg)
-        except Exception:  # a config this GPU cannot run (resources): skip it
-            continue
-        if not torch.allclose(got.float(), ref, rtol=2e-2, atol=2e-2):
-            continue
-        ms = _time_ms(lambda cfg=cfg: gemv(x, weight, bias, cfg))
-        if ms < best_ms:
-            best, best_ms = cfg, ms
-    _choice[key] = best
-    return best
+    """The config that beats F.linear at batch 1 for this weight's shape on this device; None
+    when cuBLAS is faster, off CUDA, or while a CUDA graph is being captured (nothing can be
+    timed then). Shapes choose_configs did not see are timed here, on this weight alone."""
+    key = _key(weight, bias)
+    if key not in _choice:
+        if not weight.is_cuda or torch.cuda.is_current_stream_capturing():
+            return None
+        choose_configs([(weight, bias)])
+    return _choice.get(key)

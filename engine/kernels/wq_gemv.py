@@ -7,8 +7,9 @@ Weights (the layouts of engine.models.quant, which repacks bitsandbytes' output 
   W[n, k] = code[nibble(n, k)] * absmax[n, k // group].
 Activations are 16-bit (fp32 too, for the CPU interpreter); accumulation in fp32.
 
-Decode (M = 1) runs a GEMV on the CUDA cores: no tensor-core padding, each weight byte read
-once. M > 1 dequantizes a tile to x's dtype and uses tl.dot. Configs are autotuned per
+Decode (M = 1) on CUDA runs the split-K GEMV of engine/kernels/wq_splitk.py (its config
+timed per shape); this kernel's M = 1 bucket is the fallback.
+M > 1 dequantizes a tile to x's dtype and uses tl.dot. Configs are autotuned per
 (M bucket, N, K) on CUDA; the first call of a shape tunes (the engine's warm-up, before graph
 capture). No host sync and no allocation beyond the output (CUDA-graph safe).
 """
@@ -170,6 +171,13 @@ def wq_matmul(
     out = torch.empty(m, n, dtype=x.dtype, device=x.device)
     if m == 0:
         return out.view(*lead, n)
+    if m == 1:
+        from engine.kernels.wq_splitk import config_for, wq_gemv
+
+        layer = (qweight, scales, code, bias, group_size)
+        config = config_for(layer, x2) if block is None else None
+        if config is not None:
+            return wq_gemv(x2, *layer, config).view(*lead, n)
     bucket = _m_bucket(m)
     args = (
         x2, qweight, scales, code if is_int4 else scales, bias if bias is not None else scales,

@@ -44,6 +44,16 @@ class Linear(nn.Linear):
         return F.linear(x, self.weight, self.bias)
 
 
+def choose_batch1_linears(model: nn.Module) -> None:
+    """Time cuBLAS against the split-K GEMV for each Linear shape of the model, over its own
+    weights, so decode graphs capture the faster one (CUDA only; call before capturing)."""
+    linears = [(m.weight, m.bias) for m in model.modules() if isinstance(m, Linear)]
+    if linears and linears[0][0].is_cuda and _gemv_enabled():
+        from engine.kernels.gemv import choose_configs
+
+        choose_configs(linears)
+
+
 @cache
 def _gemv_enabled() -> bool:
     from engine.kernels import triton_available

@@ -184,6 +184,20 @@ class QuantLinear(nn.Module):
         return f"{self.in_features} -> {self.out_features}, {kind}, group={self.group_size}"
 
 
+def choose_quant_linears(model: nn.Module, dtype: torch.dtype) -> None:
+    """Time the batch-1 split-K kernel's configs for each QuantLinear shape of the model, over
+    its own weights, so decode graphs capture the fastest (CUDA only; before capturing)."""
+    layers = [
+        (m.qweight, m.scales, m.code, m.bias, m.group_size)
+        for m in model.modules()
+        if isinstance(m, QuantLinear)
+    ]
+    if layers and layers[0][0].is_cuda and _kernel_enabled():
+        from engine.kernels.wq_splitk import choose_configs
+
+        choose_configs(layers, dtype)
+
+
 def _kernel_enabled() -> bool:
     from engine.kernels import triton_available
 

@@ -1,0 +1,88 @@
+"""The batch-1 split-K GEMV for int8 / int4 weights against the PyTorch reference: small shapes
+under Triton's CPU interpreter (split 1 and > 1, ragged N, bias, every int8 value, every
+4-bit code), Llama-3-8B shapes and the measured choice on a GPU."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from engine.models.quant import wq_matmul_ref
+from tests.triton_modules import HAS_CUDA, import_kernel_modules
+
+(_gemv, _wq, _splitk) = import_kernel_modules(
+    [("gemv", "_gemv_kernel"), ("wq_gemv", "_wq_matmul_kernel"), ("wq_splitk", "_wq_splitk_kernel")]
+)
+DEVICE = "cuda" if HAS_CUDA else "cpu"
+NF4 = torch.tensor(
+    [-1.0, -0.6962, -0.5251, -0.3949, -0.2844, -0.1848, -0.0911, 0.0,
+     0.0796, 0.1609, 0.2461, 0.3379, 0.4407, 0.5626, 0.7230, 1.0]
+)  # fmt: skip
+
+
+@pytest.fixture(autouse=True)
+def _interpret_without_cuda(monkeypatch):
+    if not HAS_CUDA:
+        monkeypatch.setenv("TRITON_INTERPRET", "1")
+
+
+def _layer(kind: str, n: int, k: int, group: int, bias: bool, dtype, seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    if kind == "int8":
+        q = torch.randint(-128, 128, (n, k), generator=g, dtype=torch.int8)
+        q.view(-1)[:256] = torch.arange(-128, 128, dtype=torch.int8)[: q.numel()]  # every value
+        s, code = torch.rand(n, generator=g) / 127, None
+    else:
+        q = torch.randint(0, 256, (n, k // 2), generator=g, dtype=torch.uint8)
+        s, code = torch.rand(n, k // group, generator=g), NF4.to(DEVICE)
+    b = torch.randn(n, generator=g).to(dtype).to(DEVICE) if bias else None
+    x = torch.randn(1, k, generator=g).to(dtype).to(DEVICE)
+    return x, (q.to(DEVICE), s.to(DEVICE), code, b, group)
+
+
+# kind, N, K, group, config, num_sms: split 1 and > 1, N not a multiple of BLOCK_N
+CASES = [
+    ("int8", 40, 256, 0, (16, 64, 4), 1),
+    ("int8", 33, 1024, 0, (8, 64, 4), 16),
+    ("int4", 40, 256, 64, (16, 0, 4), 1),
+    ("int4", 33, 1024, 32, (8, 0, 4), 16),
+    ("int4", 20, 512, 128, (16, 0, 2), 64),
+]
+
+
+@pytest.mark.parametrize("kind,n,k,group,config,sms", CASES)
+@pytest.mark.parametrize("bias", [False, True])
+def test_splitk_matches_reference(kind, n, k, group, config, sms, bias):
+    x, layer = _layer(kind, n, k, group, bias, torch.float32)
+    got = _splitk.wq_gemv(x, *layer, config, num_sms=sms)
+    torch.testing.assert_close(got, wq_matmul_ref(x, *layer), rtol=1e-4, atol=1e-4)
+
+
+def test_only_power_of_two_int4_groups_take_the_splitk_kernel():
+    x = torch.randn(1, 96)
+    q4 = torch.zeros(4, 48, dtype=torch.uint8)
+    assert _splitk.supports(q4, x, 32) and not _splitk.supports(q4, x, 48)
+    assert not _splitk.supports(q4, x, 8)
+    assert _splitk.supports(torch.zeros(4, 96, dtype=torch.int8), x, 0)
+    assert not _splitk.supports(q4, torch.randn(2, 96), 32)  # one row only
+    assert _splitk.config_for((q4, None, None, None, 32), x) is None  # CPU: not taken
+
+
+LLAMA3_SHAPES = [(6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336)]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
+@pytest.mark.parametrize("kind", ["int8", "int4"])
+@pytest.mark.parametrize("n,k", LLAMA3_SHAPES)
+def test_splitk_llama3_shapes_gpu(kind, n, k):
+    x, layer = _layer(kind, n, k, 64, False, torch.bfloat16)
+    ref = wq_matmul_ref(x.float(), *layer[:3], None, 64)
+    for config in _splitk.CONFIGS[kind]:
+        got = _splitk.wq_gemv(x, *layer, config)
+        torch.testing.assert_close(got.float(), ref, rtol=2e-2, atol=5e-2 * ref.abs().max())
+    chosen = _splitk.config_for(layer, x)  # timed against the other configs
+    assert chosen in _splitk.CONFIGS[kind]
+    got = _wq.wq_matmul(x, *layer[:4], group_size=64)  # the engine's path: the split-K kernel
+    torch.testing.assert_close(got.float(), ref, rtol=2e-2, atol=5e-2 * ref.abs().max())
+    print(f"{kind} {n}x{k}: {chosen}")
