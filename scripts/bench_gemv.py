@@ -101,6 +101,14 @@ def _quantized(kind: str, x: torch.Tensor, layers: list, nbytes: int):
         yield f"{kind}{cfg}", nbytes, per_call_us(call, layers), err
 
 
+def _guarded(rows, console: Console):
+    """The rows of a variants() generator until one fails (the error is printed)."""
+    try:
+        yield from rows
+    except Exception as e:  # a kernel that does not compile or run here: report, go on
+        console.print(f"[red]error: {type(e).__name__}: {str(e)[:300]}")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", type=Path, default=None, help="write the rows as JSON here")
@@ -113,7 +121,9 @@ def main(argv: list[str] | None = None) -> int:
     table = Table("shape", "N x K", "path", "us", "GB/s", "% of copy bw", "max err")
     rows, per_token = [], {}
     for name, n, k, count in SHAPES:
-        for path, nbytes, us, err in variants(n, k, args.m, min(count, 32), torch.bfloat16):
+        for path, nbytes, us, err in _guarded(
+            variants(n, k, args.m, min(count, 32), torch.bfloat16), console
+        ):
             rate = nbytes / (us * 1e-6)
             rows.append(dict(shape=name, n=n, k=k, path=path, us=us, bytes=nbytes, err=err))
             table.add_row(

@@ -114,3 +114,16 @@ def test_choice_is_made_per_shape_over_all_weights_before_capture():
             x.float(), layer.weight.float(), layer.bias.float() if layer.bias is not None else None
         )
         torch.testing.assert_close(layer(x).float(), ref, rtol=2e-2, atol=2e-2)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("bias", [False, True])
+def test_gemv_silu_mul_equals_the_two_steps(dtype, bias):
+    from engine.kernels.silu_mul import silu_and_mul
+
+    x, w, b = _case(2 * 24, 128, dtype, bias, seed=3)
+    got = _gemv_mod.gemv_silu_mul(x, w, b, (8, 64, 4), num_sms=1)
+    expected = silu_and_mul(_gemv_mod.gemv(x, w, b, (8, 64, 4), num_sms=1))
+    torch.testing.assert_close(got, expected, rtol=0, atol=0)  # rounds where the two steps do
+    x, w, b = _case(2 * 24, 1024, dtype, bias, seed=3)  # few rows, long K: split-K's case
+    assert _gemv_mod.gemv_silu_mul(x, w, b, (8, 64, 4), num_sms=64) is None

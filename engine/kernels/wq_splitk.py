@@ -28,7 +28,7 @@ CONFIGS = {
     "int8": [(16, 256, 4), (32, 128, 4), (8, 512, 4), (16, 512, 8)],
     "int4": [(32, 0, 4), (64, 0, 4), (16, 0, 2), (128, 0, 8)],
 }
-MAGIC = 0x4B000000  # 2^23 as fp32 bits: the low mantissa bits hold an integer exactly
+MAGIC = tl.constexpr(0x4B000000)  # 2^23 as fp32 bits: low mantissa bits hold an integer
 
 
 @triton.jit

@@ -43,6 +43,19 @@ class Linear(nn.Linear):
                 return gemv(x, self.weight, self.bias, config)
         return F.linear(x, self.weight, self.bias)
 
+    def silu_mul_forward(self, x: torch.Tensor) -> torch.Tensor:
+        """silu_and_mul(self(x)) for a gate-and-up projection: one fused kernel at batch 1
+        where the split-K GEMV won this shape (and fused kernels are on), else the two steps."""
+        if x.is_cuda and x.dim() == 2 and x.shape[0] == 1 and _gemv_enabled():
+            from engine.kernels.gemv import gemv_config, gemv_silu_mul
+
+            config = gemv_config(self.weight, self.bias)
+            if config is not None and fused_kernels_enabled():
+                out = gemv_silu_mul(x, self.weight, self.bias, config)
+                if out is not None:
+                    return out
+        return silu_and_mul(self(x))
+
 
 def choose_batch1_linears(model: nn.Module) -> None:
     """Time cuBLAS against the split-K GEMV for each Linear shape of the model, over its own

@@ -53,7 +53,10 @@ class MLP(nn.Module):
         self.down_proj = Linear(cfg.intermediate_size, cfg.hidden_size, bias=cfg.mlp_bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(silu_and_mul(self.gate_up_proj(x)))
+        gate_up = self.gate_up_proj  # a QuantLinear when quantized
+        if isinstance(gate_up, Linear):
+            return self.down_proj(gate_up.silu_mul_forward(x))
+        return self.down_proj(silu_and_mul(gate_up(x)))
 
 
 class DecoderLayer(nn.Module):
