@@ -23,9 +23,15 @@ def _hf_greedy(folder, prompts, n):
     refs = []
     for p in prompts:
         ids = torch.tensor([p], device="cuda")
-        out = hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n,
-                          do_sample=False, eos_token_id=None, pad_token_id=0)
-        refs.append(out[0, len(p):].tolist())
+        out = hf.generate(
+            ids,
+            attention_mask=torch.ones_like(ids),
+            max_new_tokens=n,
+            do_sample=False,
+            eos_token_id=None,
+            pad_token_id=0,
+        )
+        refs.append(out[0, len(p) :].tolist())
     return refs
 
 
@@ -36,17 +42,22 @@ def test_gpu_greedy_equals_transformers_fp32(tiny_model, eager):
     llm = LLM(str(folder), device="cuda", dtype="float32", enforce_eager=eager, max_num_seqs=8)
     assert llm.engine.runner.backend.name == "triton"
     assert (llm.engine.runner.graphs is None) == eager
-    outs = llm.generate(_prompts(), SamplingParams(max_tokens=16, temperature=0.0,
-                                                   ignore_eos=True))
+    outs = llm.generate(_prompts(), SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True))
     assert [o.token_ids for o in outs] == refs
 
 
 def test_gpu_preemption_and_chunking_exact(tiny_llama):
     refs = _hf_greedy(tiny_llama, _prompts(), 16)
-    llm = LLM(str(tiny_llama), device="cuda", dtype="float32", num_kv_blocks=30,
-              max_num_batched_tokens=64, max_model_len=400, max_num_seqs=8)
-    outs = llm.generate(_prompts(), SamplingParams(max_tokens=16, temperature=0.0,
-                                                   ignore_eos=True))
+    llm = LLM(
+        str(tiny_llama),
+        device="cuda",
+        dtype="float32",
+        num_kv_blocks=30,
+        max_num_batched_tokens=64,
+        max_model_len=400,
+        max_num_seqs=8,
+    )
+    outs = llm.generate(_prompts(), SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True))
     assert [o.token_ids for o in outs] == refs
     assert sum(o.metrics.num_preemptions for o in outs) > 0
 
@@ -55,8 +66,9 @@ def test_gpu_bf16_logits_close_to_transformers(tiny_llama):
     hf = AutoModelForCausalLM.from_pretrained(tiny_llama, dtype=torch.bfloat16).cuda()
     llm = LLM(str(tiny_llama), device="cuda", dtype="bfloat16", max_num_seqs=4)
     prompt = _prompts()[4]
-    out = llm.generate([prompt], SamplingParams(max_tokens=1, temperature=0.0, logprobs=5,
-                                                ignore_eos=True))[0]
+    out = llm.generate(
+        [prompt], SamplingParams(max_tokens=1, temperature=0.0, logprobs=5, ignore_eos=True)
+    )[0]
     with torch.no_grad():
         ref = hf(torch.tensor([prompt], device="cuda")).logits[0, -1].float().log_softmax(-1)
     ours = dict(out.logprobs[0].top)

@@ -31,47 +31,64 @@ CONFIGS = [(8, 512, 4), (16, 256, 4), (32, 256, 8)]
 def _gemv_kernel(
     x_ptr, w_ptr, bias_ptr, out_ptr, part_ptr,
     N, K, stride_wn, k_per_split,
-    SPLIT_K: tl.constexpr, HAS_BIAS: tl.constexpr, GATED: tl.constexpr,
+    SPLIT_K: tl.constexpr, HAS_BIAS: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):  # fmt: skip
-    # GATED (SPLIT_K = 1): W is [2N, K], gate rows then up rows; the output is [1, N] =
-    # silu(gate) * up, rounded where silu_mul.py rounds.
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     n_mask = offs_n < N
     rows = w_ptr + offs_n.to(tl.int64)[:, None] * stride_wn  # [BLOCK_N, 1]
-    up_rows = rows + N * stride_wn
     k_start = pid_k * k_per_split
     k_end = tl.minimum(k_start + k_per_split, K)
     acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
-    acc_up = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
     for k0 in range(k_start, k_end, BLOCK_K):
         offs_k = k0 + tl.arange(0, BLOCK_K)
         k_mask = offs_k < k_end
-        wmask = n_mask[:, None] & k_mask[None, :]
-        x = tl.load(x_ptr + offs_k, mask=k_mask, other=0.0).to(tl.float32)[None, :]
-        w = tl.load(rows + offs_k[None, :], mask=wmask, other=0.0)
-        acc += w.to(tl.float32) * x
-        if GATED:
-            w_up = tl.load(up_rows + offs_k[None, :], mask=wmask, other=0.0)
-            acc_up += w_up.to(tl.float32) * x
+        w = tl.load(rows + offs_k[None, :], mask=n_mask[:, None] & k_mask[None, :], other=0.0)
+        x = tl.load(x_ptr + offs_k, mask=k_mask, other=0.0)
+        acc += w.to(tl.float32) * x.to(tl.float32)[None, :]
     partial = tl.sum(acc, axis=1)  # [BLOCK_N]
     if SPLIT_K == 1:
-        dtype = out_ptr.dtype.element_ty
         if HAS_BIAS:
             partial += tl.load(bias_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)
-        if GATED:
-            up = tl.sum(acc_up, axis=1)
-            if HAS_BIAS:
-                up += tl.load(bias_ptr + N + offs_n, mask=n_mask, other=0.0).to(tl.float32)
-            gate = round_to(partial, dtype)
-            act = round_to(gate / (1.0 + tl.exp(-gate)), dtype)
-            partial = act * round_to(up, dtype)
-        # round_to: round to nearest even under the CPU interpreter too (its cast truncates)
-        tl.store(out_ptr + offs_n, round_to(partial, dtype).to(dtype), mask=n_mask)
+        tl.store(out_ptr + offs_n, partial.to(out_ptr.dtype.element_ty), mask=n_mask)
     else:
         tl.store(part_ptr + pid_k * N + offs_n, partial, mask=n_mask)
+
+
+@triton.jit
+def _gemv_silu_kernel(
+    x_ptr, w_ptr, bias_ptr, out_ptr, N, K, stride_wn,
+    HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+):  # fmt: skip
+    # W is [2N, K], gate rows then up rows; out[1, N] = silu(gate) * up, rounded where the two
+    # steps (this file's GEMV, then silu_mul.py) round.
+    offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_mask = offs_n < N
+    rows = w_ptr + offs_n.to(tl.int64)[:, None] * stride_wn  # [BLOCK_N, 1]
+    up_rows = rows + N * stride_wn
+    acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
+    acc_up = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        offs_k = k0 + tl.arange(0, BLOCK_K)
+        k_mask = offs_k < K
+        w = tl.load(rows + offs_k[None, :], mask=n_mask[:, None] & k_mask[None, :], other=0.0)
+        w_up = tl.load(up_rows + offs_k[None, :], mask=n_mask[:, None] & k_mask[None, :], other=0.0)
+        x = tl.load(x_ptr + offs_k, mask=k_mask, other=0.0).to(tl.float32)[None, :]
+        acc += w.to(tl.float32) * x
+        acc_up += w_up.to(tl.float32) * x
+    gate = tl.sum(acc, axis=1)
+    up = tl.sum(acc_up, axis=1)
+    if HAS_BIAS:
+        gate += tl.load(bias_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)
+        up += tl.load(bias_ptr + N + offs_n, mask=n_mask, other=0.0).to(tl.float32)
+    dtype = out_ptr.dtype.element_ty
+    gate = round_to(gate, dtype)
+    act = round_to(gate / (1.0 + tl.exp(-gate)), dtype)
+    # round_to: round to nearest even under the CPU interpreter too (its cast truncates)
+    out = round_to(act * round_to(up, dtype), dtype)
+    tl.store(out_ptr + offs_n, out.to(dtype), mask=n_mask)
 
 
 @triton.jit
@@ -123,8 +140,8 @@ def gemv(
     grid = (triton.cdiv(n, block_n), split)
     _gemv_kernel[grid](
         x, weight, b, out, part, n, k, weight.stride(0), k_per_split,
-        SPLIT_K=split, HAS_BIAS=bias is not None, GATED=False,
-        BLOCK_N=block_n, BLOCK_K=block_k, num_warps=warps,
+        SPLIT_K=split, HAS_BIAS=bias is not None, BLOCK_N=block_n, BLOCK_K=block_k,
+        num_warps=warps,
     )  # fmt: skip
     if split > 1:
         _reduce_kernel[(triton.cdiv(n, 1024),)](
@@ -151,10 +168,9 @@ def gemv_silu_mul(
     if weight.shape[0] % 2 or split_k_for(n, k, block_n, block_k, num_sms) > 1:
         return None
     out = torch.empty(1, n, dtype=x.dtype, device=x.device)
-    _gemv_kernel[(triton.cdiv(n, block_n), 1)](
-        x, weight, bias if bias is not None else out, out, out, n, k, weight.stride(0), k,
-        SPLIT_K=1, HAS_BIAS=bias is not None, GATED=True,
-        BLOCK_N=block_n, BLOCK_K=block_k, num_warps=warps,
+    _gemv_silu_kernel[(triton.cdiv(n, block_n),)](
+        x, weight, bias if bias is not None else out, out, n, k, weight.stride(0),
+        HAS_BIAS=bias is not None, BLOCK_N=block_n, BLOCK_K=block_k, num_warps=warps,
     )  # fmt: skip
     return out
 
@@ -182,7 +198,18 @@ def _key(weight: torch.Tensor, bias: torch.Tensor | None) -> tuple:
     return (*weight.shape, weight.dtype, weight.device, bias is not None)
 
 
-def choose_configs(linears: list[tuple[torch.Tensor, torch.Tensor | None]]) -> None:
+_fused: dict[tuple, bool] = {}
+"""Gate-and-up shapes -> whether gemv_silu_mul beat the GEMV then silu_and_mul, timed."""
+
+
+def fused_silu_wins(weight: torch.Tensor, bias: torch.Tensor | None) -> bool:
+    return _fused.get(_key(weight, bias), False)
+
+
+def choose_configs(
+    linears: list[tuple[torch.Tensor, torch.Tensor | None]],
+    gated: list[tuple[torch.Tensor, torch.Tensor | None]] = (),
+) -> None:
     """Decide between cuBLAS and each config for every (weight, bias) shape in `linears`: timed
     in a CUDA graph that calls it once per weight of that shape, as a decode step does (so
     no weight is still in L2 at its next call, unlike timing one small weight repeatedly;
@@ -195,7 +222,31 @@ def choose_configs(linears: list[tuple[torch.Tensor, torch.Tensor | None]]) -> N
     for key, pairs in groups.items():
         if key not in _choice:
             _choice[key] = _fastest(pairs)
+    gated_groups: dict[tuple, list] = {}
+    for w, b in gated:
+        gated_groups.setdefault(_key(w, b), []).append((w, b))
+    for key, pairs in gated_groups.items():
+        if key not in _fused and _choice.get(key) is not None:
+            _fused[key] = _fused_is_faster(pairs, _choice[key])
     torch.cuda.empty_cache()
+
+
+def _fused_is_faster(pairs: list, config: tuple[int, int, int]) -> bool:
+    """Time silu_and_mul(gemv(...)) against gemv_silu_mul over these gate-and-up weights."""
+    from engine.kernels.silu_mul import silu_and_mul
+
+    w0 = pairs[0][0]
+    x = torch.randn(1, w0.shape[1], dtype=w0.dtype, device=w0.device)
+    if gemv_silu_mul(x, *pairs[0], config) is None:
+        return False
+    ref = silu_and_mul(gemv(x, *pairs[0], config)).float()
+
+    def call(fused, pair):
+        if fused:
+            return gemv_silu_mul(x, *pair, config)
+        return silu_and_mul(gemv(x, *pair, config))
+
+    return fastest_config([False, True], call, pairs, ref) is True
 
 
 def _fastest(pairs: list[tuple[torch.Tensor, torch.Tensor | None]]):

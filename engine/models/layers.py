@@ -45,12 +45,13 @@ class Linear(nn.Linear):
 
     def silu_mul_forward(self, x: torch.Tensor) -> torch.Tensor:
         """silu_and_mul(self(x)) for a gate-and-up projection: one fused kernel at batch 1
-        where the split-K GEMV won this shape (and fused kernels are on), else the two steps."""
+        where the split-K GEMV won this shape and the fused form timed faster than the two
+        steps (choose_batch1_linears), else the two steps."""
         if x.is_cuda and x.dim() == 2 and x.shape[0] == 1 and _gemv_enabled():
-            from engine.kernels.gemv import gemv_config, gemv_silu_mul
+            from engine.kernels.gemv import fused_silu_wins, gemv_config, gemv_silu_mul
 
             config = gemv_config(self.weight, self.bias)
-            if config is not None and fused_kernels_enabled():
+            if config is not None and fused_silu_wins(self.weight, self.bias):
                 out = gemv_silu_mul(x, self.weight, self.bias, config)
                 if out is not None:
                     return out
@@ -61,10 +62,15 @@ def choose_batch1_linears(model: nn.Module) -> None:
     """Time cuBLAS against the split-K GEMV for each Linear shape of the model, over its own
     weights, so decode graphs capture the faster one (CUDA only; call before capturing)."""
     linears = [(m.weight, m.bias) for m in model.modules() if isinstance(m, Linear)]
+    gated = [
+        (m.weight, m.bias)
+        for name, m in model.named_modules()
+        if isinstance(m, Linear) and name.endswith("gate_up_proj")
+    ]
     if linears and linears[0][0].is_cuda and _gemv_enabled():
         from engine.kernels.gemv import choose_configs
 
-        choose_configs(linears)
+        choose_configs(linears, gated if fused_kernels_enabled() else [])
 
 
 @cache
