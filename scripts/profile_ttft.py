@@ -1,0 +1,69 @@
+"""Where workload C's time to first token goes: TTFT per prompt length with overlapped steps on
+and off, and a torch.profiler kernel table of one request per length.
+
+    PYTHONPATH=. python scripts/profile_ttft.py [--preset llama-3-8b] [--lengths 1024,4096]
+
+TTFT = first_token_time - arrival_time, as scripts/bench_gpu.py measures it (max_tokens=1).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from engine import LLM, SamplingParams  # noqa: E402
+from scripts.bench_gpu import materialise_preset, random_prompts  # noqa: E402
+from scripts.profile_workload import kernel_table  # noqa: E402
+
+
+def ttft_ms(llm: LLM, n: int, seed: int) -> float:
+    params = SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True)
+    vocab = llm.engine.model_config.vocab_size
+    (out,) = llm.generate(random_prompts(1, n, n, vocab, seed=seed), params)
+    return (out.metrics.first_token_time - out.metrics.arrival_time) * 1e3
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--preset", default="llama-3-8b")
+    ap.add_argument("--lengths", default="1024,4096")
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--max-num-seqs", type=int, default=16, help="bench_gpu's engine has 256")
+    args = ap.parse_args()
+    lengths = [int(v) for v in args.lengths.split(",")]
+    folder = materialise_preset(args.preset, tempfile.mkdtemp())
+    llm = LLM(
+        folder,
+        load_format="random",
+        seed=0,
+        max_model_len=max(lengths) + 256,
+        max_num_seqs=args.max_num_seqs,
+        max_num_batched_tokens=max(8192, max(lengths)),
+    )
+    engine = llm.engine
+    for n in lengths:
+        ttft_ms(llm, n, seed=1)  # warm-up
+        for overlap in (True, False):
+            engine._overlap = overlap
+            runs = [ttft_ms(llm, n, seed=2 + i) for i in range(args.repeats)]
+            print(f"TTFT {n} tokens, overlap {overlap}: median {statistics.median(runs):.1f} ms "
+                  f"runs {' '.join(f'{r:.1f}' for r in runs)}")  # fmt: skip
+        engine._overlap = True
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            wall = ttft_ms(llm, n, seed=99) / 1e3
+            torch.cuda.synchronize()
+        print(f"kernels of one {n}-token request:")
+        kernel_table(prof, wall, 1, top=16)
+
+
+if __name__ == "__main__":
+    main()
