@@ -142,8 +142,9 @@ def test_gate_up_projection_times_the_fused_form_and_matches_the_two_steps():
     choose_batch1_linears(model)
     layer = model["gate_up_proj"]
     key = _gemv_mod._key(layer.weight, None)
-    print(f"gate_up: {_gemv_mod._choice[key]}, fused faster: {_gemv_mod._fused.get(key)}")
-    assert (key in _gemv_mod._fused) == (_gemv_mod._choice[key] is not None)
+    print(f"gate_up: {_gemv_mod._choice[key]}, fused: {_gemv_mod._fused.get(key)}")
+    assert key in _gemv_mod._fused
+    assert _gemv_mod._fused.get(key) in [None, *_gemv_mod.FUSED_CONFIGS]
     x = torch.randn(1, 4096, dtype=torch.bfloat16, device=DEVICE)
     expected = silu_and_mul(F.linear(x, layer.weight))
     torch.testing.assert_close(layer.silu_mul_forward(x), expected, rtol=2e-2, atol=2e-2)

@@ -198,12 +198,16 @@ def _key(weight: torch.Tensor, bias: torch.Tensor | None) -> tuple:
     return (*weight.shape, weight.dtype, weight.device, bias is not None)
 
 
-_fused: dict[tuple, bool] = {}
-"""Gate-and-up shapes -> whether gemv_silu_mul beat the GEMV then silu_and_mul, timed."""
+_fused: dict[tuple, tuple[int, int, int] | None] = {}
+"""Gate-and-up shapes -> the gemv_silu_mul config that beat the GEMV then silu_and_mul (timed),
+or None where the two steps were faster."""
+FUSED_CONFIGS = [(4, 512, 4), (8, 256, 4), (4, 1024, 8), (8, 512, 4)]
+"""Candidates for gemv_silu_mul: each program reads two row blocks, so fewer rows than the
+plain GEMV's best may suit it."""
 
 
-def fused_silu_wins(weight: torch.Tensor, bias: torch.Tensor | None) -> bool:
-    return _fused.get(_key(weight, bias), False)
+def fused_silu_config(weight: torch.Tensor, bias: torch.Tensor | None):
+    return _fused.get(_key(weight, bias))
 
 
 def choose_configs(
@@ -226,27 +230,32 @@ def choose_configs(
     for w, b in gated:
         gated_groups.setdefault(_key(w, b), []).append((w, b))
     for key, pairs in gated_groups.items():
-        if key not in _fused and _choice.get(key) is not None:
-            _fused[key] = _fused_is_faster(pairs, _choice[key])
+        if key not in _fused and key in _choice:
+            _fused[key] = _fastest_fused(pairs, _choice[key])
     torch.cuda.empty_cache()
 
 
-def _fused_is_faster(pairs: list, config: tuple[int, int, int]) -> bool:
-    """Time silu_and_mul(gemv(...)) against gemv_silu_mul over these gate-and-up weights."""
+def _fastest_fused(pairs: list, config: tuple[int, int, int] | None):
+    """Time the two steps (silu_and_mul after the chosen GEMV: cuBLAS where config is None)
+    against gemv_silu_mul with each of FUSED_CONFIGS over these gate-and-up weights: the
+    fastest fused config, or None where the two steps won."""
     from engine.kernels.silu_mul import silu_and_mul
 
     w0 = pairs[0][0]
     x = torch.randn(1, w0.shape[1], dtype=w0.dtype, device=w0.device)
-    if gemv_silu_mul(x, *pairs[0], config) is None:
-        return False
-    ref = silu_and_mul(gemv(x, *pairs[0], config)).float()
 
-    def call(fused, pair):
-        if fused:
-            return gemv_silu_mul(x, *pair, config)
+    def two_steps(pair):
+        if config is None:
+            return silu_and_mul(torch.nn.functional.linear(x, *pair))
         return silu_and_mul(gemv(x, *pair, config))
 
-    return fastest_config([False, True], call, pairs, ref) is True
+    ref = two_steps(pairs[0]).float()
+    fused = [c for c in FUSED_CONFIGS if gemv_silu_mul(x, *pairs[0], c) is not None]
+
+    def call(cfg, pair):
+        return two_steps(pair) if cfg is None else gemv_silu_mul(x, *pair, cfg)
+
+    return fastest_config([None, *fused], call, pairs, ref)
 
 
 def _fastest(pairs: list[tuple[torch.Tensor, torch.Tensor | None]]):

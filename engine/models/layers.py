@@ -45,13 +45,12 @@ class Linear(nn.Linear):
 
     def silu_mul_forward(self, x: torch.Tensor) -> torch.Tensor:
         """silu_and_mul(self(x)) for a gate-and-up projection: one fused kernel at batch 1
-        where the split-K GEMV won this shape and the fused form timed faster than the two
-        steps (choose_batch1_linears), else the two steps."""
+        where it timed faster than the two steps (choose_batch1_linears), else the two."""
         if x.is_cuda and x.dim() == 2 and x.shape[0] == 1 and _gemv_enabled():
-            from engine.kernels.gemv import fused_silu_wins, gemv_config, gemv_silu_mul
+            from engine.kernels.gemv import fused_silu_config, gemv_silu_mul
 
-            config = gemv_config(self.weight, self.bias)
-            if config is not None and fused_silu_wins(self.weight, self.bias):
+            config = fused_silu_config(self.weight, self.bias)
+            if config is not None:
                 out = gemv_silu_mul(x, self.weight, self.bias, config)
                 if out is not None:
                     return out
