@@ -24,7 +24,7 @@ from engine.timing import graph_seconds
 
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 # (BLOCK_N, BLOCK_K, num_warps): candidates, timed by choose_configs on the device
-CONFIGS = [(8, 512, 4), (16, 256, 4), (32, 256, 8)]
+CONFIGS = [(8, 512, 4), (16, 256, 4), (32, 256, 8), (4, 1024, 4), (16, 512, 8)]
 
 
 @triton.jit
