@@ -58,6 +58,7 @@ class _Req:
         self.finish_reason: str | None = None
         self.stop_reason: str | int | None = None
         self.text = ""
+        self.key = f"{seed}:{prompt}:"  # the token draw's key prefix, built once
 
 
 class FakeEngine:
@@ -168,7 +169,7 @@ class FakeEngine:
     def _advance(self, req: _Req) -> None:
         p = req.params
         pos = len(req.out)
-        key = f"{req.seed}:{req.prompt}:{pos}".encode()
+        key = f"{req.key}{pos}".encode()
         token = 16 + zlib.crc32(key) % (VOCAB - 16)
         if self.markers and EOS_MARK in req.prompt and pos == 3 and not p.ignore_eos:
             token = EOS_ID
@@ -181,7 +182,9 @@ class FakeEngine:
         if req.metrics.first_token_time is None:
             req.metrics.first_token_time = now
             req.trace.append(TraceEvent(now, "first_token"))
-        req.text = self.tokenizer.decode(req.out, p.skip_special_tokens)
+        # incremental, as the real engine's detokenizer: decoding all tokens every step made
+        # this stand-in's cost grow with the output length and dominate scripts/bench_http.py
+        req.text += self.tokenizer.decode([token], p.skip_special_tokens)
         for s in p.stop:
             if s in req.text:
                 req.text = req.text[: req.text.index(s)]
@@ -212,7 +215,7 @@ class FakeEngine:
             self._reqs.pop(req.rid, None)
         return RequestOutput(
             request_id=req.rid,
-            prompt_token_ids=list(req.prompt),
+            prompt_token_ids=req.prompt,  # shared, not copied: as LLMEngine does
             token_ids=list(req.out),
             text=req.text,
             finished=finished,
