@@ -129,13 +129,7 @@ def gemv(
     _check(x, weight, bias)
     n, k = weight.shape
     block_n, block_k, warps = config
-    if num_sms is None:
-        num_sms = _num_sms(x.device.index or 0) if x.is_cuda else 4
-    split = split_k_for(n, k, block_n, block_k, num_sms)
-    k_per_split = triton.cdiv(triton.cdiv(k, split), block_k) * block_k
-    split = triton.cdiv(k, k_per_split)
-    out = torch.empty(1, n, dtype=x.dtype, device=x.device)
-    part = torch.empty(split, n, dtype=torch.float32, device=x.device) if split > 1 else out
+    split, k_per_split, out, part = plan_split(x, n, k, block_n, block_k, num_sms)
     b = bias if bias is not None else out
     grid = (triton.cdiv(n, block_n), split)
     _gemv_kernel[grid](
@@ -143,11 +137,34 @@ def gemv(
         SPLIT_K=split, HAS_BIAS=bias is not None, BLOCK_N=block_n, BLOCK_K=block_k,
         num_warps=warps,
     )  # fmt: skip
-    if split > 1:
-        _reduce_kernel[(triton.cdiv(n, 1024),)](
-            part, b, out, n, SPLIT_K=split, HAS_BIAS=bias is not None, BLOCK=1024
-        )
+    reduce_split(part, bias, out)
     return out
+
+
+def plan_split(
+    x: torch.Tensor, n: int, k: int, block_n: int, block_k: int, num_sms: int | None
+) -> tuple[int, int, torch.Tensor, torch.Tensor]:
+    """(SPLIT_K, K per split in whole tiles, the [1, N] output, the fp32 [SPLIT_K, N]
+    partials: the output itself when SPLIT_K is 1) for a split-K GEMV of one row."""
+    if num_sms is None:
+        num_sms = _num_sms(x.device.index or 0) if x.is_cuda else 4
+    split = split_k_for(n, k, block_n, block_k, num_sms)
+    k_per_split = triton.cdiv(triton.cdiv(k, split), block_k) * block_k
+    split = triton.cdiv(k, k_per_split)
+    out = torch.empty(1, n, dtype=x.dtype, device=x.device)
+    part = torch.empty(split, n, dtype=torch.float32, device=x.device) if split > 1 else out
+    return split, k_per_split, out, part
+
+
+def reduce_split(part: torch.Tensor, bias: torch.Tensor | None, out: torch.Tensor) -> None:
+    """out = sum of the partials (+ bias); nothing to do when the kernel wrote out itself."""
+    split, n = part.shape
+    if part is out:
+        return
+    _reduce_kernel[(triton.cdiv(n, 1024),)](
+        part, bias if bias is not None else out, out, n,
+        SPLIT_K=split, HAS_BIAS=bias is not None, BLOCK=1024,
+    )  # fmt: skip
 
 
 def gemv_silu_mul(

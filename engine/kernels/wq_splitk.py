@@ -21,7 +21,7 @@ import torch
 import triton
 import triton.language as tl
 
-from engine.kernels.gemv import _num_sms, _reduce_kernel, split_k_for
+from engine.kernels.gemv import plan_split, reduce_split
 
 # kind -> (BLOCK_N, BLOCK_K, num_warps) candidates; int4's BLOCK_K is the group size (set per call)
 CONFIGS = {
@@ -95,13 +95,7 @@ def wq_gemv(
     block_n, block_k, warps = config
     if is_int4:
         block_k = group_size  # a power of two here (wq_matmul routes other groups elsewhere)
-    if num_sms is None:
-        num_sms = _num_sms(x.device.index or 0) if x.is_cuda else 4
-    split = split_k_for(n, k, block_n, block_k, num_sms)
-    k_per_split = triton.cdiv(triton.cdiv(k, split), block_k) * block_k
-    split = triton.cdiv(k, k_per_split)
-    out = torch.empty(1, n, dtype=x.dtype, device=x.device)
-    part = torch.empty(split, n, dtype=torch.float32, device=x.device) if split > 1 else out
+    split, k_per_split, out, part = plan_split(x, n, k, block_n, block_k, num_sms)
     b = bias if bias is not None else scales
     _wq_splitk_kernel[(triton.cdiv(n, block_n), split)](
         x, qweight, scales, code if is_int4 else scales, b, out, part,
@@ -109,10 +103,7 @@ def wq_gemv(
         IS_INT4=is_int4, SPLIT_K=split, HAS_BIAS=bias is not None,
         BLOCK_N=block_n, BLOCK_K=block_k, num_warps=warps,
     )  # fmt: skip
-    if split > 1:
-        _reduce_kernel[(triton.cdiv(n, 1024),)](
-            part, b, out, n, SPLIT_K=split, HAS_BIAS=bias is not None, BLOCK=1024
-        )
+    reduce_split(part, bias, out)
     return out
 
 
