@@ -131,3 +131,15 @@ def test_kernel_replays_in_a_cuda_graph():
     torch.cuda.synchronize()
     assert not torch.equal(out, expected)
     torch.testing.assert_close(out, _wq.wq_matmul(x, q, s, code))
+
+
+@pytest.mark.parametrize("kind", ["int8", "int4"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_dequantize_to_equals_the_fp32_reference_rounded(kind, dtype):
+    from engine.models.quant import dequantize_to
+
+    gen = torch.Generator().manual_seed(5)
+    _, q, s, code = _quantized(kind, 48, 256, gen)
+    expected = dequantize_ref(q, s, code, 64).to(dtype)
+    got = dequantize_to(q, s, code, 64, dtype)
+    assert got.dtype == dtype and torch.equal(got, expected)

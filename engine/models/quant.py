@@ -104,9 +104,30 @@ def dequantize_ref(
     return (values * scales[:, :, None]).view(n, -1)
 
 
+def dequantize_to(
+    qweight: torch.Tensor,
+    scales: torch.Tensor,
+    code: torch.Tensor | None,
+    group_size: int,
+    dtype: torch.dtype,
+) -> torch.Tensor:
+    """dequantize_ref(...).to(dtype), equal to it, without its fp32 [N, K] product: the scale
+    multiply computes in fp32 and rounds once, as it writes the 16-bit output (int8: no fp32
+    copy at all; int4: one, for the looked-up codes). Batches of more than a few rows take
+    this path on a GPU before cuBLAS, so its temporaries are the layer's activation peak."""
+    if qweight.dtype == torch.int8:
+        out = torch.empty(qweight.shape, dtype=dtype, device=qweight.device)
+        return torch.mul(qweight, scales[:, None], out=out)
+    n, groups = scales.shape
+    pairs = torch.stack([code.repeat_interleave(16), code.repeat(16)], dim=-1)  # [256, 2]
+    values = pairs[qweight.int()].view(n, groups, group_size)
+    out = torch.empty(values.shape, dtype=dtype, device=qweight.device)
+    return torch.mul(values, scales[:, :, None], out=out).view(n, -1)
+
+
 def wq_matmul_ref(x, qweight, scales, code=None, bias=None, group_size: int = 64):
     """x @ dequant(W).T + bias, with the weight rounded to x's dtype (as bitsandbytes does)."""
-    w = dequantize_ref(qweight, scales, code, group_size).to(x.dtype)
+    w = dequantize_to(qweight, scales, code, group_size, x.dtype)
     return F.linear(x, w, bias)
 
 
