@@ -87,11 +87,12 @@ class ModelRunner:
         if self.device.type != "cuda" or self.config.enforce_eager or self.backend.name != "triton":
             return
         from engine.kernels.decode_attention import default_num_splits
-        from engine.models.layers import choose_batch1_linears
+        from engine.models.layers import choose_batch1_linears, choose_rope_store
         from engine.models.quant import choose_quant_linears
 
-        choose_batch1_linears(self.model)  # batch-1 kernels timed per weight shape, before
-        choose_quant_linears(self.model, self.dtype)  # the graphs capture them
+        choose_batch1_linears(self.model)  # batch-1 kernels timed on the device, before the
+        choose_quant_linears(self.model, self.dtype)  # graphs capture them
+        choose_rope_store(self.model)
         cfg, max_len = self.model_config, self.config.max_model_len
         sizes = graph_batch_sizes(self.config.max_num_seqs)
         splits = {

@@ -117,6 +117,13 @@ def _check(
         raise ValueError("apply_rope: q and k must be different tensors (both are written)")
 
 
+def heads_per_program(num_tokens: int, num_q_heads: int, num_k_heads: int) -> tuple[int, int]:
+    """(heads each program rotates, programs per token: q blocks, then k blocks)."""
+    most = triton.next_power_of_2(max(num_q_heads, num_k_heads))
+    heads = min(most, 4) if num_tokens < SPLIT_BELOW_TOKENS else most
+    return heads, triton.cdiv(num_q_heads, heads) + triton.cdiv(num_k_heads, heads)
+
+
 def apply_rope(
     q: torch.Tensor,  # [num_tokens, num_heads, head_dim]
     k: torch.Tensor,  # [num_tokens, num_kv_heads, head_dim]
@@ -136,9 +143,7 @@ def apply_rope(
     if num_tokens == 0:
         return q, k
     num_k_heads = k.shape[1]
-    most = triton.next_power_of_2(max(num_q_heads, num_k_heads))
-    heads = min(most, 4) if num_tokens < SPLIT_BELOW_TOKENS else most
-    programs = triton.cdiv(num_q_heads, heads) + triton.cdiv(num_k_heads, heads)
+    heads, programs = heads_per_program(num_tokens, num_q_heads, num_k_heads)
     # fmt: off
     _rope_kernel[(num_tokens, programs)](
         q, k, positions, cos, sin,

@@ -178,6 +178,8 @@ class PagedAttention(nn.Module):
         self.k_scales: torch.Tensor | None = None  # int8 KV cache only
         self.v_scales: torch.Tensor | None = None
         self.backend: AttentionBackend | None = None
+        self.fuse_rope_store = False
+        """Set by choose_rope_store where the fused kernel proved equal and faster."""
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         # q: [num_tokens, num_heads, head_dim]; k, v: [num_tokens, num_kv_heads, head_dim]
@@ -186,4 +188,50 @@ class PagedAttention(nn.Module):
         meta = get_context()
         scales = (self.k_scales, self.v_scales)
         self.backend.store_kv(k, v, self.k_cache, self.v_cache, meta.slot_mapping, *scales)
+        return self.attend(q)
+
+    def attend(self, q: torch.Tensor) -> torch.Tensor:
+        """Attention over the cache, this step's K/V already in it."""
+        meta = get_context()
+        scales = (self.k_scales, self.v_scales)
         return self.backend.attention(q, self.k_cache, self.v_cache, meta, self.scale, *scales)
+
+    def rope_and_store(
+        self, rope: RotaryEmbedding, positions: torch.Tensor, q, k, v
+    ) -> torch.Tensor | None:
+        """RoPE on q and k and the cache write in one kernel, then attention: for steps of
+        fewer than FUSED_ROPE_MAX_TOKENS tokens with a 16-bit cache, where choose_rope_store
+        found the fused kernel equal to the two and faster on this device (fuse_rope_store);
+        None otherwise (the caller runs them one by one)."""
+        if not self.fuse_rope_store or q.shape[0] >= FUSED_ROPE_MAX_TOKENS:
+            return None
+        if self.k_scales is not None or self.backend is None:
+            return None
+        from engine.kernels.rope_store import rope_store
+
+        slots = get_context().slot_mapping
+        rope_store(q, k, v, positions, rope.cos, rope.sin, self.k_cache, self.v_cache, slots)
+        return self.attend(q)
+
+
+FUSED_ROPE_MAX_TOKENS = 64
+"""rope_and_store serves steps below this many tokens (decode graphs; rope.py's head split)."""
+
+
+def choose_rope_store(model: nn.Module) -> None:
+    """Decide on the device whether decode steps fuse RoPE with the KV-cache write (CUDA, fused
+    kernels on, a 16-bit cache bound; call before capturing the decode graphs)."""
+    attn = next((m for m in model.modules() if isinstance(m, PagedAttention)), None)
+    rope = next((m for m in model.modules() if isinstance(m, RotaryEmbedding)), None)
+    if attn is None or rope is None or attn.k_scales is not None or not attn.k_cache.is_cuda:
+        return
+    if not fused_kernels_enabled():
+        return
+    from engine.kernels.rope_store import choose
+
+    layers = [m for m in model.modules() if isinstance(m, PagedAttention)]
+    dtype = attn.k_cache.dtype  # a 16-bit cache holds the activation dtype
+    won = choose(attn.num_heads, attn.num_kv_heads, attn.head_dim, dtype, dtype, rope.cos,
+                 rope.sin, len(layers))  # fmt: skip
+    for layer in layers:
+        layer.fuse_rope_store = won

@@ -41,8 +41,10 @@ class Attention(nn.Module):
         v = v.view(num_tokens, self.num_kv_heads, self.head_dim)
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
-        q, k = self.rope(positions, q, k)
-        out = self.attn(q, k, v)  # [num_tokens, num_heads, head_dim]
+        out = self.attn.rope_and_store(self.rope, positions, q, k, v)  # None: not fused here
+        if out is None:
+            q, k = self.rope(positions, q, k)
+            out = self.attn(q, k, v)  # [num_tokens, num_heads, head_dim]
         return self.o_proj(out.reshape(num_tokens, self.q_size))
 
 
