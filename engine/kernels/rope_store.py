@@ -173,4 +173,6 @@ def choose(
     except Exception:  # a launch this GPU cannot compile or run: keep the two kernels
         equal = False
     _choice[key] = equal and fastest_config([False, True], call, items, ref) is True
+    del items
+    torch.cuda.empty_cache()  # the memory check reads the graph pool's growth after this
     return _choice[key]
