@@ -11,6 +11,8 @@ exact comparison with the two kernels.
 
 from __future__ import annotations
 
+import logging
+
 import torch
 import triton
 import triton.language as tl
@@ -21,6 +23,7 @@ from engine.kernels.rope import _rope_one, heads_per_program
 from engine.kernels.store_kv import _check as check_store
 
 _CACHE_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+log = logging.getLogger(__name__)
 
 
 @triton.jit
@@ -170,9 +173,13 @@ def choose(
     try:
         ref = call(False, items[0]).clone()
         equal = torch.equal(call(True, items[0]), ref)
-    except Exception:  # a launch this GPU cannot compile or run: keep the two kernels
+        if not equal:
+            log.warning("rope_store differs from RoPE + KV store on this device: not used")
+    except Exception as e:  # a launch this GPU cannot compile or run: keep the two kernels
+        log.warning("rope_store failed on this device (%s): not used", e)
         equal = False
     _choice[key] = equal and fastest_config([False, True], call, items, ref) is True
+    log.info("decode steps: RoPE + KV store %s", "fused" if _choice[key] else "as two kernels")
     del items
     torch.cuda.empty_cache()  # the memory check reads the graph pool's growth after this
     return _choice[key]
