@@ -14,6 +14,7 @@ captured; the model's linears use the winner.
 from __future__ import annotations
 
 import functools
+import logging
 
 import torch
 import triton
@@ -23,6 +24,7 @@ from engine.kernels.rmsnorm import round_to
 from engine.timing import graph_seconds
 
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+log = logging.getLogger(__name__)
 # (BLOCK_N, BLOCK_K, num_warps): candidates, timed by choose_configs on the device
 CONFIGS = [(8, 512, 4), (16, 256, 4), (32, 256, 8), (4, 1024, 4), (16, 512, 8)]
 
@@ -249,6 +251,9 @@ def choose_configs(
     for key, pairs in gated_groups.items():
         if key not in _fused and key in _choice:
             _fused[key] = _fastest_fused(pairs, _choice[key])
+    for key in groups:
+        fused = f", with silu-mul {_fused[key]}" if _fused.get(key) else ""
+        log.info("batch-1 linear %dx%d: %s%s", key[0], key[1], _choice[key] or "cuBLAS", fused)
     torch.cuda.empty_cache()
 
 
