@@ -90,8 +90,9 @@ class ModelRunner:
         from engine.models.layers import choose_batch1_linears, choose_rope_store
         from engine.models.quant import choose_quant_linears
 
-        choose_batch1_linears(self.model)  # batch-1 kernels timed on the device, before the
-        choose_quant_linears(self.model, self.dtype)  # graphs capture them
+        # decode kernels timed on the device, before the graphs capture them
+        choose_batch1_linears(self.model, self.config.max_num_seqs)
+        choose_quant_linears(self.model, self.dtype)
         choose_rope_store(self.model)
         cfg, max_len = self.model_config, self.config.max_model_len
         sizes = graph_batch_sizes(self.config.max_num_seqs)

@@ -35,12 +35,19 @@ class Linear(nn.Linear):
     APPLIANCE_TRITON_GEMV=0 disables it)."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.is_cuda and x.dim() == 2 and x.shape[0] == 1 and _gemv_enabled():
-            from engine.kernels.gemv import gemv, gemv_config
+        if x.is_cuda and x.dim() == 2 and _gemv_enabled():
+            if x.shape[0] == 1:
+                from engine.kernels.gemv import gemv, gemv_config
 
-            config = gemv_config(self.weight, self.bias)
-            if config is not None:
-                return gemv(x, self.weight, self.bias, config)
+                config = gemv_config(self.weight, self.bias)
+                if config is not None:
+                    return gemv(x, self.weight, self.bias, config)
+            elif torch.cuda.is_current_stream_capturing():  # a decode graph: timed that way
+                from engine.kernels.gemm import gemm, gemm_config
+
+                config = gemm_config(self.weight, self.bias, x.shape[0])
+                if config is not None:
+                    return gemm(x, self.weight, self.bias, config)
         return F.linear(x, self.weight, self.bias)
 
     def silu_mul_forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -57,9 +64,10 @@ class Linear(nn.Linear):
         return silu_and_mul(self(x))
 
 
-def choose_batch1_linears(model: nn.Module) -> None:
+def choose_batch1_linears(model: nn.Module, max_rows: int = 1) -> None:
     """Time cuBLAS against the split-K GEMV for each Linear shape of the model, over its own
-    weights, so decode graphs capture the faster one (CUDA only; call before capturing)."""
+    weights, so decode graphs capture the faster one; and, for the layers' projections,
+    against the decode-batch GEMM at row buckets up to max_rows (CUDA only; before capture)."""
     linears = [(m.weight, m.bias) for m in model.modules() if isinstance(m, Linear)]
     gated = [
         (m.weight, m.bias)
@@ -70,6 +78,15 @@ def choose_batch1_linears(model: nn.Module) -> None:
         from engine.kernels.gemv import choose_configs
 
         choose_configs(linears, gated if fused_kernels_enabled() else [])
+        if max_rows > 1:
+            from engine.kernels import gemm
+
+            layer_linears = [
+                (m.weight, m.bias)
+                for name, m in model.named_modules()
+                if isinstance(m, Linear) and not name.endswith("lm_head")
+            ]
+            gemm.choose_configs(layer_linears, max_rows)
 
 
 @cache
