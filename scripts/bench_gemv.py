@@ -4,6 +4,7 @@ decode runs them: once per layer's own weight, so none is served from L2) and ag
 bandwidth measured in the same run.
 
     PYTHONPATH=. python scripts/bench_gemv.py [--out FILE.json] [--m 1]
+    PYTHONPATH=. python scripts/bench_gemv.py --m 256   # a decode batch: cuBLAS vs gemm.py
 
 Prints one row per (shape, path): microseconds per call, bytes read / time, and that as a
 share of the copy bandwidth; then the weight time of one decode token (32 layers + LM head)
@@ -25,6 +26,7 @@ from rich.table import Table
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from engine.kernels import gemm as gemm_mod  # noqa: E402
 from engine.kernels import gemv as gemv_mod  # noqa: E402
 from engine.kernels import wq_splitk  # noqa: E402
 from engine.models.quant import wq_matmul_ref  # noqa: E402
@@ -72,6 +74,15 @@ def variants(n: int, k: int, m: int, copies: int, dtype: torch.dtype):
 
             err = (call(ws[0]).float() - ref).abs().max().item()
             yield f"gemv{cfg}", wbytes, per_call_us(call, ws), err
+    else:  # a decode batch: the tiled Triton GEMM's configs that fit m rows
+        ref = F.linear(x, ws[0]).float()
+        for cfg in (c for c in gemm_mod.CONFIGS if c[0] <= max(m, 16)):
+
+            def call(w, cfg=cfg):
+                return gemm_mod.gemm(x, w, None, cfg)
+
+            err = (call(ws[0]).float() - ref).abs().max().item()
+            yield f"gemm{cfg}", wbytes, per_call_us(call, ws[:8]), err
     del ws
     if m != 1:
         return
