@@ -20,7 +20,7 @@ import torch
 import triton
 import triton.language as tl
 
-from engine.kernels.decode_attention import dot_dtype
+from engine.kernels.paged_args import dot_dtype
 from engine.kernels.rmsnorm import round_to
 
 log = logging.getLogger(__name__)

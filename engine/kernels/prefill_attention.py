@@ -15,8 +15,8 @@ import torch
 import triton
 import triton.language as tl
 
-from engine.kernels.decode_attention import (
-    LOG2E,
+from engine.kernels.decode_attention import LOG2E
+from engine.kernels.paged_args import (
     check_paged_inputs,
     dot_dtype,
     launch_first_fitting,
