@@ -35,11 +35,37 @@ def _rope_one(
     # [BLOCK_H, BLOCK_HALF], both halves loaded before either is overwritten
     x1 = tl.load(ptr1, mask=mask, other=0.0).to(tl.float32)
     x2 = tl.load(ptr2, mask=mask, other=0.0).to(tl.float32)
-    # rotate_half(x) = cat(-x2, x1); each product is rounded to x's dtype, as in PyTorch.
-    out1 = round_to(round_to(x1 * c1, dtype) + round_to(-x2 * s1, dtype), dtype)
-    out2 = round_to(round_to(x2 * c2, dtype) + round_to(x1 * s2, dtype), dtype)
+    out1, out2 = rotate(x1, x2, c1, c2, s1, s2, dtype)
     tl.store(ptr1, out1.to(dtype), mask=mask)
     tl.store(ptr2, out2.to(dtype), mask=mask)
+
+
+@triton.jit
+def rotate(x1, x2, c1, c2, s1, s2, dtype: tl.constexpr):
+    """x * cos + rotate_half(x) * sin on the halves (x1, x2), rotate_half(x) = cat(-x2, x1);
+    each product is rounded to dtype, as in PyTorch. fp32 in, fp32 (dtype-valued) out."""
+    out1 = round_to(round_to(x1 * c1, dtype) + round_to(-x2 * s1, dtype), dtype)
+    out2 = round_to(round_to(x2 * c2, dtype) + round_to(x1 * s2, dtype), dtype)
+    return out1, out2
+
+
+@triton.jit
+def cos_sin(
+    pos_ptr, cos_ptr, sin_ptr, token, stride_cos, stride_sin, dtype: tl.constexpr,
+    HALF: tl.constexpr, BLOCK_HALF: tl.constexpr,
+):  # fmt: skip
+    """[1, BLOCK_HALF] each, rounded to dtype: the table's two halves at token's position
+    (equal for a standard rotate-half table)."""
+    pos = tl.load(pos_ptr + token).to(tl.int64)
+    offs_d = tl.arange(0, BLOCK_HALF)
+    dmask = offs_d < HALF
+    cos_row = cos_ptr + pos * stride_cos + offs_d
+    sin_row = sin_ptr + pos * stride_sin + offs_d
+    c1 = round_to(tl.load(cos_row, mask=dmask, other=0.0), dtype)[None, :]
+    c2 = round_to(tl.load(cos_row + HALF, mask=dmask, other=0.0), dtype)[None, :]
+    s1 = round_to(tl.load(sin_row, mask=dmask, other=0.0), dtype)[None, :]
+    s2 = round_to(tl.load(sin_row + HALF, mask=dmask, other=0.0), dtype)[None, :]
+    return c1, c2, s1, s2
 
 
 @triton.jit
@@ -54,17 +80,8 @@ def _rope_kernel(
     token = tl.program_id(0).to(tl.int64)
     j = tl.program_id(1)
     Q_BLOCKS: tl.constexpr = (NUM_Q_HEADS + HEADS - 1) // HEADS
-    pos = tl.load(pos_ptr + token).to(tl.int64)
-    offs_d = tl.arange(0, BLOCK_HALF)
-    dmask = offs_d < HALF
-    dtype = q_ptr.dtype.element_ty
-    # [1, BLOCK_HALF] each: the table's two halves (equal for a standard rotate-half table).
-    cos_row = cos_ptr + pos * stride_cos + offs_d
-    sin_row = sin_ptr + pos * stride_sin + offs_d
-    c1 = round_to(tl.load(cos_row, mask=dmask, other=0.0), dtype)[None, :]
-    c2 = round_to(tl.load(cos_row + HALF, mask=dmask, other=0.0), dtype)[None, :]
-    s1 = round_to(tl.load(sin_row, mask=dmask, other=0.0), dtype)[None, :]
-    s2 = round_to(tl.load(sin_row + HALF, mask=dmask, other=0.0), dtype)[None, :]
+    c1, c2, s1, s2 = cos_sin(pos_ptr, cos_ptr, sin_ptr, token, stride_cos, stride_sin,
+                             q_ptr.dtype.element_ty, HALF, BLOCK_HALF)  # fmt: skip
     if j < Q_BLOCKS:
         _rope_one(q_ptr, stride_qt, stride_qh, token, j * HEADS, c1, c2, s1, s2,
                   NUM_Q_HEADS, HALF, HEADS, BLOCK_HALF)  # fmt: skip

@@ -17,9 +17,8 @@ import torch
 import triton
 import triton.language as tl
 
-from engine.kernels.rmsnorm import round_to
 from engine.kernels.rope import _check as check_rope
-from engine.kernels.rope import _rope_one, heads_per_program
+from engine.kernels.rope import _rope_one, cos_sin, heads_per_program, rotate
 from engine.kernels.store_kv import _check as check_store
 
 _CACHE_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -38,16 +37,11 @@ def _rope_store_kernel(
     token = tl.program_id(0).to(tl.int64)
     j = tl.program_id(1)
     Q_BLOCKS: tl.constexpr = (NUM_Q_HEADS + HEADS - 1) // HEADS
-    pos = tl.load(pos_ptr + token).to(tl.int64)
+    dtype = q_ptr.dtype.element_ty
+    c1, c2, s1, s2 = cos_sin(pos_ptr, cos_ptr, sin_ptr, token, stride_cos, stride_sin, dtype,
+                             HALF, BLOCK_HALF)  # fmt: skip
     offs_d = tl.arange(0, BLOCK_HALF)
     dmask = offs_d < HALF
-    dtype = q_ptr.dtype.element_ty
-    cos_row = cos_ptr + pos * stride_cos + offs_d
-    sin_row = sin_ptr + pos * stride_sin + offs_d
-    c1 = round_to(tl.load(cos_row, mask=dmask, other=0.0), dtype)[None, :]
-    c2 = round_to(tl.load(cos_row + HALF, mask=dmask, other=0.0), dtype)[None, :]
-    s1 = round_to(tl.load(sin_row, mask=dmask, other=0.0), dtype)[None, :]
-    s2 = round_to(tl.load(sin_row + HALF, mask=dmask, other=0.0), dtype)[None, :]
     if j < Q_BLOCKS:
         _rope_one(q_ptr, stride_qt, stride_qh, token, j * HEADS, c1, c2, s1, s2,
                   NUM_Q_HEADS, HALF, HEADS, BLOCK_HALF)  # fmt: skip
@@ -57,9 +51,7 @@ def _rope_store_kernel(
         k1 = k_ptr + token * stride_kt + offs_h[:, None] * stride_kh + offs_d[None, :]
         x1 = tl.load(k1, mask=mask, other=0.0).to(tl.float32)
         x2 = tl.load(k1 + HALF, mask=mask, other=0.0).to(tl.float32)
-        # rope.py's rounding, so k (and the cache) equal apply_rope's result
-        out1 = round_to(round_to(x1 * c1, dtype) + round_to(-x2 * s1, dtype), dtype)
-        out2 = round_to(round_to(x2 * c2, dtype) + round_to(x1 * s2, dtype), dtype)
+        out1, out2 = rotate(x1, x2, c1, c2, s1, s2, dtype)  # k (and the cache) as apply_rope
         tl.store(k1, out1.to(dtype), mask=mask)  # in place, as apply_rope
         tl.store(k1 + HALF, out2.to(dtype), mask=mask)
         slot = tl.load(slot_ptr + token).to(tl.int64)
