@@ -30,9 +30,10 @@ def fused_kernels_enabled() -> bool:
 
 
 class Linear(nn.Linear):
-    """nn.Linear whose batch-1 calls on CUDA may run the split-K Triton GEMV, where it
-    measured faster than cuBLAS for this shape on this device (engine/kernels/gemv.py;
-    APPLIANCE_TRITON_GEMV=0 disables it)."""
+    """nn.Linear whose batch-1 calls on CUDA may run the split-K Triton GEMV, and whose calls
+    inside a decode graph the tiled Triton GEMM, where each measured faster than cuBLAS for
+    this shape (and row count) on this device (engine/kernels/gemv.py, gemm.py;
+    APPLIANCE_TRITON_GEMV=0 turns both off)."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.is_cuda and x.dim() == 2 and _gemv_enabled():
