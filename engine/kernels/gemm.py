@@ -22,6 +22,7 @@ import triton.language as tl
 
 from engine.kernels.paged_args import dot_dtype
 from engine.kernels.rmsnorm import round_to
+from engine.timing import fastest_config
 
 log = logging.getLogger(__name__)
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -125,14 +126,15 @@ def choose_configs(
 ) -> None:
     """Time cuBLAS against each config for every (weight, bias) shape and row bucket up to
     max_rows, in a CUDA graph over all the weights of that shape, and keep the fastest."""
-    from engine.kernels.gemv import fastest_config
 
     groups: dict[tuple, list] = {}
     for w, b in linears:  # 16-bit only: fp32 models keep cuBLAS's exact fp32 (no tf32)
         if w.is_cuda and w.dim() == 2 and w.dtype in _DTYPES[:2] and w.stride(1) == 1:
             groups.setdefault(_key(w, b, 0)[:-1], []).append((w, b))
+    # every bucket a decode batch of up to max_rows rows maps to (bucket() rounds up)
+    wanted = BUCKETS[: BUCKETS.index(bucket(min(max_rows, BUCKETS[-1]))) + 1]
     for key, pairs in groups.items():
-        for rows in (r for r in BUCKETS if r <= max(max_rows, BUCKETS[0])):
+        for rows in wanted:
             if (*key, rows) in _choice:
                 continue
             w0, b0 = pairs[0]

@@ -21,7 +21,7 @@ import triton
 import triton.language as tl
 
 from engine.kernels.rmsnorm import round_to
-from engine.timing import graph_seconds
+from engine.timing import fastest_config
 
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 log = logging.getLogger(__name__)
@@ -113,6 +113,13 @@ def _num_sms(index: int) -> int:
     return torch.cuda.get_device_properties(index).multi_processor_count
 
 
+def _sms(x: torch.Tensor, num_sms: int | None) -> int:
+    """The SM count split-K plans for: given, the device's, or 4 under the CPU interpreter."""
+    if num_sms is not None:
+        return num_sms
+    return _num_sms(x.device.index or 0) if x.is_cuda else 4
+
+
 def split_k_for(n: int, k: int, block_n: int, block_k: int, num_sms: int) -> int:
     """Splits along K so the grid has about 4 programs per SM, each at least 4 K-tiles long."""
     programs = triton.cdiv(n, block_n)
@@ -148,9 +155,7 @@ def plan_split(
 ) -> tuple[int, int, torch.Tensor, torch.Tensor]:
     """(SPLIT_K, K per split in whole tiles, the [1, N] output, the fp32 [SPLIT_K, N]
     partials: the output itself when SPLIT_K is 1) for a split-K GEMV of one row."""
-    if num_sms is None:
-        num_sms = _num_sms(x.device.index or 0) if x.is_cuda else 4
-    split = split_k_for(n, k, block_n, block_k, num_sms)
+    split = split_k_for(n, k, block_n, block_k, _sms(x, num_sms))
     k_per_split = triton.cdiv(triton.cdiv(k, split), block_k) * block_k
     split = triton.cdiv(k, k_per_split)
     out = torch.empty(1, n, dtype=x.dtype, device=x.device)
@@ -182,9 +187,7 @@ def gemv_silu_mul(
     _check(x, weight, bias)
     n, k = weight.shape[0] // 2, weight.shape[1]
     block_n, block_k, warps = config
-    if num_sms is None:
-        num_sms = _num_sms(x.device.index or 0) if x.is_cuda else 4
-    if weight.shape[0] % 2 or split_k_for(n, k, block_n, block_k, num_sms) > 1:
+    if weight.shape[0] % 2 or split_k_for(n, k, block_n, block_k, _sms(x, num_sms)) > 1:
         return None
     out = torch.empty(1, n, dtype=x.dtype, device=x.device)
     _gemv_silu_kernel[(triton.cdiv(n, block_n),)](
@@ -292,30 +295,6 @@ def _fastest(pairs: list[tuple[torch.Tensor, torch.Tensor | None]]):
         return gemv(x, *pair, cfg)
 
     return fastest_config([None, *CONFIGS], call, pairs, ref)
-
-
-def fastest_config(configs: list, call, items: list, ref: torch.Tensor):
-    """The config c of `configs` for which call(c, item) for every item, replayed in one CUDA
-    graph, takes least time; a config whose output for items[0] is not close to `ref`, or that
-    this GPU cannot run (resources), is skipped. None if none ran."""
-    best, best_s = None, float("inf")
-    atol = 2e-2 * max(1.0, ref.abs().max().item())  # 16-bit rounding of large sums
-    for cfg in configs:
-        try:
-            got = call(cfg, items[0]).float()
-            if not torch.allclose(got, ref, rtol=2e-2, atol=atol):
-                continue
-
-            def all_items(cfg=cfg):
-                for item in items:
-                    call(cfg, item)
-
-            s = graph_seconds(all_items)
-        except Exception:  # resources this GPU lacks for the config: skip it
-            continue
-        if s < best_s:
-            best, best_s = cfg, s
-    return best
 
 
 def gemv_config(weight: torch.Tensor, bias: torch.Tensor | None) -> tuple[int, int, int] | None:

@@ -20,6 +20,7 @@ import triton.language as tl
 from engine.kernels.rope import _check as check_rope
 from engine.kernels.rope import _rope_one, cos_sin, heads_per_program, rotate
 from engine.kernels.store_kv import _check as check_store
+from engine.timing import fastest_config
 
 _CACHE_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 log = logging.getLogger(__name__)
@@ -134,7 +135,6 @@ def choose(
     """Decide on the device whether decode steps use rope_store: it must equal apply_rope
     then store_kv bit for bit on random inputs, and take less time over `num_layers` calls of
     one token in a CUDA graph (a batch-1 step's layers). Scratch caches, not the model's."""
-    from engine.kernels.gemv import fastest_config
     from engine.kernels.rope import apply_rope
     from engine.kernels.store_kv import store_kv
 

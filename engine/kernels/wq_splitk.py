@@ -12,7 +12,7 @@ instructions per byte as possible (H200: about 16 bytes per SM clock):
   contiguous load, split in registers; the two 4-bit codes of a byte index the 16-entry table,
   which stays in L1.
 Programs split K (SPLIT_K) when rows alone give too few programs; gemv.py's reduce kernel sums
-the fp32 partials. Configs are chosen by timing on the device (gemv.fastest_config).
+the fp32 partials. Configs are chosen by timing on the device (engine.timing.fastest_config).
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ import triton
 import triton.language as tl
 
 from engine.kernels.gemv import plan_split, reduce_split
+from engine.timing import fastest_config
 
 # kind -> (BLOCK_N, BLOCK_K, num_warps) candidates; int4's BLOCK_K is the group size (set per call)
 CONFIGS = {
@@ -130,17 +131,18 @@ def _key(layer: Layer, dtype: torch.dtype) -> tuple:
 def choose_configs(layers: list[Layer], dtype: torch.dtype) -> None:
     """Time each candidate config per weight shape of `layers`, in a CUDA graph over all of
     that shape's weights (as a decode step reads them), and keep the fastest."""
-    from engine.kernels.gemv import fastest_config
     from engine.models.quant import wq_matmul_ref  # the reference, to reject a wrong config
 
     groups: dict[tuple, list[Layer]] = {}
     for layer in layers:
         groups.setdefault(_key(layer, dtype), []).append(layer)
     for key, same in groups.items():
+        if key in _choice:
+            continue
         q, s, code, bias, group = same[0]
         x = torch.randn(1, q.shape[1] * (2 if q.dtype == torch.uint8 else 1), dtype=dtype,
                         device=q.device)  # fmt: skip
-        if key in _choice or not supports(q, x, group):
+        if not supports(q, x, group):
             continue
         ref = wq_matmul_ref(x, q, s, code, bias, group).float()
 
