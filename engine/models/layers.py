@@ -69,25 +69,15 @@ def choose_batch1_linears(model: nn.Module, max_rows: int = 1) -> None:
     """Time cuBLAS against the split-K GEMV for each Linear shape of the model, over its own
     weights, so decode graphs capture the faster one; and, for the layers' projections,
     against the decode-batch GEMM at row buckets up to max_rows (CUDA only; before capture)."""
-    linears = [(m.weight, m.bias) for m in model.modules() if isinstance(m, Linear)]
-    gated = [
-        (m.weight, m.bias)
-        for name, m in model.named_modules()
-        if isinstance(m, Linear) and name.endswith("gate_up_proj")
-    ]
-    if linears and linears[0][0].is_cuda and _gemv_enabled():
-        from engine.kernels.gemv import choose_configs
+    named = [(n, (m.weight, m.bias)) for n, m in model.named_modules() if isinstance(m, Linear)]
+    if not named or not named[0][1][0].is_cuda or not _gemv_enabled():
+        return
+    from engine.kernels import gemm, gemv
 
-        choose_configs(linears, gated if fused_kernels_enabled() else [])
-        if max_rows > 1:
-            from engine.kernels import gemm
-
-            layer_linears = [
-                (m.weight, m.bias)
-                for name, m in model.named_modules()
-                if isinstance(m, Linear) and not name.endswith("lm_head")
-            ]
-            gemm.choose_configs(layer_linears, max_rows)
+    gated = [p for n, p in named if n.endswith("gate_up_proj") and fused_kernels_enabled()]
+    gemv.choose_configs([p for _, p in named], gated)
+    if max_rows > 1:  # the LM head runs outside the decode graphs
+        gemm.choose_configs([p for n, p in named if not n.endswith("lm_head")], max_rows)
 
 
 @cache
@@ -206,11 +196,10 @@ class PagedAttention(nn.Module):
         meta = get_context()
         scales = (self.k_scales, self.v_scales)
         self.backend.store_kv(k, v, self.k_cache, self.v_cache, meta.slot_mapping, *scales)
-        return self.attend(q)
+        return self.attend(q, meta)
 
-    def attend(self, q: torch.Tensor) -> torch.Tensor:
+    def attend(self, q: torch.Tensor, meta) -> torch.Tensor:
         """Attention over the cache, this step's K/V already in it."""
-        meta = get_context()
         scales = (self.k_scales, self.v_scales)
         return self.backend.attention(q, self.k_cache, self.v_cache, meta, self.scale, *scales)
 
@@ -227,9 +216,10 @@ class PagedAttention(nn.Module):
             return None
         from engine.kernels.rope_store import rope_store
 
-        slots = get_context().slot_mapping
-        rope_store(q, k, v, positions, rope.cos, rope.sin, self.k_cache, self.v_cache, slots)
-        return self.attend(q)
+        meta = get_context()
+        caches = (self.k_cache, self.v_cache)
+        rope_store(q, k, v, positions, rope.cos, rope.sin, *caches, meta.slot_mapping)
+        return self.attend(q, meta)
 
 
 FUSED_ROPE_MAX_TOKENS = 64
