@@ -100,10 +100,10 @@ def test_rope_store_refuses_an_int8_cache_and_bad_shapes():
 @pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
 def test_choose_compares_and_times_on_the_device():
     rope = RotaryEmbedding(128, 4096, 500000.0, None).to(DEVICE)
-    won = _fused.choose(32, 8, 128, torch.bfloat16, torch.bfloat16, rope.cos, rope.sin)
+    won = _fused.choose(32, 8, 128, torch.bfloat16, rope.cos, rope.sin)
     print(f"rope_store at one token, Llama-3-8B heads: {'fused' if won else 'two kernels'}")
     assert isinstance(won, bool)
-    assert _fused.choose(32, 8, 128, torch.bfloat16, torch.bfloat16, rope.cos, rope.sin) == won
+    assert _fused.choose(32, 8, 128, torch.bfloat16, rope.cos, rope.sin) == won
 
 
 def test_engine_with_the_fused_kernel_generates_what_it_does_without(tiny_model, monkeypatch):

@@ -114,12 +114,8 @@ def rope_store(
 
 
 _choice: dict[tuple, bool] = {}
-"""(q heads, kv heads, head_dim, dtype, cache dtype, device) -> rope_store timed faster than
-the two kernels at one token, and equal to them."""
-
-
-def _key(num_heads: int, num_kv_heads: int, head_dim: int, dtype, cache_dtype, device) -> tuple:
-    return (num_heads, num_kv_heads, head_dim, dtype, cache_dtype, torch.device(device))
+"""(q heads, kv heads, head_dim, dtype, device) -> rope_store timed faster than the two kernels
+at one token, and equal to them."""
 
 
 def choose(
@@ -127,50 +123,49 @@ def choose(
     num_kv_heads: int,
     head_dim: int,
     dtype: torch.dtype,
-    cache_dtype: torch.dtype,
     cos: torch.Tensor,
     sin: torch.Tensor,
     num_layers: int = 32,
 ) -> bool:
-    """Decide on the device whether decode steps use rope_store: it must equal apply_rope
-    then store_kv bit for bit on random inputs, and take less time over `num_layers` calls of
-    one token in a CUDA graph (a batch-1 step's layers). Scratch caches, not the model's."""
+    """Decide on the device whether decode steps use rope_store with a `dtype` cache (the
+    activation dtype): it must equal apply_rope then store_kv bit for bit on random inputs,
+    and take less time over `num_layers` calls of one token in a CUDA graph (a batch-1 step's
+    layers). Scratch caches, not the model's."""
     from engine.kernels.rope import apply_rope
     from engine.kernels.store_kv import store_kv
 
     device = cos.device
-    key = _key(num_heads, num_kv_heads, head_dim, dtype, cache_dtype, device)
+    key = (num_heads, num_kv_heads, head_dim, dtype, device)
     if key in _choice:
         return _choice[key]
     g = torch.Generator(device=device).manual_seed(0)
     width = (num_heads + 2 * num_kv_heads) * head_dim
     qkv0 = torch.randn(1, width, device=device, dtype=dtype, generator=g)
-    caches = torch.zeros(2, 4, 16, num_kv_heads, head_dim, device=device, dtype=cache_dtype)
+    caches = torch.zeros(2, 4, 16, num_kv_heads, head_dim, device=device, dtype=dtype)
     slots = torch.tensor([21], device=device)
     pos = torch.tensor([7], device=device)
+    sizes = [num_heads * head_dim, num_kv_heads * head_dim, num_kv_heads * head_dim]
 
-    def call(fused: bool, qkv: torch.Tensor) -> torch.Tensor:
+    def run(fused: bool, qkv: torch.Tensor) -> torch.Tensor:
         qkv.copy_(qkv0)
-        sizes = [num_heads * head_dim, num_kv_heads * head_dim, num_kv_heads * head_dim]
-        q, k, v = qkv.split(sizes, -1)
-        q, k, v = (t.view(1, -1, head_dim) for t in (q, k, v))
+        q, k, v = (t.view(1, -1, head_dim) for t in qkv.split(sizes, -1))
         if fused:
             rope_store(q, k, v, pos, cos, sin, caches[0], caches[1], slots)
         else:
             apply_rope(q, k, pos, cos, sin)
             store_kv(k, v, caches[0], caches[1], slots)
-        return torch.cat([qkv.view(-1).float(), caches.view(-1).float()])
+        return qkv
 
     items = [torch.empty_like(qkv0) for _ in range(num_layers)]
+    equal = False
     try:
-        ref = call(False, items[0]).clone()
-        equal = torch.equal(call(True, items[0]), ref)
+        ref = (run(False, items[0]).clone(), caches.clone())
+        equal = all(map(torch.equal, (run(True, items[0]), caches), ref))
         if not equal:
             log.warning("rope_store differs from RoPE + KV store on this device: not used")
     except Exception as e:  # a launch this GPU cannot compile or run: keep the two kernels
         log.warning("rope_store failed on this device (%s): not used", e)
-        equal = False
-    _choice[key] = equal and fastest_config([False, True], call, items, ref) is True
+    _choice[key] = equal and fastest_config([False, True], run, items, ref[0]) is True
     log.info("decode steps: RoPE + KV store %s", "fused" if _choice[key] else "as two kernels")
     del items
     torch.cuda.empty_cache()  # the memory check reads the graph pool's growth after this

@@ -239,7 +239,7 @@ def choose_rope_store(model: nn.Module) -> None:
 
     layers = [m for m in model.modules() if isinstance(m, PagedAttention)]
     dtype = attn.k_cache.dtype  # a 16-bit cache holds the activation dtype
-    won = choose(attn.num_heads, attn.num_kv_heads, attn.head_dim, dtype, dtype, rope.cos,
-                 rope.sin, len(layers))  # fmt: skip
+    won = choose(attn.num_heads, attn.num_kv_heads, attn.head_dim, dtype, rope.cos, rope.sin,
+                 len(layers))  # fmt: skip
     for layer in layers:
         layer.fuse_rope_store = won
