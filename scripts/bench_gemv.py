@@ -1,7 +1,7 @@
 """Batch-1 (M = 1) linear layers on the GPU, per Llama-3-8B shape: cuBLAS, our split-K bf16
-GEMV per config, and the weight-only int8 / int4 kernels, each timed inside a CUDA graph (as
-decode runs them: once per layer's own weight, so none is served from L2) and against the copy
-bandwidth measured in the same run.
+GEMV per config, and the weight-only int8 / int4 kernels (bitsandbytes gives NF4's table),
+each timed inside a CUDA graph (as decode runs them: once per layer's own weight, so none is
+served from L2) and against the copy bandwidth measured in the same run.
 
     PYTHONPATH=. python scripts/bench_gemv.py [--out FILE.json] [--m 1]
     PYTHONPATH=. python scripts/bench_gemv.py --m 256   # a decode batch: cuBLAS vs gemm.py
@@ -29,7 +29,7 @@ sys.path.insert(0, str(ROOT))
 from engine.kernels import gemm as gemm_mod  # noqa: E402
 from engine.kernels import gemv as gemv_mod  # noqa: E402
 from engine.kernels import wq_splitk  # noqa: E402
-from engine.models.quant import wq_matmul_ref  # noqa: E402
+from engine.models.quant import code_table, wq_matmul_ref  # noqa: E402
 from engine.timing import graph_seconds  # noqa: E402
 from scripts.bench_floor import measure_hardware  # noqa: E402
 
@@ -41,10 +41,6 @@ SHAPES = [
     ("down", 4096, 14336, 32),
     ("lm_head", 128256, 4096, 1),
 ]
-NF4 = torch.tensor(
-    [-1.0, -0.6962, -0.5251, -0.3949, -0.2844, -0.1848, -0.0911, 0.0,
-     0.0796, 0.1609, 0.2461, 0.3379, 0.4407, 0.5626, 0.7230, 1.0]
-)  # fmt: skip
 
 
 def per_call_us(call, weights: list) -> float:
@@ -65,24 +61,20 @@ def variants(n: int, k: int, m: int, copies: int, dtype: torch.dtype):
     ws = [torch.randn(n, k, device="cuda", dtype=dtype, generator=g) for _ in range(copies)]
     wbytes = n * k * 2
     yield "cublas", wbytes, per_call_us(lambda w: F.linear(x, w), ws), 0.0
-    if m == 1:
-        ref = F.linear(x, ws[0]).float()
-        for cfg in gemv_mod.CONFIGS:
+    # batch 1: the split-K GEMV; a decode batch: the tiled GEMM's configs that fit m rows
+    name, kernel, configs, n_weights = (
+        ("gemv", gemv_mod.gemv, gemv_mod.CONFIGS, copies)
+        if m == 1
+        else ("gemm", gemm_mod.gemm, [c for c in gemm_mod.CONFIGS if c[0] <= max(m, 16)], 8)
+    )
+    ref = F.linear(x, ws[0]).float()
+    for cfg in configs:
 
-            def call(w, cfg=cfg):
-                return gemv_mod.gemv(x, w, None, cfg)
+        def call(w, cfg=cfg):
+            return kernel(x, w, None, cfg)
 
-            err = (call(ws[0]).float() - ref).abs().max().item()
-            yield f"gemv{cfg}", wbytes, per_call_us(call, ws), err
-    else:  # a decode batch: the tiled Triton GEMM's configs that fit m rows
-        ref = F.linear(x, ws[0]).float()
-        for cfg in (c for c in gemm_mod.CONFIGS if c[0] <= max(m, 16)):
-
-            def call(w, cfg=cfg):
-                return gemm_mod.gemm(x, w, None, cfg)
-
-            err = (call(ws[0]).float() - ref).abs().max().item()
-            yield f"gemm{cfg}", wbytes, per_call_us(call, ws[:8]), err
+        err = (call(ws[0]).float() - ref).abs().max().item()
+        yield f"{name}{cfg}", wbytes, per_call_us(call, ws[:n_weights]), err
     del ws
     if m != 1:
         return
@@ -91,7 +83,7 @@ def variants(n: int, k: int, m: int, copies: int, dtype: torch.dtype):
     s8 = torch.rand(n, device="cuda", generator=g) / 127
     yield from _quantized("int8", x, [(q, s8, None, None, 0) for q in q8], n * k + n * 4)
     del q8
-    group, code = 64, NF4.cuda()
+    group, code = 64, code_table("nf4").cuda()
     q4 = [torch.randint(0, 256, (n, k // 2), device="cuda", dtype=torch.uint8, generator=g)
           for _ in range(copies)]  # fmt: skip
     s4 = torch.rand(n, k // group, device="cuda", generator=g)

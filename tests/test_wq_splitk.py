@@ -7,17 +7,14 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine.models.quant import wq_matmul_ref
+from engine.models.quant import code_table, wq_matmul_ref
 from tests.triton_modules import HAS_CUDA, import_kernel_modules
 
 (_gemv, _wq, _splitk) = import_kernel_modules(
     [("gemv", "_gemv_kernel"), ("wq_gemv", "_wq_matmul_kernel"), ("wq_splitk", "_wq_splitk_kernel")]
 )
 DEVICE = "cuda" if HAS_CUDA else "cpu"
-NF4 = torch.tensor(
-    [-1.0, -0.6962, -0.5251, -0.3949, -0.2844, -0.1848, -0.0911, 0.0,
-     0.0796, 0.1609, 0.2461, 0.3379, 0.4407, 0.5626, 0.7230, 1.0]
-)  # fmt: skip
+NF4 = code_table("nf4")
 
 
 @pytest.fixture(autouse=True)
