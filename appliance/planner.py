@@ -350,15 +350,4 @@ def _fix(m: ModelConfig, dev: Device, req: PlanRequest, misfit: _Misfit) -> tupl
                 mid = (lo + hi) // 2
                 lo, hi = (lo, mid) if reached(mid) >= goal else (mid + 1, hi)
             return "memory_gib", lo
-    if misfit.bound is not None and culprit in req.pinned:
-        # the culprit's own limit may meet a later check of the same setting (a length within
-        # the model's maximum but too long for the pool): suggest the value that passes both
-        trial = replace(req, **{culprit: misfit.bound})
-        try:
-            _attempt(m, dev, trial)
-        except _Misfit as again:
-            if again.culprit == culprit and again.stage > misfit.stage:
-                name, value = _fix(m, dev, trial, again)
-                if name == culprit and value is not None:
-                    return name, value
     return culprit, misfit.bound
