@@ -95,13 +95,7 @@ def dequantize_ref(
     qweight: torch.Tensor, scales: torch.Tensor, code: torch.Tensor | None, group_size: int
 ) -> torch.Tensor:
     """Pure-PyTorch dequantization to fp32 [N, K] (the kernel's reference)."""
-    if qweight.dtype == torch.int8:
-        return qweight * scales[:, None]  # one fused kernel: int8 * fp32 -> fp32
-    n, groups = scales.shape
-    # byte b -> (code[b >> 4], code[b & 15]): one lookup yields both weights of a byte
-    pairs = torch.stack([code.repeat_interleave(16), code.repeat(16)], dim=-1)  # [256, 2]
-    values = pairs[qweight.int()].view(n, groups, group_size)  # [N, K / group, group]
-    return (values * scales[:, :, None]).view(n, -1)
+    return dequantize_to(qweight, scales, code, group_size, torch.float32)
 
 
 def dequantize_to(
@@ -111,16 +105,17 @@ def dequantize_to(
     group_size: int,
     dtype: torch.dtype,
 ) -> torch.Tensor:
-    """dequantize_ref(...).to(dtype), equal to it, without its fp32 [N, K] product: the scale
-    multiply computes in fp32 and rounds once, as it writes the 16-bit output (int8: no fp32
-    copy at all; int4: one, for the looked-up codes). Batches of more than a few rows take
-    this path on a GPU before cuBLAS, so its temporaries are the layer's activation peak."""
+    """The weight as `dtype` [N, K]: each product code-or-int8 x scale computed in fp32 and
+    rounded once as it is written (int8: no fp32 copy at all; int4: one, for the looked-up
+    codes). Batches of more than a few rows take this path on a GPU before cuBLAS, so its
+    temporaries are the layer's activation peak."""
     if qweight.dtype == torch.int8:
         out = torch.empty(qweight.shape, dtype=dtype, device=qweight.device)
         return torch.mul(qweight, scales[:, None], out=out)
     n, groups = scales.shape
+    # byte b -> (code[b >> 4], code[b & 15]): one lookup yields both weights of a byte
     pairs = torch.stack([code.repeat_interleave(16), code.repeat(16)], dim=-1)  # [256, 2]
-    values = pairs[qweight.int()].view(n, groups, group_size)
+    values = pairs[qweight.int()].view(n, groups, group_size)  # [N, K / group, group]
     out = torch.empty(values.shape, dtype=dtype, device=qweight.device)
     return torch.mul(values, scales[:, :, None], out=out).view(n, -1)
 
@@ -286,5 +281,5 @@ class QuantEmbedding(nn.Module):
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:  # [T] -> [T, hidden]
         t = self.table
-        rows = dequantize_ref(t.qweight[input_ids], t.scales[input_ids], t.code, t.group_size)
-        return rows.to(self.dtype)
+        q, scales = t.qweight[input_ids], t.scales[input_ids]
+        return dequantize_to(q, scales, t.code, t.group_size, self.dtype)
