@@ -91,7 +91,7 @@ class ModelRunner:
         from engine.models.quant import choose_quant_linears
 
         # decode kernels timed on the device, before the graphs capture them
-        choose_batch1_linears(self.model, self.config.max_num_seqs)
+        choose_batch1_linears(self.model)
         choose_quant_linears(self.model, self.dtype)
         choose_rope_store(self.model)
         cfg, max_len = self.model_config, self.config.max_model_len
@@ -145,6 +145,6 @@ class ModelRunner:
         if not sampling_rows:
             return PendingStep.launched(batch, sampling_rows, None)
         reqs = [batch.requests[i] for i in sampling_rows]
-        logits = self.model.compute_logits(hidden[logits_rows])  # [num_sampling, vocab]
+        logits = self.model.compute_logits(hidden[logits_rows], float32=False)
         out = sample(logits, prepare_sampling(reqs, self.model_config.vocab_size, self.device))
         return PendingStep.launched(batch, sampling_rows, out)

@@ -98,7 +98,11 @@ def _filter(logits: torch.Tensor, t: SamplingTensors) -> torch.Tensor:
 
 
 def sample(logits: torch.Tensor, t: SamplingTensors) -> SamplerOutput:
-    """logits: [num_seqs, vocab] float32 (raw model output)."""
+    """logits: [num_seqs, vocab] (raw model output, any float dtype: widened to fp32 here
+    unless every row is plain greedy, where argmax of the 16-bit values picks the same id)."""
+    if t.all_greedy and t.max_logprobs is None and t.repetition is None and t.frequency is None:
+        return SamplerOutput(logits.argmax(-1), None, None, None)
+    logits = logits.float()
     raw_logprobs = logits.log_softmax(-1) if t.max_logprobs is not None else None
     logits = apply_penalties(logits, t)
     greedy = logits.argmax(-1)

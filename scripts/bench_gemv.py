@@ -4,7 +4,7 @@ each timed inside a CUDA graph (as decode runs them: once per layer's own weight
 served from L2) and against the copy bandwidth measured in the same run.
 
     PYTHONPATH=. python scripts/bench_gemv.py [--out FILE.json] [--m 1]
-    PYTHONPATH=. python scripts/bench_gemv.py --m 256   # a decode batch: cuBLAS vs gemm.py
+    PYTHONPATH=. python scripts/bench_gemv.py --m 256   # a decode batch: cuBLAS alone
 
 Prints one row per (shape, path): microseconds per call, bytes read / time, and that as a
 share of the copy bandwidth; then the weight time of one decode token (32 layers + LM head)
@@ -26,7 +26,6 @@ from rich.table import Table
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from engine.kernels import gemm as gemm_mod  # noqa: E402
 from engine.kernels import gemv as gemv_mod  # noqa: E402
 from engine.kernels import wq_splitk  # noqa: E402
 from engine.models.quant import code_table, wq_matmul_ref  # noqa: E402
@@ -61,23 +60,17 @@ def variants(n: int, k: int, m: int, copies: int, dtype: torch.dtype):
     ws = [torch.randn(n, k, device="cuda", dtype=dtype, generator=g) for _ in range(copies)]
     wbytes = n * k * 2
     yield "cublas", wbytes, per_call_us(lambda w: F.linear(x, w), ws), 0.0
-    # batch 1: the split-K GEMV; a decode batch: the tiled GEMM's configs that fit m rows
-    name, kernel, configs, n_weights = (
-        ("gemv", gemv_mod.gemv, gemv_mod.CONFIGS, copies)
-        if m == 1
-        else ("gemm", gemm_mod.gemm, [c for c in gemm_mod.CONFIGS if c[0] <= max(m, 16)], 8)
-    )
+    if m != 1:  # a decode batch runs on cuBLAS (a Triton GEMM lost to it at every shape)
+        return
     ref = F.linear(x, ws[0]).float()
-    for cfg in configs:
+    for cfg in gemv_mod.CONFIGS:
 
         def call(w, cfg=cfg):
-            return kernel(x, w, None, cfg)
+            return gemv_mod.gemv(x, w, None, cfg)
 
         err = (call(ws[0]).float() - ref).abs().max().item()
-        yield f"{name}{cfg}", wbytes, per_call_us(call, ws[:n_weights]), err
+        yield f"gemv{cfg}", wbytes, per_call_us(call, ws), err
     del ws
-    if m != 1:
-        return
     q8 = [torch.randint(-127, 128, (n, k), device="cuda", dtype=torch.int8, generator=g)
           for _ in range(copies)]  # fmt: skip
     s8 = torch.rand(n, device="cuda", generator=g) / 127

@@ -249,14 +249,25 @@ def bench_ttft(engines: Engines, hw: Hardware, sz: dict, full: bool) -> list:
     vocab, rows = llm.engine.model_config.vocab_size, []
     for n in sz["c_prompts"]:
         llm.generate(random_prompts(1, n, n, vocab, seed=30), _params(1))  # warm-up
-        times = []
+        times, before = [], _allocator_counts(llm)
         for i in range(sz["c_repeats"]):  # a fresh prompt each time: no prefix reuse
             (out,) = llm.generate(random_prompts(1, n, n, vocab, seed=31 + i), _params(1))
             times.append((out.metrics.first_token_time - out.metrics.arrival_time) * 1e3)
         floor_ms = ttft_floor_s(engines.shape(), hw, n) * 1e3
-        detail = dict(model=preset, runs_ms=times)
+        after = _allocator_counts(llm)  # device mallocs/frees during the timed runs (want 0)
+        allocator = {k: after[k] - before[k] for k in after}
+        detail = dict(model=preset, runs_ms=times, allocator=allocator)
         rows.append(_row(f"C-{n}", "TTFT ms", statistics.median(times), floor_ms, full, detail))
     return rows
+
+
+def _allocator_counts(llm: LLM) -> dict:
+    """The caching allocator's device malloc / free / retry counters (empty off CUDA)."""
+    if llm.engine.device.type != "cuda":
+        return {}
+    stats = torch.cuda.memory_stats(llm.engine.device)
+    keys = ("num_device_alloc", "num_device_free", "num_alloc_retries")
+    return {k: stats.get(k, 0) for k in keys}
 
 
 def compare_hf(engines: Engines, sz: dict, args: argparse.Namespace) -> dict:

@@ -35,7 +35,7 @@ tests)
     for f in tests/test_gpu_engine.py tests/test_kernels.py tests/test_fused_kernels.py \
              tests/test_kv_int8.py tests/test_kv_int8_engine.py tests/test_quant_linear.py \
              tests/test_quant_engine.py tests/test_quant_load_memory.py tests/test_gemv.py \
-             tests/test_wq_splitk.py tests/test_rope_store.py tests/test_gemm.py \
+             tests/test_wq_splitk.py tests/test_rope_store.py \
              tests/test_memory_gpu.py; do
         run_part "pytest_$(basename "$f" .py)" 150 \
             "$PY" -m pytest -m gpu -q -s -rf -p no:cacheprovider "$f"

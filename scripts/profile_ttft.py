@@ -2,6 +2,7 @@
 and off, and a torch.profiler kernel table of one request per length.
 
     PYTHONPATH=. python scripts/profile_ttft.py [--preset llama-3-8b] [--lengths 1024,4096]
+        [--load 256]   # first serve 256 requests at once (as workload A does), then measure
 
 TTFT = first_token_time - arrival_time, as scripts/bench_gpu.py measures it (max_tokens=1).
 """
@@ -38,6 +39,7 @@ def main() -> None:
     ap.add_argument("--lengths", default="1024,4096")
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--max-num-seqs", type=int, default=16, help="bench_gpu's engine has 256")
+    ap.add_argument("--load", type=int, default=0, help="requests served before measuring")
     args = ap.parse_args()
     lengths = [int(v) for v in args.lengths.split(",")]
     folder = materialise_preset(args.preset, tempfile.mkdtemp())
@@ -46,10 +48,15 @@ def main() -> None:
         load_format="random",
         seed=0,
         max_model_len=max(lengths) + 256,
-        max_num_seqs=args.max_num_seqs,
+        max_num_seqs=max(args.max_num_seqs, args.load),
         max_num_batched_tokens=max(8192, max(lengths)),
     )
     engine = llm.engine
+    if args.load:  # an A-like burst: prompts of 100-1,024 tokens, 128 tokens out each
+        vocab = engine.model_config.vocab_size
+        burst = SamplingParams(max_tokens=128, temperature=0.0, ignore_eos=True)
+        llm.generate(random_prompts(args.load, 100, 1024, vocab, seed=5), burst)
+        print(f"served {args.load} requests first")
     for n in lengths:
         ttft_ms(llm, n, seed=1)  # warm-up
         for overlap in (True, False):

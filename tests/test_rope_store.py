@@ -109,22 +109,24 @@ def test_choose_compares_and_times_on_the_device():
 def test_engine_with_the_fused_kernel_generates_what_it_does_without(tiny_model, monkeypatch):
     """The model path: decode steps (and short prefills) through rope_and_store, under the
     interpreter here, give the greedy tokens of the plain path, prompt lengths across the
-    64-token threshold, padding-free CPU steps and several blocks per sequence."""
+    64-token head split and the 512-token limit, padding-free CPU steps and several blocks
+    per sequence."""
     from engine import LLM, SamplingParams
     from engine.models.layers import PagedAttention
 
     _, folder = tiny_model
     g = torch.Generator().manual_seed(3)
-    prompts = [torch.randint(0, 256, (n,), generator=g).tolist() for n in (1, 9, 40, 70)]
+    groups = [[torch.randint(0, 256, (n,), generator=g).tolist() for n in ns]
+              for ns in ((1, 9, 40, 70), (520,))]  # fmt: skip
     greedy = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
     llm = LLM(str(folder), device="cpu")
-    plain = [o.token_ids for o in llm.generate(prompts, greedy)]
+    plain = [[o.token_ids for o in llm.generate(p, greedy)] for p in groups]
     layers = [m for m in llm.engine.runner.model.modules() if isinstance(m, PagedAttention)]
     for layer in layers:
         layer.fuse_rope_store = True
     calls = []
     real = _fused.rope_store
     monkeypatch.setattr(_fused, "rope_store", lambda *a: calls.append(a[0].shape[0]) or real(*a))
-    fused = [o.token_ids for o in llm.generate(prompts, greedy)]
+    fused = [[o.token_ids for o in llm.generate(p, greedy)] for p in groups]
     assert fused == plain
-    assert calls and max(calls) < 64  # decode steps took the fused kernel; 70-token steps not
+    assert 120 in calls and max(calls) < 512  # decode steps, a 120-token prefill; not 520

@@ -30,25 +30,18 @@ def fused_kernels_enabled() -> bool:
 
 
 class Linear(nn.Linear):
-    """nn.Linear whose batch-1 calls on CUDA may run the split-K Triton GEMV, and whose calls
-    inside a decode graph the tiled Triton GEMM, where each measured faster than cuBLAS for
-    this shape (and row count) on this device (engine/kernels/gemv.py, gemm.py;
-    APPLIANCE_TRITON_GEMV=0 turns both off)."""
+    """nn.Linear whose batch-1 calls on CUDA may run the split-K Triton GEMV, where it measured
+    faster than cuBLAS for this shape on this device (engine/kernels/gemv.py;
+    APPLIANCE_TRITON_GEMV=0 turns it off). Batches of 2+ rows stay on cuBLAS: a tiled Triton
+    GEMM, best config per shape, timed 1.5-1.7x slower at 256 rows (H200, session 4 results)."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.is_cuda and x.dim() == 2 and _gemv_enabled():
-            if x.shape[0] == 1:
-                from engine.kernels.gemv import gemv, gemv_config
+        if x.is_cuda and x.dim() == 2 and x.shape[0] == 1 and _gemv_enabled():
+            from engine.kernels.gemv import gemv, gemv_config
 
-                config = gemv_config(self.weight, self.bias)
-                if config is not None:
-                    return gemv(x, self.weight, self.bias, config)
-            elif torch.cuda.is_current_stream_capturing():  # a decode graph: timed that way
-                from engine.kernels.gemm import gemm, gemm_config
-
-                config = gemm_config(self.weight, self.bias, x.shape[0])
-                if config is not None:
-                    return gemm(x, self.weight, self.bias, config)
+            config = gemv_config(self.weight, self.bias)
+            if config is not None:
+                return gemv(x, self.weight, self.bias, config)
         return F.linear(x, self.weight, self.bias)
 
     def silu_mul_forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -65,19 +58,16 @@ class Linear(nn.Linear):
         return silu_and_mul(self(x))
 
 
-def choose_batch1_linears(model: nn.Module, max_rows: int = 1) -> None:
+def choose_batch1_linears(model: nn.Module) -> None:
     """Time cuBLAS against the split-K GEMV for each Linear shape of the model, over its own
-    weights, so decode graphs capture the faster one; and, for the layers' projections,
-    against the decode-batch GEMM at row buckets up to max_rows (CUDA only; before capture)."""
+    weights, so decode graphs capture the faster one (CUDA only; before capture)."""
     named = [(n, (m.weight, m.bias)) for n, m in model.named_modules() if isinstance(m, Linear)]
     if not named or not named[0][1][0].is_cuda or not _gemv_enabled():
         return
-    from engine.kernels import gemm, gemv
+    from engine.kernels import gemv
 
     gated = [p for n, p in named if n.endswith("gate_up_proj") and fused_kernels_enabled()]
     gemv.choose_configs([p for _, p in named], gated)
-    if max_rows > 1:  # the LM head runs outside the decode graphs
-        gemm.choose_configs([p for n, p in named if not n.endswith("lm_head")], max_rows)
 
 
 @cache
@@ -222,8 +212,9 @@ class PagedAttention(nn.Module):
         return self.attend(q, meta)
 
 
-FUSED_ROPE_MAX_TOKENS = 64
-"""rope_and_store serves steps below this many tokens (decode graphs; rope.py's head split)."""
+FUSED_ROPE_MAX_TOKENS = 512
+"""rope_and_store serves steps below this many tokens: every decode graph up to 512 rows and
+short prefills (chosen by timing decode steps; long prefills keep the two kernels)."""
 
 
 def choose_rope_store(model: nn.Module) -> None:
