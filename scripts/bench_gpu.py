@@ -257,6 +257,8 @@ def bench_ttft(engines: Engines, hw: Hardware, sz: dict, full: bool) -> list:
         after = _allocator_counts(llm)  # device mallocs/frees during the timed runs (want 0)
         allocator = {k: after[k] - before[k] for k in after}
         detail = dict(model=preset, runs_ms=times, allocator=allocator)
+        if llm.engine.device.type == "cuda":  # host or device: kernel time of one more run
+            detail["profile"] = _profiled_ttft(llm, random_prompts(1, n, n, vocab, seed=40))
         rows.append(_row(f"C-{n}", "TTFT ms", statistics.median(times), floor_ms, full, detail))
     return rows
 
@@ -268,6 +270,21 @@ def _allocator_counts(llm: LLM) -> dict:
     stats = torch.cuda.memory_stats(llm.engine.device)
     keys = ("num_device_alloc", "num_device_free", "num_alloc_retries")
     return {k: stats.get(k, 0) for k in keys}
+
+
+def _profiled_ttft(llm: LLM, prompt: list[list[int]]) -> dict:
+    """One more request under torch.profiler: wall vs summed kernel time (busy share well
+    below 1 = the host, not the GPU, sets TTFT) and the top kernels."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from scripts.profile_workload import kernel_table
+
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        start = time.perf_counter()
+        llm.generate(prompt, _params(1))
+        torch.cuda.synchronize()
+        wall = time.perf_counter() - start
+    return kernel_table(prof, wall, 1, top=8)
 
 
 def compare_hf(engines: Engines, sz: dict, args: argparse.Namespace) -> dict:
