@@ -1,6 +1,7 @@
 """The engine's host cost per step: everything but the device's work, at a given batch.
 
     .venv/bin/python scripts/bench_host.py [--seqs 256] [--steps 60] [--phases]
+    .venv/bin/python scripts/bench_host.py --prefill 1024   # one request's prefill (workload C)
 
 The model forward and LM head are replaced by stubs that return zeros at once (tiny-shape
 Llama, CPU), so a step's time is the Python side alone: scheduling, block bookkeeping, input and
@@ -38,7 +39,7 @@ class StubModel(torch.nn.Module):
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         return torch.zeros(input_ids.shape[0], self.hidden)
 
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+    def compute_logits(self, hidden: torch.Tensor, float32: bool = True) -> torch.Tensor:
         return torch.zeros(hidden.shape[0], self.vocab)
 
 
@@ -66,20 +67,24 @@ def timed_phases(engine) -> dict[str, float]:
     return spent
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--seqs", type=int, default=256)
     ap.add_argument("--steps", type=int, default=60)
     ap.add_argument("--phases", action="store_true", help="time each phase too")
-    args = ap.parse_args()
+    ap.add_argument("--prefill", type=int, default=0, help="time one N-token request instead")
+    args = ap.parse_args(argv)
     torch.set_num_threads(1)
     folder = materialise_preset("llama-3-8b", "/tmp", tiny=True)
-    llm = LLM(str(folder), device="cpu", load_format="random", max_model_len=1536,
+    llm = LLM(str(folder), device="cpu", load_format="random", max_model_len=8192,
               max_num_seqs=args.seqs, max_num_batched_tokens=8192,
-              num_kv_blocks=args.seqs * 100)  # fmt: skip
+              num_kv_blocks=args.seqs * 100 + 1024)  # fmt: skip
     engine = llm.engine
     cfg = engine.model_config
     engine.runner.model = StubModel(cfg.hidden_size, cfg.vocab_size)
+    if args.prefill:
+        prefill_host(llm, args)
+        return
     params = SamplingParams(max_tokens=args.steps + 50, temperature=0.0, ignore_eos=True)
     for i, prompt in enumerate(random_prompts(args.seqs, 100, 1024, cfg.vocab_size, seed=10)):
         engine.add_request(f"r{i}", prompt, params)
@@ -94,6 +99,24 @@ def main() -> None:
         engine.step()
         times.append((time.perf_counter() - start) * 1e3)
     print(f"host cost per decode step, {args.seqs} sequences: median "
+          f"{statistics.median(times):.2f} ms, min {min(times):.2f} ms")  # fmt: skip
+    for name, seconds in sorted(spent.items(), key=lambda kv: -kv[1]):
+        print(f"  {name:18s} {seconds / args.steps * 1e3:6.2f} ms")
+
+
+def prefill_host(llm: LLM, args: argparse.Namespace) -> None:
+    """Host time of one request of args.prefill tokens and max_tokens=1, arrival to output
+    (workload C's TTFT less the device's work), each prompt fresh."""
+    vocab = llm.engine.model_config.vocab_size
+    params = SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True)
+    spent = timed_phases(llm.engine) if args.phases else {}
+    times = []
+    for i in range(args.steps):
+        prompt = random_prompts(1, args.prefill, args.prefill, vocab, seed=100 + i)
+        start = time.perf_counter()
+        llm.generate(prompt, params)
+        times.append((time.perf_counter() - start) * 1e3)
+    print(f"host cost of one {args.prefill}-token request: median "
           f"{statistics.median(times):.2f} ms, min {min(times):.2f} ms")  # fmt: skip
     for name, seconds in sorted(spent.items(), key=lambda kv: -kv[1]):
         print(f"  {name:18s} {seconds / args.steps * 1e3:6.2f} ms")

@@ -144,3 +144,14 @@ def test_tiny_run_end_to_end_on_cpu(tmp_path):
     assert a["detail"]["output_tokens"] == 4 * 8  # ignore_eos: every request ran to length
     assert results["hardware"]["bandwidth"] > 0
     assert results["engines"]["llama-3-8b"]["config"]["load_format"] == "random"
+
+
+@pytest.mark.parametrize("argv", [["--seqs", "3", "--steps", "2", "--phases"],
+                                  ["--seqs", "1", "--prefill", "40", "--steps", "2"]])  # fmt: skip
+def test_bench_host_runs_with_the_stub_model(argv, capsys):
+    """scripts/bench_host.py swaps the model for a stub: it must keep up with the runner's
+    calls (a signature change there broke it once)."""
+    from scripts import bench_host
+
+    bench_host.main(argv)
+    assert "host cost" in capsys.readouterr().out
