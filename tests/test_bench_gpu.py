@@ -144,6 +144,8 @@ def test_tiny_run_end_to_end_on_cpu(tmp_path):
     assert a["detail"]["output_tokens"] == 4 * 8  # ignore_eos: every request ran to length
     assert results["hardware"]["bandwidth"] > 0
     assert results["engines"]["llama-3-8b"]["config"]["load_format"] == "random"
+    for c in results["rows"][2:4]:  # one profiled request per C length (kernels on a GPU)
+        assert c["detail"]["profile"]["wall_ms"] > 0
 
 
 @pytest.mark.parametrize("argv", [["--seqs", "3", "--steps", "2", "--phases"],
