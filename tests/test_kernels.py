@@ -324,3 +324,15 @@ def test_prefill_attention_gpu_bf16(num_heads, num_kv_heads):
     gen = torch.Generator().manual_seed(num_heads)
     chunks = [(1024, 1024), (512, 2048), (1, 300), (77, 77), (300, 1500)]
     _check_prefill(chunks, num_heads, num_kv_heads, 128, 16, torch.bfloat16, gen)
+
+
+def test_launch_math_matches_triton():
+    """The wrappers' plain-Python cdiv / next_power_of_2 give Triton's values."""
+    import triton
+
+    from engine.kernels.launch_math import cdiv, next_power_of_2
+
+    for n in range(0, 4100):
+        assert next_power_of_2(n) == triton.next_power_of_2(n), n
+        for b in (1, 3, 16, 64, 1000):
+            assert cdiv(n, b) == triton.cdiv(n, b), (n, b)

@@ -21,6 +21,7 @@ import torch
 import triton
 import triton.language as tl
 
+from engine.kernels.launch_math import cdiv, next_power_of_2
 from engine.kernels.paged_args import (
     check_paged_inputs,
     dot_dtype,
@@ -41,8 +42,8 @@ def default_num_splits(
     num_sms = 132
     if device.type == "cuda":
         num_sms = torch.cuda.get_device_properties(device).multi_processor_count
-    by_work = triton.cdiv(max(max_seq_len, 1), MIN_TOKENS_PER_SPLIT)
-    by_occupancy = triton.cdiv(2 * num_sms, max(num_seqs * num_kv_heads, 1))
+    by_work = cdiv(max(max_seq_len, 1), MIN_TOKENS_PER_SPLIT)
+    by_occupancy = cdiv(2 * num_sms, max(num_seqs * num_kv_heads, 1))
     return max(1, min(by_work, by_occupancy, MAX_SPLITS))
 
 
@@ -264,7 +265,7 @@ def decode_attention(
     ws = workspace if num_splits > 1 else out
     ws_strides = workspace.stride()[:3] if num_splits > 1 else (0, 0, 0)
     group = num_heads // num_kv_heads
-    block_d = max(16, triton.next_power_of_2(head_dim))
+    block_d = max(16, next_power_of_2(head_dim))
     is_int8 = k_scales is not None
     if not is_int8:  # placeholders, never read
         k_scales = v_scales = k_cache
@@ -280,7 +281,7 @@ def decode_attention(
         block_tables.stride(0),
         *ws_strides,
         out.stride(0), out.stride(1),
-        GROUP=group, BLOCK_G=max(16, triton.next_power_of_2(group)),
+        GROUP=group, BLOCK_G=max(16, next_power_of_2(group)),
         HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_SIZE=block_size,
         DIRECT_OUT=num_splits == 1, DOT_DTYPE=dot_dtype(q.dtype, _decode_split_kernel),
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32", KV_INT8=is_int8,
@@ -290,7 +291,7 @@ def decode_attention(
             ws, out, num_splits,
             *ws_strides,
             out.stride(0), out.stride(1),
-            HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_P=triton.next_power_of_2(num_splits),
+            HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_P=next_power_of_2(num_splits),
             num_warps=4,
         )
     # fmt: on

@@ -20,6 +20,7 @@ import torch
 import triton
 import triton.language as tl
 
+from engine.kernels.launch_math import cdiv
 from engine.kernels.rmsnorm import round_to
 from engine.timing import fastest_config
 
@@ -122,7 +123,7 @@ def _sms(x: torch.Tensor, num_sms: int | None) -> int:
 
 def split_k_for(n: int, k: int, block_n: int, block_k: int, num_sms: int) -> int:
     """Splits along K so the grid has about 4 programs per SM, each at least 4 K-tiles long."""
-    programs = triton.cdiv(n, block_n)
+    programs = cdiv(n, block_n)
     want = max(1, (4 * num_sms) // programs)
     return max(1, min(want, k // (4 * block_k)))
 
@@ -140,7 +141,7 @@ def gemv(
     block_n, block_k, warps = config
     split, k_per_split, out, part = plan_split(x, n, k, block_n, block_k, num_sms)
     b = bias if bias is not None else out
-    grid = (triton.cdiv(n, block_n), split)
+    grid = (cdiv(n, block_n), split)
     _gemv_kernel[grid](
         x, weight, b, out, part, n, k, weight.stride(0), k_per_split,
         SPLIT_K=split, HAS_BIAS=bias is not None, BLOCK_N=block_n, BLOCK_K=block_k,
@@ -156,8 +157,8 @@ def plan_split(
     """(SPLIT_K, K per split in whole tiles, the [1, N] output, the fp32 [SPLIT_K, N]
     partials: the output itself when SPLIT_K is 1) for a split-K GEMV of one row."""
     split = split_k_for(n, k, block_n, block_k, _sms(x, num_sms))
-    k_per_split = triton.cdiv(triton.cdiv(k, split), block_k) * block_k
-    split = triton.cdiv(k, k_per_split)
+    k_per_split = cdiv(cdiv(k, split), block_k) * block_k
+    split = cdiv(k, k_per_split)
     out = torch.empty(1, n, dtype=x.dtype, device=x.device)
     part = torch.empty(split, n, dtype=torch.float32, device=x.device) if split > 1 else out
     return split, k_per_split, out, part
@@ -168,7 +169,7 @@ def reduce_split(part: torch.Tensor, bias: torch.Tensor | None, out: torch.Tenso
     split, n = part.shape
     if part is out:
         return
-    _reduce_kernel[(triton.cdiv(n, 1024),)](
+    _reduce_kernel[(cdiv(n, 1024),)](
         part, bias if bias is not None else out, out, n,
         SPLIT_K=split, HAS_BIAS=bias is not None, BLOCK=1024,
     )  # fmt: skip
@@ -190,7 +191,7 @@ def gemv_silu_mul(
     if weight.shape[0] % 2 or split_k_for(n, k, block_n, block_k, _sms(x, num_sms)) > 1:
         return None
     out = torch.empty(1, n, dtype=x.dtype, device=x.device)
-    _gemv_silu_kernel[(triton.cdiv(n, block_n),)](
+    _gemv_silu_kernel[(cdiv(n, block_n),)](
         x, weight, bias if bias is not None else out, out, n, k, weight.stride(0),
         HAS_BIAS=bias is not None, BLOCK_N=block_n, BLOCK_K=block_k, num_warps=warps,
     )  # fmt: skip

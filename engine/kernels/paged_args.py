@@ -106,11 +106,13 @@ _chosen: dict[tuple, dict] = {}
 
 def launch_first_fitting(kernel, grid, configs: list[dict], *args, **constexprs) -> None:
     """Launch kernel with the first config (more constexprs + launch options) that fits the
-    device's shared memory. The choice is remembered per kernel, constexprs, dtypes and device,
-    so later calls (and CUDA-graph capture, after a warm-up call) go straight to it. Triton
-    raises OutOfResources while loading the binary, before launching: a failed try is harmless."""
-    tensors = tuple((a.dtype, a.device) for a in args if isinstance(a, torch.Tensor))
-    key = (kernel, tuple(constexprs.items()), tensors)
+    device's shared memory. The choice is remembered per kernel, constexprs, the dtypes of
+    args[0] and args[1] (the query and the cache: the rest is int32 metadata, or fixed by the
+    constexprs) and the device, so later calls (and CUDA-graph capture, after a warm-up call)
+    go straight to it. Triton raises OutOfResources while loading the binary, before
+    launching: a failed try is harmless."""
+    q, cache = args[0], args[1]
+    key = (kernel, tuple(constexprs.items()), q.dtype, cache.dtype, q.device)
     if key in _chosen:
         configs = [_chosen[key]]
     for i, config in enumerate(configs):

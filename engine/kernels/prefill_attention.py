@@ -16,6 +16,7 @@ import triton
 import triton.language as tl
 
 from engine.kernels.decode_attention import LOG2E
+from engine.kernels.launch_math import cdiv, next_power_of_2
 from engine.kernels.paged_args import (
     check_paged_inputs,
     dot_dtype,
@@ -269,11 +270,11 @@ def prefill_attention(
 
     num_kv_heads, block_size = k_cache.shape[2], k_cache.shape[1]
     group = num_heads // num_kv_heads
-    block_d = max(16, triton.next_power_of_2(head_dim))
+    block_d = max(16, next_power_of_2(head_dim))
     block_r, configs = tile_configs(block_d)
-    block_r = max(block_r, triton.next_power_of_2(group))
+    block_r = max(block_r, next_power_of_2(group))
     tokens_per_tile = block_r // group
-    grid = (triton.cdiv(max_query_len, tokens_per_tile), num_seqs, num_kv_heads)
+    grid = (cdiv(max_query_len, tokens_per_tile), num_seqs, num_kv_heads)
     is_int8 = k_scales is not None
     if not is_int8:  # placeholders, never read
         k_scales = v_scales = k_cache

@@ -11,6 +11,8 @@ import torch
 import triton
 import triton.language as tl
 
+from engine.kernels.launch_math import next_power_of_2
+
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 
@@ -124,7 +126,7 @@ def rms_norm(
     num_rows = x.shape[0] * num_heads
     if num_rows > 0:
         hidden = x.shape[-1]
-        block = triton.next_power_of_2(hidden)
+        block = next_power_of_2(hidden)
         stride_xt, stride_xh = _row_strides(x)
         stride_rt, stride_rh = _row_strides(residual) if residual is not None else (0, 0)
         res = residual if residual is not None else x  # unread when HAS_RESIDUAL is False

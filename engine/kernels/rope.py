@@ -11,6 +11,7 @@ import torch
 import triton
 import triton.language as tl
 
+from engine.kernels.launch_math import cdiv, next_power_of_2
 from engine.kernels.rmsnorm import round_to
 
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -136,9 +137,9 @@ def _check(
 
 def heads_per_program(num_tokens: int, num_q_heads: int, num_k_heads: int) -> tuple[int, int]:
     """(heads each program rotates, programs per token: q blocks, then k blocks)."""
-    most = triton.next_power_of_2(max(num_q_heads, num_k_heads))
+    most = next_power_of_2(max(num_q_heads, num_k_heads))
     heads = min(most, 4) if num_tokens < SPLIT_BELOW_TOKENS else most
-    return heads, triton.cdiv(num_q_heads, heads) + triton.cdiv(num_k_heads, heads)
+    return heads, cdiv(num_q_heads, heads) + cdiv(num_k_heads, heads)
 
 
 def apply_rope(
@@ -166,7 +167,7 @@ def apply_rope(
         q, k, positions, cos, sin,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), cos.stride(0), sin.stride(0),
         NUM_Q_HEADS=num_q_heads, NUM_K_HEADS=num_k_heads, HALF=head_dim // 2,
-        HEADS=heads, BLOCK_HALF=triton.next_power_of_2(head_dim // 2),
+        HEADS=heads, BLOCK_HALF=next_power_of_2(head_dim // 2),
         num_warps=4 if heads > 4 else 1,
     )
     # fmt: on

@@ -17,6 +17,7 @@ import torch
 import triton
 import triton.language as tl
 
+from engine.kernels.launch_math import next_power_of_2
 from engine.kernels.rope import _check as check_rope
 from engine.kernels.rope import _rope_one, cos_sin, heads_per_program, rotate
 from engine.kernels.store_kv import _check as check_store
@@ -105,7 +106,7 @@ def rope_store(
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
         NUM_Q_HEADS=num_q_heads, NUM_KV_HEADS=num_kv_heads, HALF=head_dim // 2,
-        HEADS=heads, BLOCK_HALF=triton.next_power_of_2(head_dim // 2),
+        HEADS=heads, BLOCK_HALF=next_power_of_2(head_dim // 2),
         BLOCK_SIZE=k_cache.shape[1],
         num_warps=4 if heads > 4 else 1,
     )

@@ -10,6 +10,7 @@ import torch
 import triton
 import triton.language as tl
 
+from engine.kernels.launch_math import cdiv, next_power_of_2
 from engine.kernels.rmsnorm import round_to
 
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -51,7 +52,7 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:  # x: [num_tokens, 2 * interm
     out = torch.empty(num_tokens, intermediate, dtype=x.dtype, device=x.device)
     if out.numel() == 0:
         return out
-    block = min(_BLOCK, triton.next_power_of_2(intermediate))
-    grid = (num_tokens, triton.cdiv(intermediate, block))
+    block = min(_BLOCK, next_power_of_2(intermediate))
+    grid = (num_tokens, cdiv(intermediate, block))
     _silu_mul_kernel[grid](x, out, x.stride(0), INTERMEDIATE=intermediate, BLOCK=block, num_warps=4)
     return out

@@ -9,6 +9,7 @@ import triton
 import triton.language as tl
 
 from engine.kernels.kv_scales import check_kv_scales
+from engine.kernels.launch_math import next_power_of_2
 
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
@@ -160,7 +161,7 @@ def store_kv(
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
         *s_strides,
         NUM_KV_HEADS=num_kv_heads, HEAD_DIM=head_dim,
-        BLOCK_H=triton.next_power_of_2(num_kv_heads), BLOCK_D=triton.next_power_of_2(head_dim),
+        BLOCK_H=next_power_of_2(num_kv_heads), BLOCK_D=next_power_of_2(head_dim),
         BLOCK_SIZE=block_size, KV_INT8=is_int8,
         num_warps=4,
     )

@@ -22,6 +22,8 @@ import torch
 import triton
 import triton.language as tl
 
+from engine.kernels.launch_math import cdiv
+
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 
@@ -188,12 +190,12 @@ def wq_matmul(
         block = _INTERPRET_BLOCKS[bucket]
     if block is not None:
         bm, bn, bk = block
-        grid = (triton.cdiv(n, bn), triton.cdiv(m, bm))
+        grid = (cdiv(n, bn), cdiv(m, bm))
         _wq_matmul_kernel[grid](*args, **consts, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk)
     else:
 
         def grid(meta):
-            return (triton.cdiv(n, meta["BLOCK_N"]), triton.cdiv(m, meta["BLOCK_M"]))
+            return (cdiv(n, meta["BLOCK_N"]), cdiv(m, meta["BLOCK_M"]))
 
         _tuned_kernel(bucket)[grid](*args, **consts)
     return out.view(*lead, n)

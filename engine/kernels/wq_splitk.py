@@ -22,6 +22,7 @@ import triton
 import triton.language as tl
 
 from engine.kernels.gemv import plan_split, reduce_split
+from engine.kernels.launch_math import cdiv
 from engine.timing import fastest_config
 
 # kind -> (BLOCK_N, BLOCK_K, num_warps) candidates; int4's BLOCK_K is the group size (set per call)
@@ -98,7 +99,7 @@ def wq_gemv(
         block_k = group_size  # a power of two here (wq_matmul routes other groups elsewhere)
     split, k_per_split, out, part = plan_split(x, n, k, block_n, block_k, num_sms)
     b = bias if bias is not None else scales
-    _wq_splitk_kernel[(triton.cdiv(n, block_n), split)](
+    _wq_splitk_kernel[(cdiv(n, block_n), split)](
         x, qweight, scales, code if is_int4 else scales, b, out, part,
         n, k, qweight.stride(0), scales.stride(0), k_per_split,
         IS_INT4=is_int4, SPLIT_K=split, HAS_BIAS=bias is not None,
