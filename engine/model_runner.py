@@ -145,6 +145,6 @@ class ModelRunner:
         if not sampling_rows:
             return PendingStep.launched(batch, sampling_rows, None)
         reqs = [batch.requests[i] for i in sampling_rows]
-        logits = self.model.compute_logits(hidden[logits_rows], float32=False)
+        logits = self.model.compute_logits(hidden[logits_rows])  # [num_sampling, vocab]
         out = sample(logits, prepare_sampling(reqs, self.model_config.vocab_size, self.device))
         return PendingStep.launched(batch, sampling_rows, out)

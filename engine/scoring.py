@@ -80,7 +80,7 @@ def _forward_chunk(runner, token_ids: list[int], table: list[int], lo: int, hi: 
     )
     with forward_context(meta):
         hidden = runner.model(ids, pos)  # [hi - lo, hidden]
-    return runner.model.compute_logits(hidden)  # [hi - lo, vocab] fp32
+    return runner.model.compute_logits(hidden).float()  # [hi - lo, vocab]
 
 
 def sequence_nll(engine, token_ids: list[int], chunk_size: int = 256) -> tuple[float, int]:

@@ -39,7 +39,7 @@ class StubModel(torch.nn.Module):
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         return torch.zeros(input_ids.shape[0], self.hidden)
 
-    def compute_logits(self, hidden: torch.Tensor, float32: bool = True) -> torch.Tensor:
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return torch.zeros(hidden.shape[0], self.vocab)
 
 

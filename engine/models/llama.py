@@ -112,11 +112,10 @@ class LlamaForCausalLM(nn.Module):
         x, _ = self.norm(x, residual)
         return x
 
-    def compute_logits(self, hidden: torch.Tensor, float32: bool = True) -> torch.Tensor:
-        """[num_seqs, vocab] logits: fp32, or the LM head's own dtype (the sampler widens them
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """[num_seqs, vocab] logits in the LM head's dtype (the sampler widens them to fp32
         only where a step needs more than argmax)."""
-        logits = self.lm_head(hidden)
-        return logits.float() if float32 else logits
+        return self.lm_head(hidden)
 
     def attention_layers(self) -> list[PagedAttention]:
         return [layer.self_attn.attn for layer in self.layers]
