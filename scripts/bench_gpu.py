@@ -45,8 +45,13 @@ from scripts.bench_floor import (  # noqa: E402
     ttft_floor_s,
     verdict,
 )
+from scripts.bench_presets import (  # noqa: E402
+    load_preset,
+    materialise_preset,
+    random_lengths,
+    random_prompts,
+)
 
-PRESETS_DIR = ROOT / "profiles" / "models"
 BIG, SMALL = "llama-3-8b", "qwen3-0.6b"  # A, B, C run on BIG; D on SMALL
 
 # Workload sizes per mode. "full" is DESIGN.md's; only full rows are judged against its targets
@@ -63,44 +68,10 @@ SIZES = {
 SIZES["quick"] = {**SIZES["full"], "a_requests": 32, "a_output": 128, "b_output": 128,
                   "b_repeats": 1, "c_repeats": 3, "d_requests": 32, "d_output": (100, 256),
                   "hf_requests": 16, "hf_output": 32}
-TINY_DIMS = dict(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                 num_attention_heads=4, num_key_value_heads=2, head_dim=16)
 # fmt: on
 
 
-# --- model presets -------------------------------------------------------------------------------
-def load_preset(name: str, tiny: bool = False) -> dict:
-    """The config.json values of a model preset, by name (profiles/models/NAME.json);
-    `tiny`: the same architecture with tiny dimensions (TINY_DIMS)."""
-    path = PRESETS_DIR / f"{name}.json"
-    if not path.is_file():
-        known = sorted(p.stem for p in PRESETS_DIR.glob("*.json"))
-        raise ValueError(f"no model preset {name!r}; known: {', '.join(known)}")
-    return {**json.loads(path.read_text()), **(TINY_DIMS if tiny else {})}
-
-
-def materialise_preset(name: str, parent: str | Path, tiny: bool = False) -> Path:
-    """A fresh model folder under `parent` holding only config.json: enough for an engine with
-    load_format="random" (random weights, token-id prompts, no tokenizer)."""
-    folder = Path(tempfile.mkdtemp(prefix=f"{name}-", dir=parent))
-    (folder / "config.json").write_text(json.dumps(load_preset(name, tiny), indent=2))
-    return folder
-
-
 # --- workloads ---------------------------------------------------------------------------------
-def random_lengths(n: int, lo: int, hi: int, seed: int) -> list[int]:
-    """n lengths drawn from U[lo, hi] (seeded)."""
-    return torch.randint(lo, hi + 1, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
-
-
-def random_prompts(n: int, lo: int, hi: int, vocab: int, seed: int) -> list[list[int]]:
-    """n prompts of lengths U[lo, hi], token ids U[1, vocab) (never all zeros)."""
-    g = torch.Generator().manual_seed(seed + 1)
-    return [
-        torch.randint(1, vocab, (k,), generator=g).tolist() for k in random_lengths(n, lo, hi, seed)
-    ]
-
-
 def _params(max_tokens: int) -> SamplingParams:
     return SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
 

@@ -33,7 +33,7 @@ from engine.kernels.decode_attention import decode_attention  # noqa: E402
 from engine.kernels.torch_ref import KV_SCALE_DTYPE  # noqa: E402
 from engine.scoring import iter_next_token_logprobs  # noqa: E402
 from scripts.bench_floor import measure_hardware  # noqa: E402
-from scripts.bench_gpu import materialise_preset  # noqa: E402
+from scripts.bench_presets import materialise_preset  # noqa: E402
 
 HEADS, KV_HEADS, HEAD_DIM, BLOCK = 32, 8, 128, 16
 

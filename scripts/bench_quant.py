@@ -34,12 +34,8 @@ from engine.models.config import ModelConfig  # noqa: E402
 from engine.models.loader import load_model  # noqa: E402
 from engine.planning import resolve_weight_quant  # noqa: E402
 from scripts.bench_floor import measure_hardware  # noqa: E402
-from scripts.bench_gpu import (  # noqa: E402
-    _params,
-    batch1_rates,
-    materialise_preset,
-    random_prompts,
-)
+from scripts.bench_gpu import _params, batch1_rates  # noqa: E402
+from scripts.bench_presets import materialise_preset, random_prompts  # noqa: E402
 
 PRESET = "llama-3-8b"
 GOALS = {"int8": 1.6, "int4": 2.5}  # batch-1 speed-up over none (16-bit)

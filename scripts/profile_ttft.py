@@ -22,7 +22,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from engine import LLM, SamplingParams  # noqa: E402
-from scripts.bench_gpu import materialise_preset, random_prompts  # noqa: E402
+from scripts.bench_presets import materialise_preset, random_prompts  # noqa: E402
 from scripts.profile_workload import kernel_table  # noqa: E402
 
 

@@ -24,7 +24,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from engine import LLM, SamplingParams  # noqa: E402
-from scripts.bench_gpu import materialise_preset, random_prompts  # noqa: E402
+from scripts.bench_presets import materialise_preset, random_prompts  # noqa: E402
 
 
 def kernel_table(prof, wall_s: float, steps: int, top: int = 14) -> dict:

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from engine.models.config import ModelConfig
-from scripts import bench_gpu
+from scripts import bench_gpu, bench_presets
 from scripts.bench_floor import (
     Hardware,
     ModelShape,
@@ -26,12 +26,12 @@ PRESETS = ["llama-3-8b", "qwen3-0.6b", "qwen2.5-7b", "mistral-7b", "llama-2-7b"]
 
 
 def shape(name: str) -> ModelShape:
-    return ModelShape.from_model_config(ModelConfig.from_dict(bench_gpu.load_preset(name)))
+    return ModelShape.from_model_config(ModelConfig.from_dict(bench_presets.load_preset(name)))
 
 
 @pytest.mark.parametrize("name", PRESETS)
 def test_every_preset_is_a_config_the_engine_accepts(name, tmp_path):
-    folder = bench_gpu.materialise_preset(name, tmp_path)
+    folder = bench_presets.materialise_preset(name, tmp_path)
     assert [p.name for p in folder.iterdir()] == ["config.json"]
     cfg = ModelConfig.from_folder(folder)
     assert cfg.vocab_size > 0 and cfg.num_layers > 0
@@ -39,14 +39,14 @@ def test_every_preset_is_a_config_the_engine_accepts(name, tmp_path):
 
 def test_unknown_preset_names_the_known_ones():
     with pytest.raises(ValueError, match="llama-3-8b"):
-        bench_gpu.load_preset("llama-9-400b")
+        bench_presets.load_preset("llama-9-400b")
 
 
 def test_presets_have_the_public_shapes():
-    llama3 = ModelConfig.from_dict(bench_gpu.load_preset("llama-3-8b"))
+    llama3 = ModelConfig.from_dict(bench_presets.load_preset("llama-3-8b"))
     assert (llama3.num_layers, llama3.num_kv_heads, llama3.head_dim) == (32, 8, 128)
     assert llama3.num_params == pytest.approx(8.03e9, rel=0.005)
-    qwen = ModelConfig.from_dict(bench_gpu.load_preset("qwen3-0.6b"))
+    qwen = ModelConfig.from_dict(bench_presets.load_preset("qwen3-0.6b"))
     assert qwen.tie_word_embeddings and qwen.qk_norm
     assert qwen.num_params == pytest.approx(0.596e9, rel=0.01)
 
@@ -122,8 +122,8 @@ def test_verdict_against_design_targets(workload, achieved, floor, result):
 
 
 def test_random_prompts_are_seeded_in_range_and_not_zeros():
-    a = bench_gpu.random_prompts(8, 100, 1024, 1000, seed=3)
-    assert a == bench_gpu.random_prompts(8, 100, 1024, 1000, seed=3)
+    a = bench_presets.random_prompts(8, 100, 1024, 1000, seed=3)
+    assert a == bench_presets.random_prompts(8, 100, 1024, 1000, seed=3)
     assert all(100 <= len(p) <= 1024 and min(p) >= 1 and max(p) < 1000 for p in a)
     assert len({len(p) for p in a}) > 1
 

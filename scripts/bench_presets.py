@@ -1,0 +1,47 @@
+"""Model presets and random prompts for the benchmarks: random-weight engines in real shapes
+(profiles/models/NAME.json: public config values) and seeded token-id workloads."""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from pathlib import Path
+
+import torch
+
+PRESETS_DIR = Path(__file__).resolve().parents[1] / "profiles" / "models"
+# fmt: off
+TINY_DIMS = dict(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                 num_attention_heads=4, num_key_value_heads=2, head_dim=16)
+# fmt: on
+
+
+def load_preset(name: str, tiny: bool = False) -> dict:
+    """The config.json values of a model preset, by name (profiles/models/NAME.json);
+    `tiny`: the same architecture with tiny dimensions (TINY_DIMS)."""
+    path = PRESETS_DIR / f"{name}.json"
+    if not path.is_file():
+        known = sorted(p.stem for p in PRESETS_DIR.glob("*.json"))
+        raise ValueError(f"no model preset {name!r}; known: {', '.join(known)}")
+    return {**json.loads(path.read_text()), **(TINY_DIMS if tiny else {})}
+
+
+def materialise_preset(name: str, parent: str | Path, tiny: bool = False) -> Path:
+    """A fresh model folder under `parent` holding only config.json: enough for an engine with
+    load_format="random" (random weights, token-id prompts, no tokenizer)."""
+    folder = Path(tempfile.mkdtemp(prefix=f"{name}-", dir=parent))
+    (folder / "config.json").write_text(json.dumps(load_preset(name, tiny), indent=2))
+    return folder
+
+
+def random_lengths(n: int, lo: int, hi: int, seed: int) -> list[int]:
+    """n lengths drawn from U[lo, hi] (seeded)."""
+    return torch.randint(lo, hi + 1, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
+
+
+def random_prompts(n: int, lo: int, hi: int, vocab: int, seed: int) -> list[list[int]]:
+    """n prompts of lengths U[lo, hi], token ids U[1, vocab) (never all zeros)."""
+    g = torch.Generator().manual_seed(seed + 1)
+    return [
+        torch.randint(1, vocab, (k,), generator=g).tolist() for k in random_lengths(n, lo, hi, seed)
+    ]
