@@ -113,8 +113,10 @@ def launch_first_fitting(kernel, grid, configs: list[dict], *args, **constexprs)
     launching: a failed try is harmless."""
     q, cache = args[0], args[1]
     key = (kernel, tuple(constexprs.items()), q.dtype, cache.dtype, q.device)
-    if key in _chosen:
-        configs = [_chosen[key]]
+    chosen = _chosen.get(key)
+    if chosen is not None:
+        kernel[grid](*args, **constexprs, **chosen)
+        return
     for i, config in enumerate(configs):
         try:
             kernel[grid](*args, **constexprs, **config)
