@@ -220,15 +220,15 @@ short prefills (chosen by timing decode steps; long prefills keep the two kernel
 def choose_rope_store(model: nn.Module) -> None:
     """Decide on the device whether decode steps fuse RoPE with the KV-cache write (CUDA, fused
     kernels on, a 16-bit cache bound; call before capturing the decode graphs)."""
-    attn = next((m for m in model.modules() if isinstance(m, PagedAttention)), None)
+    layers = [m for m in model.modules() if isinstance(m, PagedAttention)]
     rope = next((m for m in model.modules() if isinstance(m, RotaryEmbedding)), None)
-    if attn is None or rope is None or attn.k_scales is not None or not attn.k_cache.is_cuda:
+    if not layers or rope is None or not fused_kernels_enabled():
         return
-    if not fused_kernels_enabled():
+    attn = layers[0]
+    if attn.k_scales is not None or not attn.k_cache.is_cuda:
         return
     from engine.kernels.rope_store import choose
 
-    layers = [m for m in model.modules() if isinstance(m, PagedAttention)]
     dtype = attn.k_cache.dtype  # a 16-bit cache holds the activation dtype
     won = choose(attn.num_heads, attn.num_kv_heads, attn.head_dim, dtype, rope.cos, rope.sin,
                  len(layers))  # fmt: skip
