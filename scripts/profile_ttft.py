@@ -4,6 +4,9 @@ and off, and a torch.profiler kernel table of one request per length.
     PYTHONPATH=. python scripts/profile_ttft.py [--preset llama-3-8b] [--lengths 1024,4096]
         [--load 256]   # first serve 256 requests at once (as workload A does), then measure
 
+Also prints, per length, how long the host takes to queue the model's forward against how long
+the GPU takes to run it: a queueing time near the GPU time means the host sets TTFT.
+
 TTFT = first_token_time - arrival_time, as scripts/bench_gpu.py measures it (max_tokens=1).
 """
 
@@ -13,6 +16,7 @@ import argparse
 import statistics
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import torch
@@ -31,6 +35,42 @@ def ttft_ms(llm: LLM, n: int, seed: int) -> float:
     vocab = llm.engine.model_config.vocab_size
     (out,) = llm.generate(random_prompts(1, n, n, vocab, seed=seed), params)
     return (out.metrics.first_token_time - out.metrics.arrival_time) * 1e3
+
+
+def sm_clock_mhz() -> int | None:
+    """The GPU's current SM clock (None where NVML cannot say)."""
+    try:
+        return torch.cuda.clock_rate()
+    except Exception:  # noqa: BLE001 - no pynvml, or NVML refuses: the figure is optional
+        return None
+
+
+def enqueue_vs_gpu(llm: LLM, n: int, repeats: int) -> tuple[list[float], list[float], list]:
+    """Host ms to queue the forward, GPU ms to run it, and the SM clock (MHz) read while it
+    runs, for `repeats` prompts of n tokens."""
+    model = llm.engine.runner.model
+    forward, host, gpu, clocks = model.forward, [], [], []
+
+    def timed(*args, **kwargs):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        torch.cuda.synchronize()
+        start.record()
+        t0 = time.perf_counter()
+        out = forward(*args, **kwargs)
+        host.append((time.perf_counter() - t0) * 1e3)
+        clocks.append(sm_clock_mhz())
+        end.record()
+        end.synchronize()
+        gpu.append(start.elapsed_time(end))
+        return out
+
+    model.forward = timed
+    try:
+        for i in range(repeats):
+            ttft_ms(llm, n, seed=50 + i)
+    finally:
+        del model.forward  # back to the class's method
+    return host, gpu, clocks
 
 
 def main() -> None:
@@ -65,6 +105,12 @@ def main() -> None:
             print(f"TTFT {n} tokens, overlap {overlap}: median {statistics.median(runs):.1f} ms "
                   f"runs {' '.join(f'{r:.1f}' for r in runs)}")  # fmt: skip
         engine._overlap = True
+        host, gpu, clocks = enqueue_vs_gpu(llm, n, args.repeats)
+        print(
+            f"forward of {n} tokens: host queues it in {statistics.median(host):.1f} ms, "
+            f"GPU runs it in {statistics.median(gpu):.1f} ms (medians of {args.repeats}); "
+            f"SM clock while it runs: {clocks} MHz"
+        )
         with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
             wall = ttft_ms(llm, n, seed=99) / 1e3
             torch.cuda.synchronize()
