@@ -17,5 +17,6 @@ def paged_tables(seq_lens, block_size: int, gen, spare: int):
     for i, (n, b) in enumerate(zip(seq_lens, blocks, strict=True)):
         tables[i, :b] = torch.tensor(perm[:b], dtype=torch.int32)
         perm = perm[b:]
-        slots += [int(tables[i, t // block_size]) * block_size + t % block_size for t in range(n)]
+        t = torch.arange(n)
+        slots += (tables[i, t // block_size].long() * block_size + t % block_size).tolist()
     return num_blocks, tables, slots

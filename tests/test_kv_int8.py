@@ -42,20 +42,24 @@ def _interpret_without_cuda(monkeypatch):
 
 
 def paged_int8_kv(seq_lens, num_kv_heads, head_dim, block_size, gen, spare=2):
-    """(k, v, k_scales, v_scales, tables, k_live, v_live): int8 caches holding quantized
-    N(0, 1) K/V for the live tokens (k_live/v_live, fp32, per sequence); block 0 is padding."""
+    """(k, v, k_scales, v_scales, tables): int8 caches on DEVICE holding quantized N(0, 1) K/V
+    for the live tokens; block 0 is padding. The tensors are drawn on DEVICE (a generator
+    seeded from `gen`): 8k-token contexts on the CPU took most of the GPU run's time."""
     num_blocks, tables, slots = paged_tables(seq_lens, block_size, gen, spare)
-    slots = torch.tensor(slots, dtype=torch.long)
+    slots = torch.tensor(slots, dtype=torch.long, device=DEVICE)
+    dev_gen = torch.Generator(device=DEVICE).manual_seed(
+        int(torch.randint(2**31, (1,), generator=gen))
+    )
     out = []
     for _ in range(2):
         shape = (num_blocks, block_size, num_kv_heads, head_dim)
-        cache = torch.randint(-128, 128, shape, generator=gen).to(torch.int8)
-        scales = torch.full(cache.shape[:3], float("nan"), dtype=KV_SCALE_DTYPE)
-        live = torch.randn(len(slots), num_kv_heads, head_dim, generator=gen)
+        cache = torch.randint(-128, 128, shape, generator=dev_gen, device=DEVICE).to(torch.int8)
+        scales = torch.full(cache.shape[:3], float("nan"), dtype=KV_SCALE_DTYPE, device=DEVICE)
+        live = torch.randn(len(slots), num_kv_heads, head_dim, generator=dev_gen, device=DEVICE)
         q, s = quantize_kv_ref(live)
         cache.view(-1, num_kv_heads, head_dim)[slots] = q
         scales.view(-1, num_kv_heads)[slots] = s
-        out.append((cache.to(DEVICE), scales.to(DEVICE)))
+        out.append((cache, scales))
     (k, ks), (v, vs) = out
     return k, v, ks, vs, tables.to(DEVICE)
 
