@@ -49,8 +49,12 @@ class _Misfit(Exception):
         """The culprit's own limit, suggested when no single change makes everything fit."""
 
 
-def _attempt(m: ModelConfig, dev: Device, req: PlanRequest) -> Plan:
-    """One planning pass; raises _Misfit naming the setting at fault."""
+def _attempt(
+    m: ModelConfig, dev: Device, req: PlanRequest, seqs_ceiling: int | None = None
+) -> Plan:
+    """One planning pass; raises _Misfit naming the setting at fault. seqs_ceiling: size the
+    activation peak and the graph pool for this many sequences (not the class's cap) and choose
+    at most that many (plan's second pass)."""
     bs, why = req.block_size, {}
     util = req.gpu_memory_utilization or dev.utilization
     budget = int(dev.total_bytes * util) - dev.used_bytes
@@ -71,7 +75,7 @@ def _attempt(m: ModelConfig, dev: Device, req: PlanRequest) -> Plan:
             f"max_model_len={req.max_model_len} exceeds the model's maximum of {limit} tokens",
             limit,
         )
-    seqs_cap = req.max_num_seqs or dev.max_num_seqs
+    seqs_cap = req.max_num_seqs or seqs_ceiling or dev.max_num_seqs
     tokens = req.max_num_batched_tokens or max(dev.max_num_batched_tokens, seqs_cap)
     act = req.measured_activation_bytes or activation_bytes(m, tokens, seqs_cap, a)
     graphs = 0 if dev.kind == "cpu" or req.enforce_eager else graph_pool_bytes(m, seqs_cap, a)
@@ -195,7 +199,7 @@ def _attempt(m: ModelConfig, dev: Device, req: PlanRequest) -> Plan:
         why["max_num_seqs"] = "pinned"
     else:
         by_typical = blocks // -(-typical // bs)
-        seqs = max(1, min(dev.max_num_seqs, by_typical))
+        seqs = max(1, min(seqs_cap, by_typical))
         seqs = seqs // 8 * 8 if seqs >= 8 else seqs
         why["max_num_seqs"] = (
             f"memory for {by_typical} requests of a typical "
@@ -253,7 +257,7 @@ def plan(model: ModelConfig, device: Device, request: PlanRequest | None = None)
     """Plan, or raise PlanError naming the one setting to change and the value to give it."""
     req = request or PlanRequest()
     try:
-        return _attempt(model, device, req)
+        return _tightened(model, device, req, _attempt(model, device, req))
     except _Misfit as exc:
         misfit = exc
     setting, value = _fix(model, device, req, misfit)
@@ -262,6 +266,19 @@ def plan(model: ModelConfig, device: Device, request: PlanRequest | None = None)
     if value is None:
         raise PlanError(f"{misfit.why}: change {setting}", setting, value)
     raise PlanError(f"{misfit.why}: set {setting} to {value}", setting, value)
+
+
+def _tightened(m: ModelConfig, dev: Device, req: PlanRequest, first: Plan) -> Plan:
+    """The first pass sizes the activation peak and the graph pool for the class's max_num_seqs;
+    where it chose fewer, plan again with them sized for its choice (and no more sequences),
+    so the memory they no longer need goes to the KV pool. On a 24 GiB card with Llama-3-8B
+    that is 16 sequences, not 256: about 0.8 GiB more KV (H200 under a cap, 2026-11-30)."""
+    if req.max_num_seqs is not None or first.max_num_seqs >= dev.max_num_seqs:
+        return first
+    try:
+        return _attempt(m, dev, req, seqs_ceiling=first.max_num_seqs)
+    except _Misfit:  # cannot happen with more room, but the first plan is sound
+        return first
 
 
 FITS = 99

@@ -89,17 +89,21 @@ class LLMEngine:
 
     def warm_up(self) -> None:
         """Run the step shapes serving will meet, so no kernel compiles while users wait: a
-        full-budget prefill chunk, a decode batch beside prefill chunks of odd and aligned
-        lengths, and plain decodes. Counters are reset afterwards."""
+        full-budget prefill step (several prompts where max_model_len is shorter than the
+        budget, so the activation peak the memory check measures is the serving one), a decode
+        batch beside prefill chunks of odd and aligned lengths, and plain decodes. Counters are
+        reset afterwards."""
         cfg = self.config
         longest = min(cfg.max_num_batched_tokens, cfg.max_model_len - 4)
-        lengths = [longest, 1, 17, 32, 100, 333]
+        fill = min(cfg.max_num_seqs, -(-cfg.max_num_batched_tokens // max(longest, 1)))
+        lengths = [[longest] * fill, [1], [17], [32], [100], [333]]
         params = SamplingParams(max_tokens=3, temperature=0.0, ignore_eos=True)
         gen = random.Random(0)
         vocab = self.model_config.vocab_size
-        for i, n in enumerate(x for x in lengths if 0 < x <= cfg.max_model_len - 4):
-            prompt = [gen.randrange(vocab) for _ in range(n)]
-            self.add_request(f"__warmup-{i}", prompt, params)
+        for i, group in enumerate(lengths):
+            for j, n in enumerate(x for x in group if 0 < x <= cfg.max_model_len - 4):
+                prompt = [gen.randrange(vocab) for _ in range(n)]
+                self.add_request(f"__warmup-{i}-{j}", prompt, params)
             self.step()  # staggered arrivals: decodes run beside new prefill chunks
         while self.has_unfinished():
             self.step()

@@ -4,7 +4,7 @@
 #
 #   scripts/gpu_check.sh tests      # engine + kernel `-m gpu` tests, one timeout each (~5 min)
 #   scripts/gpu_check.sh tests-kv   # INT8 KV cache kernels (real shapes, 8k contexts)  (~5 min)
-#   scripts/gpu_check.sh tests-mem  # quantized engine, load memory, planner vs measured (~6 min)
+#   scripts/gpu_check.sh tests-mem  # quantized load memory, planner vs measured       (~6 min)
 #   scripts/gpu_check.sh bench      # bench_gpu A-D + profile --measure, 24 GiB cap    (~6 min)
 #   scripts/gpu_check.sh quant      # bench_quant + bench_kv_int8                       (~5 min)
 #
@@ -54,8 +54,7 @@ tests-kv)
     run_tests 280 tests/test_kv_int8.py tests/test_kv_int8_engine.py
     ;;
 tests-mem)
-    run_tests 180 tests/test_quant_engine.py tests/test_quant_load_memory.py \
-        tests/test_memory_gpu.py
+    run_tests 180 tests/test_quant_load_memory.py tests/test_memory_gpu.py
     ;;
 bench)
     run_part bench_gpu 330 "$PY" scripts/bench_gpu.py --out "$OUT/bench" --time-budget 300

@@ -100,3 +100,22 @@ def test_warm_up_leaves_a_clean_engine(tiny_llama):
     llm.engine.warm_up()
     assert llm.engine.block_manager.num_used_blocks == 0
     assert llm.engine.stats()["num_steps"] == 0 and not llm.engine.has_unfinished()
+
+
+def test_warm_up_starts_with_a_full_budget_step_when_prompts_are_shorter(tiny_llama):
+    """max_model_len below max_num_batched_tokens: the first warm-up step still schedules the
+    whole token budget (several prompts), so the memory check sees the serving peak."""
+    llm = LLM(str(tiny_llama), device="cpu", max_model_len=40, max_num_batched_tokens=100)
+    engine, first = llm.engine, []
+    schedule = engine.scheduler.schedule
+
+    def recording():
+        batch = schedule()
+        if not first:
+            first.append(sum(batch.num_new_tokens))
+        return batch
+
+    engine.scheduler.schedule = recording
+    engine.warm_up()
+    assert first == [100]
+    assert engine.block_manager.num_used_blocks == 0 and not engine.has_unfinished()

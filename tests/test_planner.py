@@ -254,3 +254,23 @@ def test_any_refusal_suggests_one_change_that_fits_or_moves_on(model, gib, pins,
         plan(model, device, req)
     except PlanError as again:  # two independent problems: the next run names the other one
         assert again.setting != err.setting, (str(err), str(again))
+
+
+def test_overheads_are_sized_for_the_chosen_batch_and_the_rest_goes_to_kv():
+    """On a 24 GiB card the planner picks far fewer than the class's 256 sequences; the
+    activation peak (sampling rows) and the graph pool are then sized for its choice, which
+    leaves a bigger KV pool than sizing them for 256."""
+    from appliance.plan_model import activation_bytes, graph_pool_bytes
+    from appliance.planner import _attempt
+
+    m, dev = preset("llama-3-8b"), gpu(24)
+    first, p = _attempt(m, dev, PlanRequest()), plan(m, dev)
+    assert p.max_num_seqs == first.max_num_seqs < dev.max_num_seqs
+    assert p.activation_bytes == activation_bytes(m, p.max_num_batched_tokens, p.max_num_seqs, 2)
+    assert p.graph_pool_bytes == graph_pool_bytes(m, p.max_num_seqs, 2)
+    freed = (
+        first.activation_bytes + first.graph_pool_bytes - p.activation_bytes - p.graph_pool_bytes
+    )
+    assert freed > 0 and p.kv_pool_bytes >= first.kv_pool_bytes + freed - p.kv_bytes_per_token * 16
+    pinned = plan(m, dev, PlanRequest(max_num_seqs=p.max_num_seqs))  # the same overheads
+    assert pinned.num_kv_blocks == p.num_kv_blocks
