@@ -92,6 +92,17 @@ class EngineConfig:
         if self.cpu_kv_cache_gib <= 0:
             raise ValueError(f"cpu_kv_cache_gib must be > 0, got {self.cpu_kv_cache_gib}")
 
+    def budget_prompt_lengths(self, max_tokens: int) -> list[int]:
+        """Prompt lengths that, arriving together, fill one step's token budget: one prompt
+        where max_model_len allows it, several where it is shorter (each leaves room for
+        max_tokens more, and there are at most max_num_seqs). Warm-up and the memory check's
+        peak step start with them, so the activation peak they see is the serving one."""
+        longest = min(self.max_num_batched_tokens, self.max_model_len - max_tokens - 1)
+        if longest < 1:
+            return []
+        count = min(self.max_num_seqs, -(-self.max_num_batched_tokens // longest))
+        return [longest] * count
+
     @classmethod
     def from_kwargs(cls, **kwargs) -> EngineConfig:
         """Build from keyword arguments, naming any that are not engine settings."""

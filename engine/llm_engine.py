@@ -94,10 +94,8 @@ class LLMEngine:
         batch beside prefill chunks of odd and aligned lengths, and plain decodes. Counters are
         reset afterwards."""
         cfg = self.config
-        longest = min(cfg.max_num_batched_tokens, cfg.max_model_len - 4)
-        fill = min(cfg.max_num_seqs, -(-cfg.max_num_batched_tokens // max(longest, 1)))
-        lengths = [[longest] * fill, [1], [17], [32], [100], [333]]
         params = SamplingParams(max_tokens=3, temperature=0.0, ignore_eos=True)
+        lengths = [cfg.budget_prompt_lengths(params.max_tokens), [1], [17], [32], [100], [333]]
         gen = random.Random(0)
         vocab = self.model_config.vocab_size
         for i, group in enumerate(lengths):

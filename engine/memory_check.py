@@ -228,9 +228,10 @@ def measure_cuda(engine) -> Measurement:
 
 
 def run_peak_step(engine) -> None:
-    """The heaviest steps serving can meet: max_num_seqs sequences at once beside a prefill
-    chunk that fills the step's token budget, every one sampled with every sampling feature
-    (penalties, top-k/top-p/min-p, logprobs), so the logits and sampler temporaries peak."""
+    """The heaviest steps serving can meet: max_num_seqs sequences at once, the long ones
+    filling the step's token budget (several where max_model_len is shorter than it), every one
+    sampled with every sampling feature (penalties, top-k/top-p/min-p, logprobs), so the
+    logits and sampler temporaries peak."""
     cfg = engine.config
     vocab = engine.model_config.vocab_size
     gen = random.Random(1)
@@ -239,10 +240,11 @@ def run_peak_step(engine) -> None:
         repetition_penalty=1.1, presence_penalty=0.1, frequency_penalty=0.1,
         logprobs=5, ignore_eos=True, seed=0,
     )  # fmt: skip
-    for i in range(cfg.max_num_seqs - 1):
+    longs = cfg.budget_prompt_lengths(params.max_tokens) or [1]
+    for i in range(cfg.max_num_seqs - len(longs)):
         engine.add_request(f"__peak-{i}", [gen.randrange(vocab)], params)
-    long_len = max(1, min(cfg.max_num_batched_tokens, cfg.max_model_len - 2))
-    engine.add_request("__peak-long", [gen.randrange(vocab) for _ in range(long_len)], params)
+    for i, n in enumerate(longs):
+        engine.add_request(f"__peak-long-{i}", [gen.randrange(vocab) for _ in range(n)], params)
     while engine.has_unfinished():
         engine.step()
     engine.num_steps = engine.prompt_tokens_total = engine.generation_tokens_total = 0

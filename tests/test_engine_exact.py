@@ -102,12 +102,9 @@ def test_warm_up_leaves_a_clean_engine(tiny_llama):
     assert llm.engine.stats()["num_steps"] == 0 and not llm.engine.has_unfinished()
 
 
-def test_warm_up_starts_with_a_full_budget_step_when_prompts_are_shorter(tiny_llama):
-    """max_model_len below max_num_batched_tokens: the first warm-up step still schedules the
-    whole token budget (several prompts), so the memory check sees the serving peak."""
-    llm = LLM(str(tiny_llama), device="cpu", max_model_len=40, max_num_batched_tokens=100)
-    engine, first = llm.engine, []
-    schedule = engine.scheduler.schedule
+def _first_step_tokens(engine, run) -> int:
+    """Tokens scheduled by the first step of run()."""
+    first, schedule = [], engine.scheduler.schedule
 
     def recording():
         batch = schedule()
@@ -116,6 +113,26 @@ def test_warm_up_starts_with_a_full_budget_step_when_prompts_are_shorter(tiny_ll
         return batch
 
     engine.scheduler.schedule = recording
-    engine.warm_up()
+    run()
+    engine.scheduler.schedule = schedule
+    return first[0]
+
+
+def test_warm_up_starts_with_a_full_budget_step_when_prompts_are_shorter(tiny_llama):
+    """max_model_len below max_num_batched_tokens: the first warm-up step still schedules the
+    whole token budget (several prompts), so the memory check sees the serving peak."""
+    llm = LLM(str(tiny_llama), device="cpu", max_model_len=40, max_num_batched_tokens=100)
+    engine = llm.engine
+    first = [_first_step_tokens(engine, engine.warm_up)]
     assert first == [100]
+    assert engine.block_manager.num_used_blocks == 0 and not engine.has_unfinished()
+
+
+def test_peak_step_fills_the_budget_beside_max_num_seqs_sequences(tiny_llama):
+    from engine.memory_check import run_peak_step
+
+    llm = LLM(str(tiny_llama), device="cpu", max_model_len=40, max_num_batched_tokens=100,
+              max_num_seqs=8)  # fmt: skip
+    engine = llm.engine
+    assert _first_step_tokens(engine, lambda: run_peak_step(engine)) == 100
     assert engine.block_manager.num_used_blocks == 0 and not engine.has_unfinished()
