@@ -21,6 +21,7 @@ import torch
 import triton
 import triton.language as tl
 
+from engine.kernels import pdl
 from engine.kernels.launch_math import cdiv, next_power_of_2
 from engine.kernels.paged_args import (
     check_paged_inputs,
@@ -62,8 +63,9 @@ def _decode_split_kernel(
     GROUP: tl.constexpr, BLOCK_G: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
     BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr,
     DIRECT_OUT: tl.constexpr, DOT_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr,
-    KV_INT8: tl.constexpr,
+    KV_INT8: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
+    pdl.enter(PDL)  # engine/kernels/pdl.py
     seq = tl.program_id(0)
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
@@ -145,8 +147,9 @@ def _decode_merge_kernel(
     num_splits,
     stride_ws_s, stride_ws_h, stride_ws_p,
     stride_os, stride_oh,
-    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_P: tl.constexpr,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_P: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
+    pdl.enter(PDL)
     # One program per (sequence, query head): softmax-weighted merge of the split partials.
     seq = tl.program_id(0)
     head = tl.program_id(1)
@@ -269,6 +272,7 @@ def decode_attention(
     is_int8 = k_scales is not None
     if not is_int8:  # placeholders, never read
         k_scales = v_scales = k_cache
+    use_pdl = pdl.enabled(q)
     # fmt: off
     launch_first_fitting(
         _decode_split_kernel, (num_seqs, num_kv_heads, num_splits),
@@ -285,6 +289,7 @@ def decode_attention(
         HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_SIZE=block_size,
         DIRECT_OUT=num_splits == 1, DOT_DTYPE=dot_dtype(q.dtype, _decode_split_kernel),
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32", KV_INT8=is_int8,
+        PDL=use_pdl, launch_pdl=use_pdl,
     )
     if num_splits > 1:
         _decode_merge_kernel[(num_seqs, num_heads)](
@@ -292,7 +297,7 @@ def decode_attention(
             *ws_strides,
             out.stride(0), out.stride(1),
             HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_P=next_power_of_2(num_splits),
-            num_warps=4,
+            PDL=use_pdl, num_warps=4, launch_pdl=use_pdl,
         )
     # fmt: on
     return out

@@ -19,7 +19,9 @@ import logging
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
+from engine.kernels import pdl
 from engine.kernels.launch_math import cdiv
 from engine.kernels.rmsnorm import round_to
 from engine.timing import fastest_config
@@ -31,12 +33,23 @@ CONFIGS = [(8, 512, 4), (16, 256, 4), (32, 256, 8), (4, 1024, 4), (16, 512, 8)]
 
 
 @triton.jit
+def weight_tile(rows, offs_k, k_end, n_mask):
+    """W[rows, offs_k], zero past k_end and past the last row (n_mask)."""
+    mask = n_mask[:, None] & (offs_k < k_end)[None, :]
+    return tl.load(rows + offs_k[None, :], mask=mask, other=0)
+
+
+@triton.jit
 def _gemv_kernel(
     x_ptr, w_ptr, bias_ptr, out_ptr, part_ptr,
     N, K, stride_wn, k_per_split,
     SPLIT_K: tl.constexpr, HAS_BIAS: tl.constexpr,
-    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
+    # PDL: engine/kernels/pdl.py. The first weight tile is loaded before gdc_wait; each loop
+    # step loads the next tile before using this one.
+    if PDL:
+        gdc_launch_dependents()
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -45,10 +58,15 @@ def _gemv_kernel(
     k_start = pid_k * k_per_split
     k_end = tl.minimum(k_start + k_per_split, K)
     acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
+    offs_t = tl.arange(0, BLOCK_K)
+    w_next = weight_tile(rows, k_start + offs_t, k_end, n_mask)
+    if PDL:
+        gdc_wait()
     for k0 in range(k_start, k_end, BLOCK_K):
-        offs_k = k0 + tl.arange(0, BLOCK_K)
+        offs_k = k0 + offs_t
         k_mask = offs_k < k_end
-        w = tl.load(rows + offs_k[None, :], mask=n_mask[:, None] & k_mask[None, :], other=0.0)
+        w = w_next
+        w_next = weight_tile(rows, offs_k + BLOCK_K, k_end, n_mask)
         x = tl.load(x_ptr + offs_k, mask=k_mask, other=0.0)
         acc += w.to(tl.float32) * x.to(tl.float32)[None, :]
     partial = tl.sum(acc, axis=1)  # [BLOCK_N]
@@ -63,21 +81,30 @@ def _gemv_kernel(
 @triton.jit
 def _gemv_silu_kernel(
     x_ptr, w_ptr, bias_ptr, out_ptr, N, K, stride_wn,
-    HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
     # W is [2N, K], gate rows then up rows; out[1, N] = silu(gate) * up, rounded where the two
-    # steps (this file's GEMV, then silu_mul.py) round.
+    # steps (this file's GEMV, then silu_mul.py) round. PDL as in _gemv_kernel.
+    if PDL:
+        gdc_launch_dependents()
     offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     n_mask = offs_n < N
     rows = w_ptr + offs_n.to(tl.int64)[:, None] * stride_wn  # [BLOCK_N, 1]
     up_rows = rows + N * stride_wn
     acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
     acc_up = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
+    offs_t = tl.arange(0, BLOCK_K)
+    w_next = weight_tile(rows, offs_t, K, n_mask)
+    up_next = weight_tile(up_rows, offs_t, K, n_mask)
+    if PDL:
+        gdc_wait()
     for k0 in range(0, K, BLOCK_K):
-        offs_k = k0 + tl.arange(0, BLOCK_K)
+        offs_k = k0 + offs_t
         k_mask = offs_k < K
-        w = tl.load(rows + offs_k[None, :], mask=n_mask[:, None] & k_mask[None, :], other=0.0)
-        w_up = tl.load(up_rows + offs_k[None, :], mask=n_mask[:, None] & k_mask[None, :], other=0.0)
+        w = w_next
+        w_up = up_next
+        w_next = weight_tile(rows, offs_k + BLOCK_K, K, n_mask)
+        up_next = weight_tile(up_rows, offs_k + BLOCK_K, K, n_mask)
         x = tl.load(x_ptr + offs_k, mask=k_mask, other=0.0).to(tl.float32)[None, :]
         acc += w.to(tl.float32) * x
         acc_up += w_up.to(tl.float32) * x
@@ -97,8 +124,9 @@ def _gemv_silu_kernel(
 @triton.jit
 def _reduce_kernel(
     part_ptr, bias_ptr, out_ptr, N,
-    SPLIT_K: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK: tl.constexpr,
+    SPLIT_K: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
+    pdl.enter(PDL)
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < N
     total = tl.zeros((BLOCK,), dtype=tl.float32)
@@ -114,7 +142,7 @@ def _num_sms(index: int) -> int:
     return torch.cuda.get_device_properties(index).multi_processor_count
 
 
-def _sms(x: torch.Tensor, num_sms: int | None) -> int:
+def num_sms_for(x: torch.Tensor, num_sms: int | None) -> int:
     """The SM count split-K plans for: given, the device's, or 4 under the CPU interpreter."""
     if num_sms is not None:
         return num_sms
@@ -142,10 +170,11 @@ def gemv(
     split, k_per_split, out, part = plan_split(x, n, k, block_n, block_k, num_sms)
     b = bias if bias is not None else out
     grid = (cdiv(n, block_n), split)
+    use_pdl = pdl.enabled(x)
     _gemv_kernel[grid](
         x, weight, b, out, part, n, k, weight.stride(0), k_per_split,
         SPLIT_K=split, HAS_BIAS=bias is not None, BLOCK_N=block_n, BLOCK_K=block_k,
-        num_warps=warps,
+        PDL=use_pdl, num_warps=warps, launch_pdl=use_pdl,
     )  # fmt: skip
     reduce_split(part, bias, out)
     return out
@@ -156,7 +185,7 @@ def plan_split(
 ) -> tuple[int, int, torch.Tensor, torch.Tensor]:
     """(SPLIT_K, K per split in whole tiles, the [1, N] output, the fp32 [SPLIT_K, N]
     partials: the output itself when SPLIT_K is 1) for a split-K GEMV of one row."""
-    split = split_k_for(n, k, block_n, block_k, _sms(x, num_sms))
+    split = split_k_for(n, k, block_n, block_k, num_sms_for(x, num_sms))
     k_per_split = cdiv(cdiv(k, split), block_k) * block_k
     split = cdiv(k, k_per_split)
     out = torch.empty(1, n, dtype=x.dtype, device=x.device)
@@ -169,9 +198,10 @@ def reduce_split(part: torch.Tensor, bias: torch.Tensor | None, out: torch.Tenso
     split, n = part.shape
     if part is out:
         return
+    use_pdl = pdl.enabled(out)
     _reduce_kernel[(cdiv(n, 1024),)](
         part, bias if bias is not None else out, out, n,
-        SPLIT_K=split, HAS_BIAS=bias is not None, BLOCK=1024,
+        SPLIT_K=split, HAS_BIAS=bias is not None, BLOCK=1024, PDL=use_pdl, launch_pdl=use_pdl,
     )  # fmt: skip
 
 
@@ -188,12 +218,14 @@ def gemv_silu_mul(
     _check(x, weight, bias)
     n, k = weight.shape[0] // 2, weight.shape[1]
     block_n, block_k, warps = config
-    if weight.shape[0] % 2 or split_k_for(n, k, block_n, block_k, _sms(x, num_sms)) > 1:
+    if weight.shape[0] % 2 or split_k_for(n, k, block_n, block_k, num_sms_for(x, num_sms)) > 1:
         return None
     out = torch.empty(1, n, dtype=x.dtype, device=x.device)
+    use_pdl = pdl.enabled(x)
     _gemv_silu_kernel[(cdiv(n, block_n),)](
         x, weight, bias if bias is not None else out, out, n, k, weight.stride(0),
-        HAS_BIAS=bias is not None, BLOCK_N=block_n, BLOCK_K=block_k, num_warps=warps,
+        HAS_BIAS=bias is not None, BLOCK_N=block_n, BLOCK_K=block_k, PDL=use_pdl,
+        num_warps=warps, launch_pdl=use_pdl,
     )  # fmt: skip
     return out
 

@@ -11,6 +11,7 @@ import torch
 import triton
 import triton.language as tl
 
+from engine.kernels import pdl
 from engine.kernels.launch_math import cdiv, next_power_of_2
 from engine.kernels.rmsnorm import round_to
 
@@ -74,8 +75,9 @@ def _rope_kernel(
     q_ptr, k_ptr, pos_ptr, cos_ptr, sin_ptr,
     stride_qt, stride_qh, stride_kt, stride_kh, stride_cos, stride_sin,
     NUM_Q_HEADS: tl.constexpr, NUM_K_HEADS: tl.constexpr, HALF: tl.constexpr,
-    HEADS: tl.constexpr, BLOCK_HALF: tl.constexpr,
+    HEADS: tl.constexpr, BLOCK_HALF: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
+    pdl.enter(PDL)  # engine/kernels/pdl.py
     # Program (token, j): HEADS heads at that token's position, q heads first, then k heads
     # (few tokens: many small programs, so a batch-1 decode is not one program's latency).
     token = tl.program_id(0).to(tl.int64)
@@ -162,13 +164,14 @@ def apply_rope(
         return q, k
     num_k_heads = k.shape[1]
     heads, programs = heads_per_program(num_tokens, num_q_heads, num_k_heads)
+    use_pdl = pdl.enabled(q)
     # fmt: off
     _rope_kernel[(num_tokens, programs)](
         q, k, positions, cos, sin,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), cos.stride(0), sin.stride(0),
         NUM_Q_HEADS=num_q_heads, NUM_K_HEADS=num_k_heads, HALF=head_dim // 2,
-        HEADS=heads, BLOCK_HALF=next_power_of_2(head_dim // 2),
-        num_warps=4 if heads > 4 else 1,
+        HEADS=heads, BLOCK_HALF=next_power_of_2(head_dim // 2), PDL=use_pdl,
+        num_warps=4 if heads > 4 else 1, launch_pdl=use_pdl,
     )
     # fmt: on
     return q, k

@@ -17,6 +17,7 @@ import torch
 import triton
 import triton.language as tl
 
+from engine.kernels import pdl
 from engine.kernels.launch_math import next_power_of_2
 from engine.kernels.rope import _check as check_rope
 from engine.kernels.rope import _rope_one, cos_sin, heads_per_program, rotate
@@ -34,8 +35,9 @@ def _rope_store_kernel(
     stride_kc_block, stride_kc_offset, stride_kc_head,
     stride_vc_block, stride_vc_offset, stride_vc_head,
     NUM_Q_HEADS: tl.constexpr, NUM_KV_HEADS: tl.constexpr, HALF: tl.constexpr,
-    HEADS: tl.constexpr, BLOCK_HALF: tl.constexpr, BLOCK_SIZE: tl.constexpr,
+    HEADS: tl.constexpr, BLOCK_HALF: tl.constexpr, BLOCK_SIZE: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
+    pdl.enter(PDL)  # engine/kernels/pdl.py
     token = tl.program_id(0).to(tl.int64)
     j = tl.program_id(1)
     Q_BLOCKS: tl.constexpr = (NUM_Q_HEADS + HEADS - 1) // HEADS
@@ -98,6 +100,7 @@ def rope_store(
         return q, k
     num_kv_heads = k.shape[1]
     heads, programs = heads_per_program(num_tokens, num_q_heads, num_kv_heads)
+    use_pdl = pdl.enabled(q)
     # fmt: off
     _rope_store_kernel[(num_tokens, programs)](
         q, k, v, positions, cos, sin, k_cache, v_cache, slot_mapping,
@@ -107,8 +110,8 @@ def rope_store(
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
         NUM_Q_HEADS=num_q_heads, NUM_KV_HEADS=num_kv_heads, HALF=head_dim // 2,
         HEADS=heads, BLOCK_HALF=next_power_of_2(head_dim // 2),
-        BLOCK_SIZE=k_cache.shape[1],
-        num_warps=4 if heads > 4 else 1,
+        BLOCK_SIZE=k_cache.shape[1], PDL=use_pdl,
+        num_warps=4 if heads > 4 else 1, launch_pdl=use_pdl,
     )
     # fmt: on
     return q, k

@@ -10,6 +10,7 @@ import torch
 import triton
 import triton.language as tl
 
+from engine.kernels import pdl
 from engine.kernels.launch_math import cdiv, next_power_of_2
 from engine.kernels.rmsnorm import round_to
 
@@ -20,8 +21,9 @@ _BLOCK = 1024
 @triton.jit
 def _silu_mul_kernel(
     x_ptr, out_ptr, stride_xt,
-    INTERMEDIATE: tl.constexpr, BLOCK: tl.constexpr,
+    INTERMEDIATE: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
+    pdl.enter(PDL)  # engine/kernels/pdl.py
     # Program (token, j) handles columns [j * BLOCK, (j + 1) * BLOCK) of one token's output.
     token = tl.program_id(0).to(tl.int64)
     offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
@@ -54,5 +56,8 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:  # x: [num_tokens, 2 * interm
         return out
     block = min(_BLOCK, next_power_of_2(intermediate))
     grid = (num_tokens, cdiv(intermediate, block))
-    _silu_mul_kernel[grid](x, out, x.stride(0), INTERMEDIATE=intermediate, BLOCK=block, num_warps=4)
+    use_pdl = pdl.enabled(x)
+    _silu_mul_kernel[grid](x, out, x.stride(0), INTERMEDIATE=intermediate, BLOCK=block,
+        PDL=use_pdl, num_warps=4, launch_pdl=use_pdl,
+    )  # fmt: skip
     return out

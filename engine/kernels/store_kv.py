@@ -8,6 +8,7 @@ import torch
 import triton
 import triton.language as tl
 
+from engine.kernels import pdl
 from engine.kernels.kv_scales import check_kv_scales
 from engine.kernels.launch_math import next_power_of_2
 
@@ -35,8 +36,9 @@ def _store_kv_kernel(
     stride_s_block, stride_s_offset,  # scales: unit head stride, K and V alike
     NUM_KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr,
     BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_SIZE: tl.constexpr,
-    KV_INT8: tl.constexpr,
+    KV_INT8: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
+    pdl.enter(PDL)  # engine/kernels/pdl.py
     # One program per new token: copies its [num_kv_heads, head_dim] K and V rows.
     token = tl.program_id(0).to(tl.int64)
     slot = tl.load(slot_ptr + token).to(tl.int64)
@@ -153,6 +155,7 @@ def store_kv(
     if not is_int8:  # placeholders, never read
         k_scales = v_scales = k_cache
     s_strides = k_scales.stride()[:2] if is_int8 else (0, 0)
+    use_pdl = pdl.enabled(k)
     # fmt: off
     _store_kv_kernel[(num_tokens,)](
         k, v, k_cache, v_cache, slot_mapping, k_scales, v_scales,
@@ -162,7 +165,7 @@ def store_kv(
         *s_strides,
         NUM_KV_HEADS=num_kv_heads, HEAD_DIM=head_dim,
         BLOCK_H=next_power_of_2(num_kv_heads), BLOCK_D=next_power_of_2(head_dim),
-        BLOCK_SIZE=block_size, KV_INT8=is_int8,
-        num_warps=4,
+        BLOCK_SIZE=block_size, KV_INT8=is_int8, PDL=use_pdl,
+        num_warps=4, launch_pdl=use_pdl,
     )
     # fmt: on
