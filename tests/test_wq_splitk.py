@@ -55,6 +55,49 @@ def test_splitk_matches_reference(kind, n, k, group, config, sms, bias):
     torch.testing.assert_close(got, wq_matmul_ref(x, *layer), rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
+@pytest.mark.parametrize("kind,n,k,group,config,sms", CASES)
+@pytest.mark.parametrize("bias", [False, True])
+def test_splitk_matches_reference_gpu(kind, n, k, group, config, sms, bias):
+    """The same cases on the GPU, where int8 takes the inline-PTX word path (every int8 value
+    is in the first row) and the kernels launch with PDL on Hopper."""
+    test_splitk_matches_reference(kind, n, k, group, config, sms, bias)
+
+
+# kind, I (outputs: the weight has 2I rows), K, group, config: I not a multiple of BLOCK_N / 2
+SILU_CASES = [
+    ("int8", 20, 256, 0, (16, 64, 4)),
+    ("int8", 9, 128, 0, (2, 64, 1)),
+    ("int4", 33, 256, 64, (8, 0, 4)),
+]
+
+
+@pytest.mark.parametrize("kind,i,k,group,config", SILU_CASES)
+@pytest.mark.parametrize("bias", [False, True])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_silu_fused_matches_the_two_steps(kind, i, k, group, config, bias, dtype):
+    """wq_gemv_silu against the reference GEMV rounded to x's dtype, then the silu-mul kernel
+    (which rounds where the fused epilogue does): equal within one 16-bit rounding step (the
+    sums' order differs; the interpreter's own GEMV cast truncates, so it is not the
+    reference here)."""
+    from engine.kernels.silu_mul import silu_and_mul
+
+    x, layer = _layer(kind, 2 * i, k, group, bias, dtype)
+    got = _splitk.wq_gemv_silu(x, *layer, config, num_sms=1)
+    q, s, code, b, group = layer
+    fp32_bias = b.float() if b is not None else None
+    want = silu_and_mul(wq_matmul_ref(x.float(), q, s, code, fp32_bias, group).to(dtype))
+    assert got.shape == (1, i) and got.dtype == dtype
+    tol = 1e-5 if dtype == torch.float32 else 1e-2
+    torch.testing.assert_close(got, want, rtol=tol, atol=tol * want.abs().max().item())
+
+
+def test_silu_fused_declines_what_needs_split_k():
+    x, layer = _layer("int8", 8, 4096, 0, False, torch.float32)
+    assert _splitk.wq_gemv_silu(x, *layer, (2, 64, 1), num_sms=64) is None  # 8 programs
+
+
 def test_only_power_of_two_int4_groups_take_the_splitk_kernel():
     x = torch.randn(1, 96)
     q4 = torch.zeros(4, 48, dtype=torch.uint8)
@@ -83,3 +126,21 @@ def test_splitk_llama3_shapes_gpu(kind, n, k):
     got = _wq.wq_matmul(x, *layer[:4], group_size=64)  # the engine's path: the split-K kernel
     torch.testing.assert_close(got.float(), ref, rtol=2e-2, atol=5e-2 * ref.abs().max())
     print(f"{kind} {n}x{k}: {chosen}")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
+@pytest.mark.parametrize("kind", ["int8", "int4"])
+def test_silu_choice_on_llama3_gate_up_gpu(kind):
+    """choose_silu times the fused kernel against the two steps on the real gate_up shape;
+    whatever it keeps gives silu(gate) * up."""
+    from engine.kernels.silu_mul import silu_and_mul
+
+    layers = [_layer(kind, 28672, 4096, 64, False, torch.bfloat16, seed)[1] for seed in (0, 1)]
+    x = _layer(kind, 28672, 4096, 64, False, torch.bfloat16)[0]
+    _splitk.choose_silu(layers, torch.bfloat16)
+    config = _splitk.silu_config_for(layers[0], x)
+    ref = silu_and_mul(wq_matmul_ref(x.float(), *layers[0]).to(torch.bfloat16)).float()
+    got = (_splitk.wq_gemv_silu(x, *layers[0], config) if config else ref).float()
+    torch.testing.assert_close(got, ref, rtol=2e-2, atol=5e-2 * ref.abs().max().item())
+    print(f"{kind} gate_up silu: {config or 'two steps'}")

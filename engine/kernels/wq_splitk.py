@@ -5,34 +5,72 @@ A batch-1 step reads every weight byte once, so this is a bandwidth kernel with 
 instructions per byte as possible (H200: about 16 bytes per SM clock):
 - int8: no int->float conversion instruction (a quarter-rate op that capped the first kernel at
   about half the bandwidth); the byte is placed in the mantissa of 2^23 instead:
-  float(w) = bits(0x4B000000 | (w ^ 0x80)) - (2^23 + 128), exact for every int8. The row
-  scale multiplies the row's sum once.
-- int4: one K-tile is one scale group (BLOCK_K = group size), so the group's absmax multiplies
-  the tile's partial sums once per row, not each weight; x's even and odd entries come from one
-  contiguous load, split in registers; the two 4-bit codes of a byte index the 16-entry table,
-  which stays in L1.
+  float(w) = bits(0x4B000000 | (w ^ 0x80)) - (2^23 + 128), exact for every int8. On CUDA the
+  weights are read as int32 words and one PTX byte permute per weight builds those bits (the
+  element path Triton compiles took an extract and an OR, about 6 instructions per byte in all;
+  the interpreter runs the element path). The row scale multiplies the row's sum once.
+- int4: one K-tile is one scale group (BLOCK_K = group size); x's even and odd entries come
+  from two strided loads (one load split in registers cost a shared-memory round trip and
+  barriers in every iteration); the two 4-bit codes of a byte index the 16-entry table, which
+  stays in L1. Those lookups bound it: two loads per byte (session 6 SASS and ncu).
 Programs split K (SPLIT_K) when rows alone give too few programs; gemv.py's reduce kernel sums
 the fp32 partials. Configs are chosen by timing on the device (engine.timing.fastest_config).
+Launched with PDL where pdl.enabled: the first weight tile loads before gdc_wait.
 """
 
 from __future__ import annotations
 
+import os
+
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-from engine.kernels.gemv import plan_split, reduce_split
+from engine.kernels import pdl
+from engine.kernels.gemv import num_sms_for, plan_split, reduce_split, split_k_for, weight_tile
 from engine.kernels.launch_math import cdiv
+from engine.kernels.rmsnorm import round_to
 from engine.timing import fastest_config
 
 # kind -> (BLOCK_N, BLOCK_K, num_warps) candidates; int4's BLOCK_K is the group size (set per call)
 CONFIGS = {
-    "int8": [(16, 256, 4), (32, 128, 4), (8, 512, 4), (16, 512, 8), (8, 1024, 8), (4, 1024, 4)],
+    "int8": [(8, 1024, 8), (4, 1024, 4), (8, 512, 4), (16, 256, 4), (32, 128, 4), (16, 1024, 8),
+             (8, 2048, 8), (4, 2048, 8)],
     "int4": [(32, 0, 4), (64, 0, 4), (16, 0, 2), (128, 0, 8), (256, 0, 8), (8, 0, 1)],
-}
-"""H200, 2026-11-29 (scripts/bench_gemv.py): (16, 512, 8) won every int8 Llama-3-8B shape but
-qkv; int4 split between (128, 0, 8) and (16, 0, 2). The rest are untimed neighbours."""
+}  # fmt: skip
+"""H200, 2026-11-30 (scripts/bench_gemv.py), int8 by the word path: (8, 1024, 8) won o and down,
+(8, 512, 4) gate_up, (8, 1024, 8) and (4, 1024, 4) tied on qkv; (16, 512, 8), best before the
+word path, fell to half speed on gate_up and is gone. The 2048-wide tiles are untimed
+neighbours. int4 (2026-11-29): (128, 0, 8) and (16, 0, 2) split the shapes."""
 MAGIC = tl.constexpr(0x4B000000)  # 2^23 as fp32 bits: low mantissa bits hold an integer
+
+
+@triton.jit
+def _int8x4_to_f32(words):
+    """The four int8 weights of each int32 word (bytes in memory order) as fp32, by the 2^23
+    trick in one PTX block: a byte permute places each byte (sign bit flipped) under the
+    exponent byte of 2^23, one subtraction removes 2^23 + 128. CUDA only (inline PTX)."""
+    return tl.inline_asm_elementwise(
+        asm="""{
+        .reg .b32 t, m;
+        xor.b32 t, $4, 0x80808080;
+        mov.b32 m, 0x4B000000;
+        prmt.b32 $0, t, m, 0x7440;
+        prmt.b32 $1, t, m, 0x7441;
+        prmt.b32 $2, t, m, 0x7442;
+        prmt.b32 $3, t, m, 0x7443;
+        sub.f32 $0, $0, 0f4B000080;
+        sub.f32 $1, $1, 0f4B000080;
+        sub.f32 $2, $2, 0f4B000080;
+        sub.f32 $3, $3, 0f4B000080;
+        }""",
+        constraints="=r,=r,=r,=r,r",
+        args=[words],
+        dtype=(tl.float32, tl.float32, tl.float32, tl.float32),
+        is_pure=True,
+        pack=1,
+    )
 
 
 @triton.jit
@@ -40,42 +78,91 @@ def _wq_splitk_kernel(
     x_ptr, w_ptr, s_ptr, code_ptr, bias_ptr, out_ptr, part_ptr,
     N, K, stride_wn, stride_sn, k_per_split,
     IS_INT4: tl.constexpr, SPLIT_K: tl.constexpr, HAS_BIAS: tl.constexpr,
-    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr, WORDS: tl.constexpr,
+    SILU: tl.constexpr,
 ):  # fmt: skip
+    # With PDL (engine/kernels/pdl.py) the first weight tile is loaded before gdc_wait, while
+    # the kernel before may still run; x is read after it. Each loop step loads the next tile
+    # before using this one.
+    # SILU: W is a gate-and-up weight [2N, K] and out[1, N] = silu(gate) * up; a program's
+    # BLOCK_N rows are BLOCK_N / 2 gate rows, then the up rows of the same outputs (SPLIT_K 1).
+    if PDL:
+        gdc_launch_dependents()
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    n_mask = offs_n < N
+    if SILU:
+        HB: tl.constexpr = BLOCK_N // 2
+        r = tl.arange(0, BLOCK_N)
+        n_mask = pid_n * HB + r % HB < N
+        offs_n = pid_n * HB + r % HB + (r // HB) * N  # gate row, or N + that row for up
+    else:
+        offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        n_mask = offs_n < N
     w_rows = w_ptr + offs_n.to(tl.int64)[:, None] * stride_wn  # [BLOCK_N, 1]
     k_start = pid_k * k_per_split
     k_end = tl.minimum(k_start + k_per_split, K)
     if IS_INT4:
         HALF: tl.constexpr = BLOCK_K // 2
         acc = tl.zeros((BLOCK_N, HALF), dtype=tl.float32)
+        offs_h = tl.arange(0, HALF)
+        w_next = weight_tile(w_rows, k_start // 2 + offs_h, k_end // 2, n_mask)  # bytes
+        if PDL:
+            gdc_wait()
         for k0 in range(k_start, k_end, BLOCK_K):  # one scale group per tile (K % BLOCK_K == 0)
-            offs_j = k0 // 2 + tl.arange(0, HALF)
-            packed = tl.load(w_rows + offs_j[None, :], mask=n_mask[:, None], other=0).to(tl.int32)
+            packed = w_next.to(tl.int32)
+            w_next = weight_tile(w_rows, (k0 + BLOCK_K) // 2 + offs_h, k_end // 2, n_mask)
             w_even = tl.load(code_ptr + (packed >> 4))  # k = 2j: the high nibble
             w_odd = tl.load(code_ptr + (packed & 0xF))
-            xk = tl.load(x_ptr + k0 + tl.arange(0, BLOCK_K)).to(tl.float32)
-            x_even, x_odd = tl.split(tl.reshape(xk, (HALF, 2)))
+            x_even = tl.load(x_ptr + k0 + 2 * offs_h).to(tl.float32)
+            x_odd = tl.load(x_ptr + k0 + 2 * offs_h + 1).to(tl.float32)
             scale = tl.load(s_ptr + offs_n * stride_sn + k0 // BLOCK_K, mask=n_mask, other=0.0)
             acc += (w_even * x_even[None, :] + w_odd * x_odd[None, :]) * scale[:, None]
         partial = tl.sum(acc, axis=1)
+    elif WORDS:  # int8 read as int32 words of 4 weights (w_ptr and stride_wn in words)
+        QUARTER: tl.constexpr = BLOCK_K // 4
+        acc = tl.zeros((BLOCK_N, QUARTER), dtype=tl.float32)
+        offs_q = tl.arange(0, QUARTER)
+        w_next = weight_tile(w_rows, k_start // 4 + offs_q, k_end // 4, n_mask)
+        if PDL:
+            gdc_wait()
+        for k0 in range(k_start, k_end, BLOCK_K):
+            offs_x = k0 + 4 * offs_q
+            x_mask = offs_x < k_end
+            w0, w1, w2, w3 = _int8x4_to_f32(w_next)
+            w_next = weight_tile(w_rows, (k0 + BLOCK_K) // 4 + offs_q, k_end // 4, n_mask)
+            x0 = tl.load(x_ptr + offs_x, mask=x_mask, other=0.0).to(tl.float32)
+            x1 = tl.load(x_ptr + offs_x + 1, mask=x_mask, other=0.0).to(tl.float32)
+            x2 = tl.load(x_ptr + offs_x + 2, mask=x_mask, other=0.0).to(tl.float32)
+            x3 = tl.load(x_ptr + offs_x + 3, mask=x_mask, other=0.0).to(tl.float32)
+            acc += w0 * x0[None, :] + w1 * x1[None, :] + w2 * x2[None, :] + w3 * x3[None, :]
+        partial = tl.sum(acc, axis=1) * tl.load(s_ptr + offs_n * stride_sn, mask=n_mask, other=0.0)
     else:
         acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
+        offs_t = tl.arange(0, BLOCK_K)
+        w_next = weight_tile(w_rows, k_start + offs_t, k_end, n_mask)
+        if PDL:
+            gdc_wait()
         for k0 in range(k_start, k_end, BLOCK_K):
-            offs_k = k0 + tl.arange(0, BLOCK_K)
+            offs_k = k0 + offs_t
             k_mask = offs_k < k_end
-            w = tl.load(w_rows + offs_k[None, :], mask=n_mask[:, None] & k_mask[None, :], other=0)
+            w = w_next
+            w_next = weight_tile(w_rows, offs_k + BLOCK_K, k_end, n_mask)
             u = w.to(tl.uint8, bitcast=True).to(tl.uint32)
             wf = ((u ^ 0x80) | MAGIC).to(tl.float32, bitcast=True) - 8388736.0  # 2^23 + 128
             x = tl.load(x_ptr + offs_k, mask=k_mask, other=0.0).to(tl.float32)
             acc += wf * x[None, :]
         partial = tl.sum(acc, axis=1) * tl.load(s_ptr + offs_n * stride_sn, mask=n_mask, other=0.0)
-    if SPLIT_K == 1:
-        if HAS_BIAS:
-            partial += tl.load(bias_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)
+    if HAS_BIAS and SPLIT_K == 1:
+        partial += tl.load(bias_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)
+    if SILU:  # rounded where the two steps (this GEMV, then silu_mul.py) round
+        dtype = out_ptr.dtype.element_ty
+        gate, up = tl.split(tl.trans(tl.reshape(partial, (2, HB))))
+        gate = round_to(gate, dtype)
+        act = round_to(gate / (1.0 + tl.exp(-gate)), dtype)
+        offs_o = pid_n * HB + tl.arange(0, HB)
+        res = round_to(act * round_to(up, dtype), dtype)
+        tl.store(out_ptr + offs_o, res.to(dtype), mask=offs_o < N)
+    elif SPLIT_K == 1:
         tl.store(out_ptr + offs_n, partial.to(out_ptr.dtype.element_ty), mask=n_mask)
     else:
         tl.store(part_ptr + pid_k * N + offs_n, partial, mask=n_mask)
@@ -92,21 +179,71 @@ def wq_gemv(
     num_sms: int | None = None,
 ) -> torch.Tensor:  # [1, N]
     """One row through the split-K kernel; the caller (wq_gemv.wq_matmul) checked the inputs."""
-    is_int4 = qweight.dtype == torch.uint8
     n, k = qweight.shape[0], x.shape[-1]
-    block_n, block_k, warps = config
-    if is_int4:
-        block_k = group_size  # a power of two here (wq_matmul routes other groups elsewhere)
-    split, k_per_split, out, part = plan_split(x, n, k, block_n, block_k, num_sms)
-    b = bias if bias is not None else scales
-    _wq_splitk_kernel[(cdiv(n, block_n), split)](
-        x, qweight, scales, code if is_int4 else scales, b, out, part,
-        n, k, qweight.stride(0), scales.stride(0), k_per_split,
-        IS_INT4=is_int4, SPLIT_K=split, HAS_BIAS=bias is not None,
-        BLOCK_N=block_n, BLOCK_K=block_k, num_warps=warps,
-    )  # fmt: skip
+    block_k = _block_k(qweight, group_size, config)
+    split, k_per_split, out, part = plan_split(x, n, k, config[0], block_k, num_sms)
+    layer = (qweight, scales, code, bias, group_size)
+    _launch(x, layer, config, out, part, n, (cdiv(n, config[0]), split), k_per_split, False)
     reduce_split(part, bias, out)
     return out
+
+
+def wq_gemv_silu(
+    x: torch.Tensor,  # [1, K]
+    qweight: torch.Tensor,  # a gate-and-up weight: [2I, K] (int8) or [2I, K / 2] (int4)
+    scales: torch.Tensor,
+    code: torch.Tensor | None,
+    bias: torch.Tensor | None,  # [2I]
+    group_size: int,
+    config: tuple[int, int, int],  # BLOCK_N counts gate and up rows together
+    num_sms: int | None = None,
+) -> torch.Tensor | None:  # [1, I]
+    """silu(x @ gate.T) * (x @ up.T) in one kernel, equal to silu_and_mul(wq_gemv(...)); None
+    where the rows alone give too few programs (this fused form does not split K)."""
+    n, k = qweight.shape[0] // 2, x.shape[-1]
+    block_n, block_k = config[0], _block_k(qweight, group_size, config)
+    if (
+        qweight.shape[0] % 2
+        or block_n < 2
+        or split_k_for(2 * n, k, block_n, block_k, num_sms_for(x, num_sms)) > 1
+    ):
+        return None
+    out = torch.empty(1, n, dtype=x.dtype, device=x.device)
+    layer = (qweight, scales, code, bias, group_size)
+    _launch(x, layer, config, out, out, n, (cdiv(n, block_n // 2), 1), k, True)
+    return out
+
+
+def _block_k(qweight: torch.Tensor, group_size: int, config: tuple[int, int, int]) -> int:
+    # int4: a K-tile is one scale group, a power of two here (wq_matmul routes others elsewhere)
+    return group_size if qweight.dtype == torch.uint8 else config[1]
+
+
+def _launch(x, layer, config, out, part, n, grid, k_per_split, silu: bool) -> None:
+    qweight, scales, code, bias, group_size = layer
+    is_int4 = qweight.dtype == torch.uint8
+    use_pdl = pdl.enabled(x)
+    words = _as_words(qweight) if x.is_cuda and not is_int4 and not _interpreting() else None
+    w = qweight if words is None else words
+    _wq_splitk_kernel[grid](
+        x, w, scales, code if is_int4 else scales, bias if bias is not None else scales, out,
+        part, n, x.shape[-1], w.stride(0), scales.stride(0), k_per_split,
+        IS_INT4=is_int4, SPLIT_K=grid[1], HAS_BIAS=bias is not None, BLOCK_N=config[0],
+        BLOCK_K=_block_k(qweight, group_size, config), PDL=use_pdl, WORDS=words is not None,
+        SILU=silu, num_warps=config[2], launch_pdl=use_pdl,
+    )  # fmt: skip
+
+
+def _as_words(qweight: torch.Tensor) -> torch.Tensor | None:
+    """int8 [N, K] viewed as int32 [N, K / 4] (the kernel's word path), or None where the
+    rows are not whole aligned words."""
+    if qweight.shape[1] % 4 or qweight.stride(0) % 4 or qweight.storage_offset() % 4:
+        return None
+    return qweight.view(torch.int32)
+
+
+def _interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "").lower() in ("1", "true", "on", "yes")
 
 
 def supports(qweight: torch.Tensor, x: torch.Tensor, group_size: int) -> bool:
@@ -141,8 +278,7 @@ def choose_configs(layers: list[Layer], dtype: torch.dtype) -> None:
         if key in _choice:
             continue
         q, s, code, bias, group = same[0]
-        x = torch.randn(1, q.shape[1] * (2 if q.dtype == torch.uint8 else 1), dtype=dtype,
-                        device=q.device)  # fmt: skip
+        x = _probe_x(q, dtype)
         if not supports(q, x, group):
             continue
         ref = wq_matmul_ref(x, q, s, code, bias, group).float()
@@ -152,6 +288,55 @@ def choose_configs(layers: list[Layer], dtype: torch.dtype) -> None:
 
         _choice[key] = fastest_config(CONFIGS[_kind(q)], call, same, ref)
     torch.cuda.empty_cache()
+
+
+def _probe_x(qweight: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    k = qweight.shape[1] * (2 if qweight.dtype == torch.uint8 else 1)
+    return torch.randn(1, k, dtype=dtype, device=qweight.device)
+
+
+_silu: dict[tuple, tuple[int, int, int] | None] = {}
+"""Gate-and-up shapes -> the wq_gemv_silu config that beat wq_gemv then silu_and_mul (timed),
+or None where the two steps were faster."""
+
+
+def choose_silu(layers: list[Layer], dtype: torch.dtype) -> None:
+    """For gate-and-up layers: time the two steps (the chosen split-K config, then
+    silu_and_mul) against wq_gemv_silu with that config and with twice its rows (a program
+    then covers as many outputs as before), over all of that shape's weights; keep the
+    fastest."""
+    from engine.kernels.silu_mul import silu_and_mul
+
+    choose_configs(layers, dtype)
+    groups: dict[tuple, list[Layer]] = {}
+    for layer in layers:
+        groups.setdefault(_key(layer, dtype), []).append(layer)
+    for key, same in groups.items():
+        config = _choice.get(key)
+        if key in _silu or config is None:
+            continue
+        x = _probe_x(same[0][0], dtype)
+
+        def two_steps(layer, x=x, config=config):
+            return silu_and_mul(wq_gemv(x, *layer, config))
+
+        ref = two_steps(same[0]).float()
+        fused = [c for c in (config, (2 * config[0], *config[1:]))
+                 if wq_gemv_silu(x, *same[0], c) is not None]  # fmt: skip
+
+        def call(cfg, layer, x=x, two_steps=two_steps):
+            return two_steps(layer) if cfg is None else wq_gemv_silu(x, *layer, cfg)
+
+        _silu[key] = fastest_config([None, *fused], call, same, ref)
+    torch.cuda.empty_cache()
+
+
+def silu_config_for(layer: Layer, x: torch.Tensor) -> tuple[int, int, int] | None:
+    """The wq_gemv_silu config choose_silu kept for this gate-and-up layer's shape; None where
+    the two steps won, nothing was timed, or the kernel does not take this call."""
+    if not x.is_cuda or not supports(layer[0], x, layer[4]):
+        return None
+    return _silu.get(_key(layer, x.dtype))
 
 
 def _kind(qweight: torch.Tensor) -> str:

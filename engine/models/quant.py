@@ -16,6 +16,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from engine.models.layers import silu_and_mul
+
 log = logging.getLogger(__name__)
 
 QUANTIZED_LINEARS = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")
@@ -195,6 +197,20 @@ class QuantLinear(nn.Module):
             return wq_matmul(*args)
         return wq_matmul_ref(*args)
 
+    def silu_mul_forward(self, x: torch.Tensor) -> torch.Tensor:
+        """silu_and_mul(self(x)) for a gate-and-up projection: one fused kernel at batch 1
+        where choose_quant_linears timed it faster than the two steps, else the two."""
+        if x.is_cuda and x.dim() == 2 and x.shape[0] == 1 and _kernel_enabled():
+            from engine.kernels.wq_splitk import silu_config_for, wq_gemv_silu
+
+            layer = (self.qweight, self.scales, self.code, self.bias, self.group_size)
+            config = silu_config_for(layer, x)
+            if config is not None:
+                out = wq_gemv_silu(x, *layer, config)
+                if out is not None:
+                    return out
+        return silu_and_mul(self(x))
+
     def extra_repr(self) -> str:
         kind = "int4" if self.code is not None else "int8"
         return f"{self.in_features} -> {self.out_features}, {kind}, group={self.group_size}"
@@ -203,15 +219,16 @@ class QuantLinear(nn.Module):
 def choose_quant_linears(model: nn.Module, dtype: torch.dtype) -> None:
     """Time the batch-1 split-K kernel's configs for each QuantLinear shape of the model, over
     its own weights, so decode graphs capture the fastest (CUDA only; before capturing)."""
-    layers = [
-        (m.qweight, m.scales, m.code, m.bias, m.group_size)
-        for m in model.modules()
+    named = [
+        (name, (m.qweight, m.scales, m.code, m.bias, m.group_size))
+        for name, m in model.named_modules()
         if isinstance(m, QuantLinear)
     ]
-    if layers and layers[0][0].is_cuda and _kernel_enabled():
-        from engine.kernels.wq_splitk import choose_configs
+    if named and named[0][1][0].is_cuda and _kernel_enabled():
+        from engine.kernels.wq_splitk import choose_configs, choose_silu
 
-        choose_configs(layers, dtype)
+        choose_configs([layer for _, layer in named], dtype)
+        choose_silu([layer for name, layer in named if name.endswith("gate_up_proj")], dtype)
 
 
 def _kernel_enabled() -> bool:
