@@ -12,7 +12,9 @@ instructions per byte as possible (H200: about 16 bytes per SM clock):
 - int4: one K-tile is one scale group (BLOCK_K = group size); x's even and odd entries come
   from two strided loads (one load split in registers cost a shared-memory round trip and
   barriers in every iteration); the two 4-bit codes of a byte index the 16-entry table, which
-  stays in L1. Those lookups bound it: two loads per byte (session 6 SASS and ncu).
+  stays in L1. Those lookups bound it: two loads per byte (session 6 SASS and ncu). The word
+  path instead decodes int32 words of eight codes against the table held in eight registers,
+  by byte permutes (ptx_decode.py), where a config asks for it (CONFIGS).
 Programs split K (SPLIT_K) when rows alone give too few programs; gemv.py's reduce kernel sums
 the fp32 partials. Configs are chosen by timing on the device (engine.timing.fastest_config).
 Launched with PDL where pdl.enabled: the first weight tile loads before gdc_wait.
@@ -30,6 +32,7 @@ from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 from engine.kernels import pdl
 from engine.kernels.gemv import num_sms_for, plan_split, reduce_split, split_k_for, weight_tile
 from engine.kernels.launch_math import cdiv
+from engine.kernels.ptx_decode import codes8_to_f32, int8x4_to_f32, table_words
 from engine.kernels.rmsnorm import round_to
 from engine.timing import fastest_config
 
@@ -37,40 +40,22 @@ from engine.timing import fastest_config
 CONFIGS = {
     "int8": [(8, 1024, 8), (4, 1024, 4), (8, 512, 4), (16, 256, 4), (32, 128, 4), (16, 1024, 8),
              (8, 2048, 8), (4, 2048, 8)],
-    "int4": [(32, 0, 4), (64, 0, 4), (16, 0, 2), (128, 0, 8), (256, 0, 8), (8, 0, 1)],
+    "int4": [(32, 0, 4), (64, 0, 4), (16, 0, 2), (128, 0, 8), (256, 0, 8), (8, 0, 1),
+             (64, 1, 1), (64, 1, 2), (128, 1, 2), (128, 1, 4), (256, 1, 8), (16, 1, 2)],
 }  # fmt: skip
-"""H200, 2026-11-30 (scripts/bench_gemv.py), int8 by the word path: (8, 1024, 8) won o and down,
+"""int4's second field picks the decode (its K-tile is always the scale group): 0 loads both
+codes of a byte from the table in L1, 1 decodes int32 words of eight codes in registers
+(ptx_decode.py; CUDA only, else the table loads).
+
+H200, 2026-11-30 (scripts/bench_gemv.py), int8 by the word path: (8, 1024, 8) won o and down,
 (8, 512, 4) gate_up, (8, 1024, 8) and (4, 1024, 4) tied on qkv; (16, 512, 8), best before the
 word path, fell to half speed on gate_up and is gone. The 2048-wide tiles are untimed
-neighbours. int4 (2026-11-29): (128, 0, 8) and (16, 0, 2) split the shapes."""
+neighbours. int4 (2026-11-29): (128, 0, 8) and (16, 0, 2) split the shapes; the word-decode
+configs are not yet timed on a GPU (start-up timing keeps whichever is fastest and correct).
+Compiled for sm_90 here (Triton 3.9's ptxas, no GPU), their loop takes about 11.8 instructions
+per packed byte per lane at 64 rows a warp (each thread then reuses x over 4 rows) and 16 at
+8-16 rows a warp, against about 22 for the table loads (SASS on the H200, session 6)."""
 MAGIC = tl.constexpr(0x4B000000)  # 2^23 as fp32 bits: low mantissa bits hold an integer
-
-
-@triton.jit
-def _int8x4_to_f32(words):
-    """The four int8 weights of each int32 word (bytes in memory order) as fp32, by the 2^23
-    trick in one PTX block: a byte permute places each byte (sign bit flipped) under the
-    exponent byte of 2^23, one subtraction removes 2^23 + 128. CUDA only (inline PTX)."""
-    return tl.inline_asm_elementwise(
-        asm="""{
-        .reg .b32 t, m;
-        xor.b32 t, $4, 0x80808080;
-        mov.b32 m, 0x4B000000;
-        prmt.b32 $0, t, m, 0x7440;
-        prmt.b32 $1, t, m, 0x7441;
-        prmt.b32 $2, t, m, 0x7442;
-        prmt.b32 $3, t, m, 0x7443;
-        sub.f32 $0, $0, 0f4B000080;
-        sub.f32 $1, $1, 0f4B000080;
-        sub.f32 $2, $2, 0f4B000080;
-        sub.f32 $3, $3, 0f4B000080;
-        }""",
-        constraints="=r,=r,=r,=r,r",
-        args=[words],
-        dtype=(tl.float32, tl.float32, tl.float32, tl.float32),
-        is_pure=True,
-        pack=1,
-    )
 
 
 @triton.jit
@@ -101,7 +86,37 @@ def _wq_splitk_kernel(
     w_rows = w_ptr + offs_n.to(tl.int64)[:, None] * stride_wn  # [BLOCK_N, 1]
     k_start = pid_k * k_per_split
     k_end = tl.minimum(k_start + k_per_split, K)
-    if IS_INT4:
+    if IS_INT4 and WORDS:  # int32 words of eight codes, decoded in registers (ptx_decode.py)
+        EIGHTH: tl.constexpr = BLOCK_K // 8
+        acc = tl.zeros((BLOCK_N, EIGHTH), dtype=tl.float32)
+        offs_e = tl.arange(0, EIGHTH)
+        w_next = weight_tile(w_rows, k_start // 8 + offs_e, k_end // 8, n_mask)
+        t0 = tl.load(code_ptr)  # the table's eight registers (ptx_decode.table_words)
+        t1 = tl.load(code_ptr + 1)
+        t2 = tl.load(code_ptr + 2)
+        t3 = tl.load(code_ptr + 3)
+        t4 = tl.load(code_ptr + 4)
+        t5 = tl.load(code_ptr + 5)
+        t6 = tl.load(code_ptr + 6)
+        t7 = tl.load(code_ptr + 7)
+        if PDL:
+            gdc_wait()
+        for k0 in range(k_start, k_end, BLOCK_K):  # one scale group per tile
+            f0, f1, f2, f3, f4, f5, f6, f7 = codes8_to_f32(w_next, t0, t1, t2, t3, t4, t5, t6, t7)
+            w_next = weight_tile(w_rows, (k0 + BLOCK_K) // 8 + offs_e, k_end // 8, n_mask)
+            xs = x_ptr + k0 + 8 * offs_e  # x[k0 + 8e + i] pairs with f_i
+            dot = f0 * tl.load(xs).to(tl.float32)[None, :]
+            dot += f1 * tl.load(xs + 1).to(tl.float32)[None, :]
+            dot += f2 * tl.load(xs + 2).to(tl.float32)[None, :]
+            dot += f3 * tl.load(xs + 3).to(tl.float32)[None, :]
+            dot += f4 * tl.load(xs + 4).to(tl.float32)[None, :]
+            dot += f5 * tl.load(xs + 5).to(tl.float32)[None, :]
+            dot += f6 * tl.load(xs + 6).to(tl.float32)[None, :]
+            dot += f7 * tl.load(xs + 7).to(tl.float32)[None, :]
+            scale = tl.load(s_ptr + offs_n * stride_sn + k0 // BLOCK_K, mask=n_mask, other=0.0)
+            acc += dot * scale[:, None]
+        partial = tl.sum(acc, axis=1)
+    elif IS_INT4:
         HALF: tl.constexpr = BLOCK_K // 2
         acc = tl.zeros((BLOCK_N, HALF), dtype=tl.float32)
         offs_h = tl.arange(0, HALF)
@@ -128,7 +143,7 @@ def _wq_splitk_kernel(
         for k0 in range(k_start, k_end, BLOCK_K):
             offs_x = k0 + 4 * offs_q
             x_mask = offs_x < k_end
-            w0, w1, w2, w3 = _int8x4_to_f32(w_next)
+            w0, w1, w2, w3 = int8x4_to_f32(w_next)
             w_next = weight_tile(w_rows, (k0 + BLOCK_K) // 4 + offs_q, k_end // 4, n_mask)
             x0 = tl.load(x_ptr + offs_x, mask=x_mask, other=0.0).to(tl.float32)
             x1 = tl.load(x_ptr + offs_x + 1, mask=x_mask, other=0.0).to(tl.float32)
@@ -223,10 +238,18 @@ def _launch(x, layer, config, out, part, n, grid, k_per_split, silu: bool) -> No
     qweight, scales, code, bias, group_size = layer
     is_int4 = qweight.dtype == torch.uint8
     use_pdl = pdl.enabled(x)
-    words = _as_words(qweight) if x.is_cuda and not is_int4 and not _interpreting() else None
+    # int8 always reads words on CUDA; int4 where the config asks (its BLOCK_K field is 1)
+    want_words = x.is_cuda and not _interpreting() and (not is_int4 or config[1] == 1)
+    words = _as_words(qweight) if want_words else None
+    # int4 words read the table as eight registers; None (a table first seen inside a
+    # capture) sends this call to the table-load path
+    lut = table_words(code) if is_int4 and words is not None else None
+    if is_int4 and lut is None:
+        words = None
     w = qweight if words is None else words
+    table = scales if not is_int4 else code if lut is None else lut
     _wq_splitk_kernel[grid](
-        x, w, scales, code if is_int4 else scales, bias if bias is not None else scales, out,
+        x, w, scales, table, bias if bias is not None else scales, out,
         part, n, x.shape[-1], w.stride(0), scales.stride(0), k_per_split,
         IS_INT4=is_int4, SPLIT_K=grid[1], HAS_BIAS=bias is not None, BLOCK_N=config[0],
         BLOCK_K=_block_k(qweight, group_size, config), PDL=use_pdl, WORDS=words is not None,
@@ -235,8 +258,8 @@ def _launch(x, layer, config, out, part, n, grid, k_per_split, silu: bool) -> No
 
 
 def _as_words(qweight: torch.Tensor) -> torch.Tensor | None:
-    """int8 [N, K] viewed as int32 [N, K / 4] (the kernel's word path), or None where the
-    rows are not whole aligned words."""
+    """int8 [N, K] or packed int4 [N, K / 2] viewed as int32 words (the kernels' word paths),
+    or None where the rows are not whole aligned words."""
     if qweight.shape[1] % 4 or qweight.stride(0) % 4 or qweight.storage_offset() % 4:
         return None
     return qweight.view(torch.int32)
@@ -281,6 +304,9 @@ def choose_configs(layers: list[Layer], dtype: torch.dtype) -> None:
         x = _probe_x(q, dtype)
         if not supports(q, x, group):
             continue
+        for layer in same:  # the int4 word path's table registers, read now, not in a capture
+            if layer[2] is not None:
+                table_words(layer[2])
         ref = wq_matmul_ref(x, q, s, code, bias, group).float()
 
         def call(cfg, layer, x=x):

@@ -1,0 +1,140 @@
+"""Weight decoding in inline PTX for the batch-1 quantized GEMV (engine/kernels/wq_splitk.py).
+
+Triton compiles an element-wise decode of packed bytes into several integer instructions per
+byte, and a 4-bit code-table lookup into a memory load per code; a batch-1 GEMV needs about
+16 bytes per SM clock, so both cap it below the bandwidth (session 6 SASS and ncu). These
+helpers decode a whole 32-bit word of packed weights with byte permutes (`prmt`), in registers:
+
+- int8: four weights a word, each `prmt` + one subtraction (the 2^23 trick).
+- int4 (NF4/FP4): eight codes a word, looked up in a 16-entry fp16 table held in eight
+  registers (its low bytes in four, its high bytes in four). One `prmt` looks up four 3-bit
+  indices at once in an 8-entry half; a second `prmt` picks, per code, the half its fourth bit
+  names. The table's fp16 rounding moves a value by at most 2.6e-4 of it (NF4), well under the
+  bf16 output's own rounding.
+
+The PTX strings are plain text so tests can run them through a small interpreter on the CPU
+(tests/test_ptx_decode.py): Triton's interpreter cannot run inline assembly.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+import triton
+import triton.language as tl
+
+INT8X4_TEXT = """{
+.reg .b32 t, m;
+xor.b32 t, $4, 0x80808080;
+mov.b32 m, 0x4B000000;
+prmt.b32 $0, t, m, 0x7440;
+prmt.b32 $1, t, m, 0x7441;
+prmt.b32 $2, t, m, 0x7442;
+prmt.b32 $3, t, m, 0x7443;
+sub.f32 $0, $0, 0f4B000080;
+sub.f32 $1, $1, 0f4B000080;
+sub.f32 $2, $2, 0f4B000080;
+sub.f32 $3, $3, 0f4B000080;
+}"""
+"""Outputs $0..$3: the int8 weights of bytes 0..3 of $4 as fp32. Each byte, its sign bit
+flipped, goes under the exponent byte of 2^23 (0x4B): bits(2^23 + w + 128); subtracting
+2^23 + 128 leaves w, exactly."""
+
+
+def _nf4_half(src: str, out: tuple[str, str, str, str]) -> str:
+    """PTX for the four codes in the low 16 bits of register `src`: nibble i (from the low
+    end) is code i; out[i] receives table[code i] as fp32. Table registers: $9..$12 hold the
+    16 low bytes, $13..$16 the 16 high bytes (entry e at byte e % 4 of register e // 4)."""
+    return f"""and.b32 ws, {src}, 0x7777;
+shr.b32 wt, {src}, 1;
+and.b32 wt, wt, 0x4444;
+or.b32 wt, wt, 0x3210;
+prmt.b32 wa, $9, $10, ws;
+prmt.b32 wb, $11, $12, ws;
+prmt.b32 wlo, wa, wb, wt;
+prmt.b32 wa, $13, $14, ws;
+prmt.b32 wb, $15, $16, ws;
+prmt.b32 whi, wa, wb, wt;
+prmt.b32 wa, wlo, whi, 0x5140;
+prmt.b32 wb, wlo, whi, 0x7362;
+mov.b32 {{h0, h1}}, wa;
+mov.b32 {{h2, h3}}, wb;
+cvt.f32.f16 {out[0]}, h0;
+cvt.f32.f16 {out[1]}, h1;
+cvt.f32.f16 {out[2]}, h2;
+cvt.f32.f16 {out[3]}, h3;
+"""
+
+
+# A packed byte holds code k = 2j in its high nibble and k = 2j + 1 in its low one, so the
+# nibbles of a little-endian word, from the low end, are the codes of k = 1, 0, 3, 2, 5, 4, 7, 6.
+NF4X8_TEXT = (
+    "{\n.reg .b32 ws, wt, wa, wb, wlo, whi, wq;\n.reg .b16 h0, h1, h2, h3;\n"
+    + _nf4_half("$8", ("$1", "$0", "$3", "$2"))
+    + "shr.b32 wq, $8, 16;\n"
+    + _nf4_half("wq", ("$5", "$4", "$7", "$6"))
+    + "}"
+)
+"""Outputs $0..$7: table[code of k = 0..7] as fp32 for the word $8 of eight 4-bit codes; inputs
+$9..$16: the table registers of nf4_table_words."""
+
+
+INT8X4_PTX = tl.constexpr(INT8X4_TEXT)  # as constexprs, the jit functions below can read them
+NF4X8_PTX = tl.constexpr(NF4X8_TEXT)
+
+
+@triton.jit
+def int8x4_to_f32(words):
+    """The four int8 weights of each int32 word (bytes in memory order) as fp32. CUDA only."""
+    return tl.inline_asm_elementwise(
+        asm=INT8X4_PTX,
+        constraints="=r,=r,=r,=r,r",
+        args=[words],
+        dtype=(tl.float32,) * 4,
+        is_pure=True,
+        pack=1,
+    )
+
+
+@triton.jit
+def codes8_to_f32(words, t0, t1, t2, t3, t4, t5, t6, t7):
+    """table[code] as fp32 for the eight 4-bit codes of each int32 word, in k order; t0..t7:
+    the table registers (nf4_table_words, loaded once per program). CUDA only."""
+    return tl.inline_asm_elementwise(
+        asm=NF4X8_PTX,
+        constraints="=r,=r,=r,=r,=r,=r,=r,=r,r,r,r,r,r,r,r,r,r",
+        args=[words, t0, t1, t2, t3, t4, t5, t6, t7],
+        dtype=(tl.float32,) * 8,
+        is_pure=True,
+        pack=1,
+    )
+
+
+_tables: dict[tuple[int, torch.device], tuple[torch.Tensor, torch.Tensor]] = {}
+"""(table address, device) -> (the table, kept so its memory is not reused; its words)."""
+
+
+def table_words(code: torch.Tensor) -> torch.Tensor | None:
+    """The 16-entry fp32 code table as the eight int32 registers codes8_to_f32 reads: fp16
+    values, low bytes in words 0..3 and high bytes in words 4..7 (entry e at byte e % 4 of
+    word e // 4), on code's device. Cached per table tensor; None for a table first seen
+    while a CUDA graph is being captured (reading its values would sync the device)."""
+    key = (code.data_ptr(), code.device)
+    if key in _tables:
+        return _tables[key][1]
+    if code.is_cuda and torch.cuda.is_current_stream_capturing():
+        return None
+    words = _pack(tuple(code.float().cpu().tolist()), code.device)
+    _tables[key] = (code, words)
+    return words
+
+
+@functools.cache
+def _pack(values: tuple[float, ...], device: torch.device) -> torch.Tensor:
+    bits = torch.tensor(values, dtype=torch.float16).view(torch.int16).to(torch.int32) & 0xFFFF
+    planes = torch.cat([bits & 0xFF, bits >> 8]).view(8, 4)  # [low bytes x4, high bytes x4]
+    shifts = torch.tensor([0, 8, 16, 24], dtype=torch.int32)
+    words = (planes << shifts).sum(dim=1)  # int64 sums of the four shifted bytes
+    words = torch.where(words >= 2**31, words - 2**32, words).to(torch.int32)
+    return words.to(device)

@@ -1,0 +1,63 @@
+"""Compile the Hopper-only kernel variants (inline PTX, programmatic dependent launch) for
+sm_90 with Triton and its bundled ptxas, no GPU needed. Run as `python -m tests.sm90_compile`
+(tests/test_sm90_compile.py does, in a fresh process: Triton's interpreter, which the CPU tests
+switch on, replaces @triton.jit functions at import, even Triton's own). Prints one line per
+variant; a compiler error ends the run with it."""
+
+from __future__ import annotations
+
+import os
+
+os.environ.pop("TRITON_INTERPRET", None)  # before triton is imported
+
+import triton  # noqa: E402
+from triton.backends.compiler import GPUTarget  # noqa: E402
+from triton.compiler import ASTSource  # noqa: E402
+
+SM90 = GPUTarget("cuda", 90, 32)
+WQ_TYPES = {
+    "x_ptr": "*bf16", "w_ptr": "*i32", "s_ptr": "*fp32", "code_ptr": "*i32", "bias_ptr": "*bf16",
+    "out_ptr": "*bf16", "part_ptr": "*fp32", "N": "i32", "K": "i32", "stride_wn": "i32",
+    "stride_sn": "i32", "k_per_split": "i32",
+}  # fmt: skip
+# (what, is_int4, silu, SPLIT_K, (BLOCK_N, BLOCK_K, num_warps))
+WQ_VARIANTS = [
+    ("int8 words", False, False, 1, (8, 1024, 8)),
+    ("int8 words, fused SiLU", False, True, 1, (16, 512, 4)),
+    ("int8 words, split K", False, False, 2, (8, 512, 4)),
+    ("int4 words", True, False, 1, (64, 64, 1)),
+    ("int4 words, fused SiLU", True, True, 1, (16, 64, 2)),
+]
+
+
+def compile_sm90(kernel, types: dict[str, str], constexprs: dict, num_warps: int) -> bytes:
+    """The cubin of `kernel` for sm_90 with these argument types and constexprs."""
+    signature = {**types, **{name: "constexpr" for name in constexprs}}
+    source = ASTSource(fn=kernel, signature=signature, constexprs=constexprs)
+    options = dict(num_warps=num_warps, launch_pdl=constexprs.get("PDL", False))
+    return triton.compile(source, target=SM90, options=options).asm["cubin"]
+
+
+def main() -> None:
+    from engine.kernels.gemv import _gemv_kernel, _reduce_kernel
+    from engine.kernels.wq_splitk import _wq_splitk_kernel
+
+    for what, is_int4, silu, split, (block_n, block_k, warps) in WQ_VARIANTS:
+        constexprs = dict(
+            IS_INT4=is_int4, SPLIT_K=split, HAS_BIAS=True, BLOCK_N=block_n, BLOCK_K=block_k,
+            PDL=True, WORDS=True, SILU=silu,
+        )  # fmt: skip
+        cubin = compile_sm90(_wq_splitk_kernel, WQ_TYPES, constexprs, warps)
+        print(f"ok {what}: {len(cubin)} bytes")
+    types = {"x_ptr": "*bf16", "w_ptr": "*bf16", "bias_ptr": "*bf16", "out_ptr": "*bf16",
+             "part_ptr": "*fp32", "N": "i32", "K": "i32", "stride_wn": "i32",
+             "k_per_split": "i32"}  # fmt: skip
+    consts = dict(SPLIT_K=2, HAS_BIAS=False, BLOCK_N=8, BLOCK_K=512, PDL=True)
+    print(f"ok bf16 gemv with PDL: {len(compile_sm90(_gemv_kernel, types, consts, 4))} bytes")
+    types = {"part_ptr": "*fp32", "bias_ptr": "*bf16", "out_ptr": "*bf16", "N": "i32"}
+    consts = dict(SPLIT_K=2, HAS_BIAS=True, BLOCK=1024, PDL=True)
+    print(f"ok reduce with PDL: {len(compile_sm90(_reduce_kernel, types, consts, 4))} bytes")
+
+
+if __name__ == "__main__":
+    main()
