@@ -42,15 +42,13 @@ flipped, goes under the exponent byte of 2^23 (0x4B): bits(2^23 + w + 128); subt
 2^23 + 128 leaves w, exactly."""
 
 
-def _nf4_half(src: str, out: tuple[str, str, str, str]) -> str:
-    """PTX for the four codes in the low 16 bits of register `src`: nibble i (from the low
-    end) is code i; out[i] receives table[code i] as fp32. Table registers: $9..$12 hold the
-    16 low bytes, $13..$16 the 16 high bytes (entry e at byte e % 4 of register e // 4)."""
-    return f"""and.b32 ws, {src}, 0x7777;
-shr.b32 wt, {src}, 1;
-and.b32 wt, wt, 0x4444;
-or.b32 wt, wt, 0x3210;
-prmt.b32 wa, $9, $10, ws;
+def _nf4_half(out: tuple[str, str, str, str]) -> str:
+    """PTX for four codes: the low 16 bits of `ws` hold their 3-bit table indices (nibble i,
+    from the low end, for code i) and those of `wt` their half pickers (nibble i = i, plus 4
+    where code i is 8 or more); out[i] receives table[code i] as fp32. Table registers: $9..$12
+    hold the 16 low bytes, $13..$16 the 16 high bytes (entry e at byte e % 4 of register
+    e // 4). prmt reads only the low 16 bits of its selector."""
+    return f"""prmt.b32 wa, $9, $10, ws;
 prmt.b32 wb, $11, $12, ws;
 prmt.b32 wlo, wa, wb, wt;
 prmt.b32 wa, $13, $14, ws;
@@ -70,10 +68,14 @@ cvt.f32.f16 {out[3]}, h3;
 # A packed byte holds code k = 2j in its high nibble and k = 2j + 1 in its low one, so the
 # nibbles of a little-endian word, from the low end, are the codes of k = 1, 0, 3, 2, 5, 4, 7, 6.
 NF4X8_TEXT = (
-    "{\n.reg .b32 ws, wt, wa, wb, wlo, whi, wq;\n.reg .b16 h0, h1, h2, h3;\n"
-    + _nf4_half("$8", ("$1", "$0", "$3", "$2"))
-    + "shr.b32 wq, $8, 16;\n"
-    + _nf4_half("wq", ("$5", "$4", "$7", "$6"))
+    "{\n.reg .b32 ws, wt, wa, wb, wlo, whi;\n.reg .b16 h0, h1, h2, h3;\n"
+    "and.b32 ws, $8, 0x77777777;\n"  # every code's 3-bit index
+    "shr.b32 wt, $8, 1;\n"
+    "and.b32 wt, wt, 0x44444444;\n"
+    "or.b32 wt, wt, 0x32103210;\n"  # every code's half picker
+    + _nf4_half(("$1", "$0", "$3", "$2"))
+    + "shr.b32 ws, ws, 16;\nshr.b32 wt, wt, 16;\n"
+    + _nf4_half(("$5", "$4", "$7", "$6"))
     + "}"
 )
 """Outputs $0..$7: table[code of k = 0..7] as fp32 for the word $8 of eight 4-bit codes; inputs

@@ -52,8 +52,8 @@ H200, 2026-11-30 (scripts/bench_gemv.py), int8 by the word path: (8, 1024, 8) wo
 word path, fell to half speed on gate_up and is gone. The 2048-wide tiles are untimed
 neighbours. int4 (2026-11-29): (128, 0, 8) and (16, 0, 2) split the shapes; the word-decode
 configs are not yet timed on a GPU (start-up timing keeps whichever is fastest and correct).
-Compiled for sm_90 here (Triton 3.9's ptxas, no GPU), their loop takes about 11.8 instructions
-per packed byte per lane at 64 rows a warp (each thread then reuses x over 4 rows) and 16 at
+Compiled for sm_90 here (Triton 3.9's ptxas, no GPU), their loop takes about 11.2 instructions
+per packed byte per lane at 64 rows a warp (each thread then reuses x over 4 rows) and 15-16 at
 8-16 rows a warp, against about 22 for the table loads (SASS on the H200, session 6)."""
 MAGIC = tl.constexpr(0x4B000000)  # 2^23 as fp32 bits: low mantissa bits hold an integer
 
