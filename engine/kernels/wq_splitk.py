@@ -39,7 +39,7 @@ from engine.timing import fastest_config
 # kind -> (BLOCK_N, BLOCK_K, num_warps) candidates; int4's BLOCK_K is the group size (set per call)
 CONFIGS = {
     "int8": [(8, 1024, 8), (4, 1024, 4), (8, 512, 4), (16, 256, 4), (32, 128, 4), (16, 1024, 8),
-             (8, 2048, 8), (4, 2048, 8)],
+             (32, 512, 8), (64, 128, 4)],
     "int4": [(32, 0, 4), (64, 0, 4), (16, 0, 2), (128, 0, 8), (256, 0, 8), (8, 0, 1),
              (64, 1, 1), (64, 1, 2), (128, 1, 2), (128, 1, 4), (256, 1, 8), (16, 1, 2)],
 }  # fmt: skip
@@ -49,8 +49,10 @@ codes of a byte from the table in L1, 1 decodes int32 words of eight codes in re
 
 H200, 2026-11-30 (scripts/bench_gemv.py), int8 by the word path: (8, 1024, 8) won o and down,
 (8, 512, 4) gate_up, (8, 1024, 8) and (4, 1024, 4) tied on qkv; (16, 512, 8), best before the
-word path, fell to half speed on gate_up and is gone. The 2048-wide tiles are untimed
-neighbours. int4 (2026-11-29): (128, 0, 8) and (16, 0, 2) split the shapes; the word-decode
+word path, fell to half speed on gate_up and is gone. (32, 512, 8) and (64, 128, 4) are
+untimed: compiled for sm_90 here, their loops take 4.6 instructions per byte per lane against
+5.2-5.4 for the winners above (a thread holds 2-4 rows and reuses its x values).
+int4 (2026-11-29): (128, 0, 8) and (16, 0, 2) split the shapes; the word-decode
 configs are not yet timed on a GPU (start-up timing keeps whichever is fastest and correct).
 Compiled for sm_90 here (Triton 3.9's ptxas, no GPU), their loop takes about 11.2 instructions
 per packed byte per lane at 64 rows a warp (each thread then reuses x over 4 rows) and 15-16 at
@@ -149,7 +151,10 @@ def _wq_splitk_kernel(
             x1 = tl.load(x_ptr + offs_x + 1, mask=x_mask, other=0.0).to(tl.float32)
             x2 = tl.load(x_ptr + offs_x + 2, mask=x_mask, other=0.0).to(tl.float32)
             x3 = tl.load(x_ptr + offs_x + 3, mask=x_mask, other=0.0).to(tl.float32)
-            acc += w0 * x0[None, :] + w1 * x1[None, :] + w2 * x2[None, :] + w3 * x3[None, :]
+            acc += w0 * x0[None, :]  # one FMA each (a sum of four products costs two more)
+            acc += w1 * x1[None, :]
+            acc += w2 * x2[None, :]
+            acc += w3 * x3[None, :]
         partial = tl.sum(acc, axis=1) * tl.load(s_ptr + offs_n * stride_sn, mask=n_mask, other=0.0)
     else:
         acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
