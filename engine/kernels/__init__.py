@@ -16,12 +16,18 @@ def _triton_imports() -> bool:
     return True
 
 
+def interpreting() -> bool:
+    """TRITON_INTERPRET is set: kernels run in Triton's CPU interpreter (no inline PTX, no
+    grid dependency control)."""
+    return os.environ.get("TRITON_INTERPRET", "").lower() in ("1", "true", "on", "yes")
+
+
 def triton_available() -> bool:
     """True when the Triton kernels can run here: triton imports and CUDA is available, or
     TRITON_INTERPRET=1 (Triton's CPU interpreter: the kernels then take CPU tensors)."""
     if not _triton_imports():
         return False
-    if os.environ.get("TRITON_INTERPRET", "").lower() in ("1", "true", "on", "yes"):
+    if interpreting():
         return True
     import torch
 

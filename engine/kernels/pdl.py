@@ -28,6 +28,8 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
+from engine.kernels import interpreting
+
 
 @triton.jit
 def enter(PDL: tl.constexpr):
@@ -56,6 +58,6 @@ def _device_supports(index: int) -> bool:
 
 
 def _switched_on() -> bool:
-    if os.environ.get("TRITON_INTERPRET", "").lower() in ("1", "true", "on", "yes"):
+    if interpreting():
         return False
     return os.environ.get("APPLIANCE_PDL", "1").lower() not in ("0", "false", "off")

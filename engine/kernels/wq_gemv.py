@@ -16,12 +16,11 @@ capture). No host sync and no allocation beyond the output (CUDA-graph safe).
 
 from __future__ import annotations
 
-import os
-
 import torch
 import triton
 import triton.language as tl
 
+from engine.kernels import interpreting
 from engine.kernels.launch_math import cdiv
 
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -130,10 +129,6 @@ def _tuned_kernel(bucket: int):
     return _tuned[bucket]
 
 
-def _interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "").lower() in ("1", "true", "on", "yes")
-
-
 def wq_matmul(
     x: torch.Tensor,  # [..., K], fp16 / bf16 (fp32 too)
     qweight: torch.Tensor,  # int8 [N, K] or uint8 [N, K / 2]
@@ -186,7 +181,7 @@ def wq_matmul(
         out, m, n, k, bucket, x2.stride(0), qweight.stride(0), scales.stride(0), out.stride(0),
     )  # fmt: skip
     consts = dict(IS_INT4=is_int4, GROUP=group_size if is_int4 else 1, HAS_BIAS=bias is not None)
-    if block is None and _interpreting():
+    if block is None and interpreting():
         block = _INTERPRET_BLOCKS[bucket]
     if block is not None:
         bm, bn, bk = block

@@ -22,14 +22,12 @@ Launched with PDL where pdl.enabled: the first weight tile loads before gdc_wait
 
 from __future__ import annotations
 
-import os
-
 import torch
 import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-from engine.kernels import pdl
+from engine.kernels import interpreting, pdl
 from engine.kernels.gemv import num_sms_for, plan_split, reduce_split, split_k_for, weight_tile
 from engine.kernels.launch_math import cdiv
 from engine.kernels.ptx_decode import codes8_to_f32, int8x4_to_f32, table_words
@@ -244,7 +242,7 @@ def _launch(x, layer, config, out, part, n, grid, k_per_split, silu: bool) -> No
     is_int4 = qweight.dtype == torch.uint8
     use_pdl = pdl.enabled(x)
     # int8 always reads words on CUDA; int4 where the config asks (its BLOCK_K field is 1)
-    want_words = x.is_cuda and not _interpreting() and (not is_int4 or config[1] == 1)
+    want_words = x.is_cuda and not interpreting() and (not is_int4 or config[1] == 1)
     words = _as_words(qweight) if want_words else None
     # int4 words read the table as eight registers; None (a table first seen inside a
     # capture) sends this call to the table-load path
@@ -268,10 +266,6 @@ def _as_words(qweight: torch.Tensor) -> torch.Tensor | None:
     if qweight.shape[1] % 4 or qweight.stride(0) % 4 or qweight.storage_offset() % 4:
         return None
     return qweight.view(torch.int32)
-
-
-def _interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "").lower() in ("1", "true", "on", "yes")
 
 
 def supports(qweight: torch.Tensor, x: torch.Tensor, group_size: int) -> bool:
@@ -299,10 +293,7 @@ def choose_configs(layers: list[Layer], dtype: torch.dtype) -> None:
     that shape's weights (as a decode step reads them), and keep the fastest."""
     from engine.models.quant import wq_matmul_ref  # the reference, to reject a wrong config
 
-    groups: dict[tuple, list[Layer]] = {}
-    for layer in layers:
-        groups.setdefault(_key(layer, dtype), []).append(layer)
-    for key, same in groups.items():
+    for key, same in _by_shape(layers, dtype).items():
         if key in _choice:
             continue
         q, s, code, bias, group = same[0]
@@ -319,6 +310,13 @@ def choose_configs(layers: list[Layer], dtype: torch.dtype) -> None:
 
         _choice[key] = fastest_config(CONFIGS[_kind(q)], call, same, ref)
     torch.cuda.empty_cache()
+
+
+def _by_shape(layers: list[Layer], dtype: torch.dtype) -> dict[tuple, list[Layer]]:
+    groups: dict[tuple, list[Layer]] = {}
+    for layer in layers:
+        groups.setdefault(_key(layer, dtype), []).append(layer)
+    return groups
 
 
 def _probe_x(qweight: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -339,10 +337,7 @@ def choose_silu(layers: list[Layer], dtype: torch.dtype) -> None:
     from engine.kernels.silu_mul import silu_and_mul
 
     choose_configs(layers, dtype)
-    groups: dict[tuple, list[Layer]] = {}
-    for layer in layers:
-        groups.setdefault(_key(layer, dtype), []).append(layer)
-    for key, same in groups.items():
+    for key, same in _by_shape(layers, dtype).items():
         config = _choice.get(key)
         if key in _silu or config is None:
             continue
