@@ -5,6 +5,7 @@ served from L2) and against the copy bandwidth measured in the same run.
 
     PYTHONPATH=. python scripts/bench_gemv.py [--out FILE.json] [--m 1]
     PYTHONPATH=. python scripts/bench_gemv.py --m 256   # a decode batch: cuBLAS alone
+    PYTHONPATH=. python scripts/bench_gemv.py --paths int4 --configs '{"int4": [[128, 2, 8, 3]]}'
 
 Prints one row per (shape, path): microseconds per call, bytes read / time, and that as a
 share of the copy bandwidth; then the weight time of one decode token (32 layers + LM head)
@@ -53,14 +54,38 @@ def per_call_us(call, weights: list) -> float:
     return graph_seconds(all_weights) * 1e6 / len(weights)
 
 
-def variants(n: int, k: int, m: int, copies: int, dtype: torch.dtype):
+PATHS = ("cublas", "gemv", "int8", "int4")
+
+
+def variants(n: int, k: int, m: int, copies: int, dtype: torch.dtype, paths=PATHS):
     """(path, bytes read per call, us per call, max error against its reference)."""
     g = torch.Generator(device="cuda").manual_seed(0)
     x = torch.randn(m, k, device="cuda", dtype=dtype, generator=g)
-    ws = [torch.randn(n, k, device="cuda", dtype=dtype, generator=g) for _ in range(copies)]
-    wbytes = n * k * 2
-    yield "cublas", wbytes, per_call_us(lambda w: F.linear(x, w), ws), 0.0
+    if "cublas" in paths or "gemv" in paths:
+        yield from _bf16(x, n, k, copies, g, paths)
     if m != 1:  # a decode batch runs on cuBLAS (a Triton GEMM lost to it at every shape)
+        return
+    if "int8" in paths:
+        q8 = [torch.randint(-127, 128, (n, k), device="cuda", dtype=torch.int8, generator=g)
+              for _ in range(copies)]  # fmt: skip
+        s8 = torch.rand(n, device="cuda", generator=g) / 127
+        yield from _quantized("int8", x, [(q, s8, None, None, 0) for q in q8], n * k + n * 4)
+        del q8
+    if "int4" in paths:
+        group, code = 64, code_table("nf4").cuda()
+        q4 = [torch.randint(0, 256, (n, k // 2), device="cuda", dtype=torch.uint8, generator=g)
+              for _ in range(copies)]  # fmt: skip
+        s4 = torch.rand(n, k // group, device="cuda", generator=g)
+        layers = [(q, s4, code, None, group) for q in q4]
+        yield from _quantized("int4", x, layers, n * k // 2 + s4.numel() * 4)
+
+
+def _bf16(x: torch.Tensor, n: int, k: int, copies: int, g: torch.Generator, paths):
+    ws = [torch.randn(n, k, device="cuda", dtype=x.dtype, generator=g) for _ in range(copies)]
+    wbytes = n * k * 2
+    if "cublas" in paths:
+        yield "cublas", wbytes, per_call_us(lambda w: F.linear(x, w), ws), 0.0
+    if x.shape[0] != 1 or "gemv" not in paths:
         return
     ref = F.linear(x, ws[0]).float()
     for cfg in gemv_mod.CONFIGS:
@@ -70,19 +95,6 @@ def variants(n: int, k: int, m: int, copies: int, dtype: torch.dtype):
 
         err = (call(ws[0]).float() - ref).abs().max().item()
         yield f"gemv{cfg}", wbytes, per_call_us(call, ws), err
-    del ws
-    q8 = [torch.randint(-127, 128, (n, k), device="cuda", dtype=torch.int8, generator=g)
-          for _ in range(copies)]  # fmt: skip
-    s8 = torch.rand(n, device="cuda", generator=g) / 127
-    yield from _quantized("int8", x, [(q, s8, None, None, 0) for q in q8], n * k + n * 4)
-    del q8
-    group, code = 64, code_table("nf4").cuda()
-    q4 = [torch.randint(0, 256, (n, k // 2), device="cuda", dtype=torch.uint8, generator=g)
-          for _ in range(copies)]  # fmt: skip
-    s4 = torch.rand(n, k // group, device="cuda", generator=g)
-    yield from _quantized(
-        "int4", x, [(q, s4, code, None, group) for q in q4], n * k // 2 + s4.numel() * 4
-    )
 
 
 def _quantized(kind: str, x: torch.Tensor, layers: list, nbytes: int):
@@ -109,16 +121,27 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", type=Path, default=None, help="write the rows as JSON here")
     ap.add_argument("--m", type=int, default=1, help="rows of x (1 = batch-1 decode)")
+    ap.add_argument("--paths", default=",".join(PATHS), help="which of " + ",".join(PATHS))
+    ap.add_argument(
+        "--configs", default=None,
+        help='JSON {"int8"|"int4": [[BLOCK_N, BLOCK_K or groups, warps(, stages)], ...]}: '
+        "time these split-K configs instead of wq_splitk.CONFIGS",
+    )  # fmt: skip
     args = ap.parse_args(argv)
+    paths = tuple(p for p in args.paths.split(",") if p)
+    if unknown := set(paths) - set(PATHS):
+        ap.error(f"--paths: unknown {sorted(unknown)}; choose from {','.join(PATHS)}")
+    for kind, configs in json.loads(args.configs or "{}").items():
+        wq_splitk.CONFIGS[kind] = [tuple(c) for c in configs]
     hw = measure_hardware(torch.device("cuda"), torch.bfloat16)
     bw = hw.bandwidth  # bytes read + written per second by a copy: the floor's rate
-    console = Console()
+    console = Console(width=160)
     console.print(f"copy bandwidth {bw / 1e12:.2f} TB/s")
     table = Table("shape", "N x K", "path", "us", "GB/s", "% of copy bw", "max err")
     rows, per_token = [], {}
     for name, n, k, count in SHAPES:
         for path, nbytes, us, err in _guarded(
-            variants(n, k, args.m, min(count, 32), torch.bfloat16), console
+            variants(n, k, args.m, min(count, 32), torch.bfloat16, paths), console
         ):
             rate = nbytes / (us * 1e-6)
             rows.append(dict(shape=name, n=n, k=k, path=path, us=us, bytes=nbytes, err=err))
@@ -131,7 +154,7 @@ def main(argv: list[str] | None = None) -> int:
             best[name] = min(best.get(name, float("inf")), us * count)
     console.print(table)
     for family, times in per_token.items():
-        if len(times) == len(SHAPES) or family in ("int8", "int4"):  # best config per shape
+        if family in ("cublas", "int8", "int4") or len(times) == len(SHAPES):  # best per shape
             total = sum(times.values()) / 1e3
             console.print(f"{family}: weight GEMVs of one decode token {total:.2f} ms ({times})")
     if args.out:

@@ -20,13 +20,15 @@ WQ_TYPES = {
     "out_ptr": "*bf16", "part_ptr": "*fp32", "N": "i32", "K": "i32", "stride_wn": "i32",
     "stride_sn": "i32", "k_per_split": "i32",
 }  # fmt: skip
-# (what, is_int4, silu, SPLIT_K, (BLOCK_N, BLOCK_K, num_warps))
+# (what, is_int4, silu, SPLIT_K, (BLOCK_N, BLOCK_K, num_warps, STAGES)); int4 groups of 64
 WQ_VARIANTS = [
-    ("int8 words", False, False, 1, (8, 1024, 8)),
-    ("int8 words, fused SiLU", False, True, 1, (16, 512, 4)),
-    ("int8 words, split K", False, False, 2, (8, 512, 4)),
-    ("int4 words", True, False, 1, (64, 64, 1)),
-    ("int4 words, fused SiLU", True, True, 1, (16, 64, 2)),
+    ("int8 words", False, False, 1, (8, 1024, 8, 1)),
+    ("int8 words, fused SiLU", False, True, 1, (16, 512, 4, 1)),
+    ("int8 words, split K", False, False, 2, (8, 512, 4, 1)),
+    ("int8 words, pipelined", False, False, 2, (8, 512, 4, 3)),
+    ("int4 words", True, False, 1, (64, 64, 1, 1)),
+    ("int4 words, fused SiLU", True, True, 1, (16, 64, 2, 1)),
+    ("int4 words, two groups a tile, pipelined", True, False, 2, (128, 128, 8, 3)),
 ]
 
 
@@ -42,10 +44,10 @@ def main() -> None:
     from engine.kernels.gemv import _gemv_kernel, _reduce_kernel
     from engine.kernels.wq_splitk import _wq_splitk_kernel
 
-    for what, is_int4, silu, split, (block_n, block_k, warps) in WQ_VARIANTS:
+    for what, is_int4, silu, split, (block_n, block_k, warps, stages) in WQ_VARIANTS:
         constexprs = dict(
             IS_INT4=is_int4, SPLIT_K=split, HAS_BIAS=True, BLOCK_N=block_n, BLOCK_K=block_k,
-            PDL=True, WORDS=True, SILU=silu,
+            PDL=True, WORDS=True, SILU=silu, GROUP=64, STAGES=stages,
         )  # fmt: skip
         cubin = compile_sm90(_wq_splitk_kernel, WQ_TYPES, constexprs, warps)
         print(f"ok {what}: {len(cubin)} bytes")
@@ -57,6 +59,7 @@ def main() -> None:
     types = {"part_ptr": "*fp32", "bias_ptr": "*bf16", "out_ptr": "*bf16", "N": "i32"}
     consts = dict(SPLIT_K=2, HAS_BIAS=True, BLOCK=1024, PDL=True)
     print(f"ok reduce with PDL: {len(compile_sm90(_reduce_kernel, types, consts, 4))} bytes")
+    print(f"variants: {len(WQ_VARIANTS) + 2}")
 
 
 if __name__ == "__main__":

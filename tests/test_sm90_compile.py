@@ -23,4 +23,5 @@ def test_hopper_kernel_variants_compile_for_sm90():
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=600,
     )  # fmt: skip
     assert run.returncode == 0, run.stderr[-3000:]
-    assert run.stdout.count("ok ") == 7, run.stdout
+    variants = int(run.stdout.split("variants: ")[-1])  # the script's last line
+    assert variants > 2 and run.stdout.count("ok ") == variants, run.stdout

@@ -44,16 +44,29 @@ CASES = [
     ("int4", 40, 256, 64, (16, 0, 4), 1),
     ("int4", 33, 1024, 32, (8, 0, 4), 16),
     ("int4", 20, 512, 128, (16, 0, 2), 64),
-    ("int4", 24, 512, 64, (8, 1, 4), 8),  # the word-decode config (CUDA; the table path here)
+    # int4 words (CUDA; the table path here): one, two and four scale groups a K-tile
+    ("int4", 24, 512, 64, (8, 1, 4), 8),
+    ("int4", 24, 512, 64, (8, 2, 4), 8),
+    ("int4", 20, 1024, 32, (16, 4, 4), 4),
+    ("int4", 24, 192, 64, (8, 2, 4), 1),  # K is three groups: one group a tile
+    # the word paths' loads pipelined through shared memory (CUDA; one stage here)
+    ("int8", 33, 1024, 0, (8, 64, 4, 3), 16),
+    ("int4", 20, 1024, 64, (16, 2, 4, 3), 4),
 ]
 
 
 @pytest.mark.parametrize("kind,n,k,group,config,sms", CASES)
 @pytest.mark.parametrize("bias", [False, True])
 def test_splitk_matches_reference(kind, n, k, group, config, sms, bias):
+    """fp32 x, so only the sums' order separates kernel and reference. The int4 word path
+    (CUDA, second config field >= 1) holds the code table in fp16 (ptx_decode.py): its
+    reference uses that rounded table."""
     x, layer = _layer(kind, n, k, group, bias, torch.float32)
     got = _splitk.wq_gemv(x, *layer, config, num_sms=sms)
-    torch.testing.assert_close(got, wq_matmul_ref(x, *layer), rtol=1e-4, atol=1e-4)
+    q, s, code, b, group = layer
+    if kind == "int4" and config[1] >= 1 and x.is_cuda:
+        code = code.half().float()
+    torch.testing.assert_close(got, wq_matmul_ref(x, q, s, code, b, group), rtol=1e-4, atol=1e-4)
 
 
 @pytest.mark.gpu
@@ -107,6 +120,16 @@ def test_only_power_of_two_int4_groups_take_the_splitk_kernel():
     assert _splitk.supports(torch.zeros(4, 96, dtype=torch.int8), x, 0)
     assert not _splitk.supports(q4, torch.randn(2, 96), 32)  # one row only
     assert _splitk.config_for((q4, None, None, None, 32), x) is None  # CPU: not taken
+
+
+def test_int4_tiles_are_whole_groups_that_divide_k():
+    q4 = torch.zeros(4, 256, dtype=torch.uint8)  # K = 512
+    assert _splitk._block_k(q4, 64, (8, 0, 4)) == 64  # the table path: one group
+    assert _splitk._block_k(q4, 64, (8, 1, 4)) == 64
+    assert _splitk._block_k(q4, 64, (8, 4, 4, 3)) == 256
+    assert _splitk._block_k(torch.zeros(4, 96, dtype=torch.uint8), 64, (8, 2, 4)) == 64  # 192
+    assert _splitk._block_k(torch.zeros(4, 96, dtype=torch.int8), 0, (8, 512, 4)) == 512
+    assert _splitk.stages_of((8, 512, 4)) == 1 and _splitk.stages_of((8, 512, 4, 3)) == 3
 
 
 LLAMA3_SHAPES = [(6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336)]
