@@ -20,15 +20,15 @@ WQ_TYPES = {
     "out_ptr": "*bf16", "part_ptr": "*fp32", "N": "i32", "K": "i32", "stride_wn": "i32",
     "stride_sn": "i32", "k_per_split": "i32",
 }  # fmt: skip
-# (what, is_int4, silu, SPLIT_K, (BLOCK_N, BLOCK_K, num_warps, STAGES)); int4 groups of 64
+# (what, is_int4, silu, SPLIT_K, (BLOCK_N, BLOCK_K, num_warps), int4 dot form in bf16 / fp16)
 WQ_VARIANTS = [
-    ("int8 words", False, False, 1, (8, 1024, 8, 1)),
-    ("int8 words, fused SiLU", False, True, 1, (16, 512, 4, 1)),
-    ("int8 words, split K", False, False, 2, (8, 512, 4, 1)),
-    ("int8 words, pipelined", False, False, 2, (8, 512, 4, 3)),
-    ("int4 words", True, False, 1, (64, 64, 1, 1)),
-    ("int4 words, fused SiLU", True, True, 1, (16, 64, 2, 1)),
-    ("int4 words, two groups a tile, pipelined", True, False, 2, (128, 128, 8, 3)),
+    ("int8 words", False, False, 1, (8, 1024, 8), None),
+    ("int8 words, fused SiLU", False, True, 1, (16, 512, 4), None),
+    ("int8 words, split K", False, False, 2, (8, 512, 4), None),
+    ("int4 words", True, False, 1, (64, 64, 1), None),
+    ("int4 words, fused SiLU", True, True, 1, (16, 64, 2), None),
+    ("int4 dot, bf16, split K", True, False, 2, (128, 64, 8), "bf16"),
+    ("int4 dot, fp16, fused SiLU", True, True, 1, (64, 64, 4), "f16"),
 ]
 
 
@@ -44,12 +44,13 @@ def main() -> None:
     from engine.kernels.gemv import _gemv_kernel, _reduce_kernel
     from engine.kernels.wq_splitk import _wq_splitk_kernel
 
-    for what, is_int4, silu, split, (block_n, block_k, warps, stages) in WQ_VARIANTS:
+    for what, is_int4, silu, split, (block_n, block_k, warps), dot in WQ_VARIANTS:
         constexprs = dict(
             IS_INT4=is_int4, SPLIT_K=split, HAS_BIAS=True, BLOCK_N=block_n, BLOCK_K=block_k,
-            PDL=True, WORDS=True, SILU=silu, GROUP=64, STAGES=stages,
+            PDL=True, WORDS=True, SILU=silu, DOT=dot is not None, BF16=dot == "bf16",
         )  # fmt: skip
-        cubin = compile_sm90(_wq_splitk_kernel, WQ_TYPES, constexprs, warps)
+        types = {**WQ_TYPES, "x_ptr": "*i32"} if dot else WQ_TYPES  # x read as pairs
+        cubin = compile_sm90(_wq_splitk_kernel, types, constexprs, warps)
         print(f"ok {what}: {len(cubin)} bytes")
     types = {"x_ptr": "*bf16", "w_ptr": "*bf16", "bias_ptr": "*bf16", "out_ptr": "*bf16",
              "part_ptr": "*fp32", "N": "i32", "K": "i32", "stride_wn": "i32",

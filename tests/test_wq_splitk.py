@@ -44,29 +44,48 @@ CASES = [
     ("int4", 40, 256, 64, (16, 0, 4), 1),
     ("int4", 33, 1024, 32, (8, 0, 4), 16),
     ("int4", 20, 512, 128, (16, 0, 2), 64),
-    # int4 words (CUDA; the table path here): one, two and four scale groups a K-tile
+    # int4 words, to fp32 and in the dot form (CUDA, where fp32 x takes the fp32 words;
+    # the table path here)
     ("int4", 24, 512, 64, (8, 1, 4), 8),
     ("int4", 24, 512, 64, (8, 2, 4), 8),
-    ("int4", 20, 1024, 32, (16, 4, 4), 4),
-    ("int4", 24, 192, 64, (8, 2, 4), 1),  # K is three groups: one group a tile
-    # the word paths' loads pipelined through shared memory (CUDA; one stage here)
-    ("int8", 33, 1024, 0, (8, 64, 4, 3), 16),
-    ("int4", 20, 1024, 64, (16, 2, 4, 3), 4),
 ]
 
 
 @pytest.mark.parametrize("kind,n,k,group,config,sms", CASES)
 @pytest.mark.parametrize("bias", [False, True])
 def test_splitk_matches_reference(kind, n, k, group, config, sms, bias):
-    """fp32 x, so only the sums' order separates kernel and reference. The int4 word path
-    (CUDA, second config field >= 1) holds the code table in fp16 (ptx_decode.py): its
-    reference uses that rounded table."""
+    """fp32 x, so only the sums' order separates kernel and reference. The int4 word paths
+    (CUDA, second config field >= 1; fp32 x takes the fp32 form) hold the code table in fp16
+    (ptx_decode.py): their reference uses that rounded table."""
     x, layer = _layer(kind, n, k, group, bias, torch.float32)
     got = _splitk.wq_gemv(x, *layer, config, num_sms=sms)
     q, s, code, b, group = layer
     if kind == "int4" and config[1] >= 1 and x.is_cuda:
         code = code.half().float()
     torch.testing.assert_close(got, wq_matmul_ref(x, q, s, code, b, group), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("config,sms", [((8, 2, 4), 8), ((128, 2, 8), 132), ((64, 2, 2), 1)])
+def test_int4_dot_form_within_its_rounding_gpu(dtype, config, sms):
+    """The int4 dot form sums a word's eight products in x's 16-bit type (two lanes of four):
+    against the reference with the table in that type, each output is within four 16-bit
+    rounding steps of the sum of |products|, plus the output's own rounding; the fp32-word
+    form (second field 1) is held to the same bound, as a check the bound is not loose."""
+    x, layer = _layer("int4", 200, 2048, 64, True, dtype, seed=3)
+    q, s, code, b, group = layer
+    got = _splitk.wq_gemv(x, *layer, config, num_sms=sms).float()
+    table = code.to(dtype).float()
+    ref = wq_matmul_ref(x.float(), q, s, table, b.float(), group)
+    size = wq_matmul_ref(x.float().abs(), q, s, table.abs(), None, group)  # sum of |products|
+    step = 2.0**-8 if dtype == torch.bfloat16 else 2.0**-11
+    bound = 4 * step * size + step * ref.abs() + 1e-6
+    assert ((got - ref).abs() <= bound).all(), ((got - ref).abs() / bound).max()
+    words = _splitk.wq_gemv(x, *layer, (config[0], 1, config[2]), num_sms=sms).float()
+    assert ((words - ref).abs() <= bound).all()
+    assert not torch.equal(got, words)  # the two forms round differently: both ran
 
 
 @pytest.mark.gpu
@@ -120,16 +139,6 @@ def test_only_power_of_two_int4_groups_take_the_splitk_kernel():
     assert _splitk.supports(torch.zeros(4, 96, dtype=torch.int8), x, 0)
     assert not _splitk.supports(q4, torch.randn(2, 96), 32)  # one row only
     assert _splitk.config_for((q4, None, None, None, 32), x) is None  # CPU: not taken
-
-
-def test_int4_tiles_are_whole_groups_that_divide_k():
-    q4 = torch.zeros(4, 256, dtype=torch.uint8)  # K = 512
-    assert _splitk._block_k(q4, 64, (8, 0, 4)) == 64  # the table path: one group
-    assert _splitk._block_k(q4, 64, (8, 1, 4)) == 64
-    assert _splitk._block_k(q4, 64, (8, 4, 4, 3)) == 256
-    assert _splitk._block_k(torch.zeros(4, 96, dtype=torch.uint8), 64, (8, 2, 4)) == 64  # 192
-    assert _splitk._block_k(torch.zeros(4, 96, dtype=torch.int8), 0, (8, 512, 4)) == 512
-    assert _splitk.stages_of((8, 512, 4)) == 1 and _splitk.stages_of((8, 512, 4, 3)) == 3
 
 
 LLAMA3_SHAPES = [(6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336)]

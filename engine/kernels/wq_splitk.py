@@ -30,75 +30,29 @@ from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 from engine.kernels import interpreting, pdl
 from engine.kernels.gemv import num_sms_for, plan_split, reduce_split, split_k_for, weight_tile
 from engine.kernels.launch_math import cdiv
-from engine.kernels.ptx_decode import codes8_to_f32, int8x4_to_f32, table_words
+from engine.kernels.ptx_decode import codes8_dot, codes8_to_f32, int8x4_to_f32, table_words
 from engine.kernels.rmsnorm import round_to
 from engine.timing import fastest_config
 
 # kind -> (BLOCK_N, BLOCK_K, num_warps) candidates; int4's BLOCK_K is the group size (set per call)
 CONFIGS = {
-    "int8": [(8, 1024, 8), (4, 1024, 4), (8, 512, 4), (16, 1024, 8), (8, 1024, 8, 3),
-             (8, 512, 4, 3), (4, 1024, 4, 3), (16, 1024, 8, 3), (8, 512, 4, 5), (8, 256, 4, 5),
-             (4, 512, 2, 4), (16, 512, 8, 4)],
-    "int4": [(256, 1, 8), (128, 1, 4), (128, 1, 8), (64, 1, 4), (128, 1, 8, 3), (128, 1, 8, 5),
-             (256, 1, 8, 3), (256, 1, 8, 5), (64, 1, 4, 4), (128, 1, 4, 4), (64, 1, 2, 4),
-             (128, 2, 8, 3), (64, 2, 4, 3), (32, 1, 2, 4), (128, 0, 8), (8, 0, 1)],
+    "int8": [(8, 1024, 8), (4, 1024, 4), (8, 512, 4), (16, 1024, 8)],
+    "int4": [(128, 2, 8), (256, 2, 8), (128, 2, 4), (64, 2, 4), (64, 2, 2), (256, 2, 4),
+             (256, 1, 8), (128, 1, 8), (128, 1, 4), (128, 0, 8)],
 }  # fmt: skip
 """int4's second field picks the decode (its K-tile is always the scale group): 0 loads both
-codes of a byte from the table in L1, 1 decodes int32 words of eight codes in registers
-(ptx_decode.py; CUDA only, else the table loads).
+codes of a byte from the table in L1; 1 decodes int32 words of eight codes in registers to
+fp32 (ptx_decode.codes8_to_f32); 2 does that against a table in x's 16-bit type and sums each
+word's eight products in packed 16-bit FMAs (ptx_decode.codes8_dot; fp32 x takes 1). 1 and 2
+are CUDA only, else the table loads.
 
-H200, 2026-11-30 (scripts/bench_gemv.py), int8 by the word path: (8, 1024, 8) won o and down,
-(8, 512, 4) gate_up, (8, 1024, 8) and (4, 1024, 4) tied on qkv; (16, 512, 8), best before the
-word path, fell to half speed on gate_up and is gone. (32, 512, 8) and (64, 128, 4) are
-untimed: compiled for sm_90 here, their loops take 4.6 instructions per byte per lane against
-5.2-5.4 for the winners above (a thread holds 2-4 rows and reuses its x values).
-int4 (2026-11-29): (128, 0, 8) and (16, 0, 2) split the shapes; the word-decode
-configs are not yet timed on a GPU (start-up timing keeps whichever is fastest and correct).
-Compiled for sm_90 here (Triton 3.9's ptxas, no GPU), their loop takes about 11.2 instructions
-per packed byte per lane at 64 rows a warp (each thread then reuses x over 4 rows) and 15-16 at
-8-16 rows a warp, against about 22 for the table loads (SASS on the H200, session 6)."""
+H200, 2026-11-30 (scripts/bench_gemv.py, two runs): int8 by the word path: (8, 1024, 8) won o
+and down, (8, 512, 4) gate_up and lm_head, (16, 1024, 8) qkv; (16, 256, 4), (32, 128, 4),
+(32, 512, 8) and (64, 128, 4) lost on every shape. Loads pipelined through shared memory (Triton
+num_stages 3-5) and K-tiles of several int4 groups were slower on every shape and are gone.
+int4 fp32 words: (256, 1, 8) won gate_up (30-33% of the copy bandwidth), (128, 1, 8) and
+(128, 1, 4) the rest; the table loads (0) reached 14-20%."""
 MAGIC = tl.constexpr(0x4B000000)  # 2^23 as fp32 bits: low mantissa bits hold an integer
-
-
-@triton.jit
-def word_tiles(w_rows, start, tile, end, n_mask, STAGES: tl.constexpr):
-    """The first K-tile of int32 words, loaded now when each loop step loads the next tile
-    itself (STAGES 1); zeros, never read, where Triton pipelines the loads (STAGES > 1)."""
-    if STAGES == 1:
-        first = weight_tile(w_rows, start + tile, end, n_mask)
-    else:
-        first = tl.zeros((w_rows.shape[0], tile.shape[0]), dtype=tl.int32)
-    return first
-
-
-@triton.jit
-def step_tiles(w_next, w_rows, at, tile, end, n_mask, STAGES: tl.constexpr):
-    """(this K-tile's words, the next one's). STAGES 1: this tile came from the step before
-    and the next is loaded now, so one tile's load is in flight while this one is used.
-    STAGES > 1: this tile is loaded here and Triton's pipeline (async copies through shared
-    memory, STAGES - 1 tiles ahead) hides the wait, without holding the tiles in registers."""
-    if STAGES == 1:
-        this = w_next
-        following = weight_tile(w_rows, at + tile.shape[0] + tile, end, n_mask)
-    else:
-        this = weight_tile(w_rows, at + tile, end, n_mask)
-        following = w_next
-    return this, following
-
-
-@triton.jit
-def group_scales(s_ptr, offs_n, stride_sn, n_mask, k0, offs_c, GROUP: tl.constexpr,
-                 ONE: tl.constexpr):  # fmt: skip
-    """int4 scales for the K-tile at k0, whose columns start at k0 + offs_c (a tile is whole
-    scale groups): ONE (the tile is one group), one per row as a [BLOCK_N, 1] column; else one
-    per row and column (a gather from L1)."""
-    rows = s_ptr + offs_n * stride_sn
-    if ONE:
-        scale = tl.load(rows + k0 // GROUP, mask=n_mask, other=0.0)[:, None]
-    else:
-        cols = (k0 + offs_c) // GROUP
-        scale = tl.load(rows[:, None] + cols[None, :], mask=n_mask[:, None], other=0.0)
-    return scale
 
 
 @triton.jit
@@ -107,7 +61,7 @@ def _wq_splitk_kernel(
     N, K, stride_wn, stride_sn, k_per_split,
     IS_INT4: tl.constexpr, SPLIT_K: tl.constexpr, HAS_BIAS: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr, WORDS: tl.constexpr,
-    SILU: tl.constexpr, GROUP: tl.constexpr, STAGES: tl.constexpr,
+    SILU: tl.constexpr, DOT: tl.constexpr, BF16: tl.constexpr,
 ):  # fmt: skip
     # With PDL (engine/kernels/pdl.py) the first weight tile is loaded before gdc_wait, while
     # the kernel before may still run; x is read after it. Each loop step loads the next tile
@@ -129,12 +83,11 @@ def _wq_splitk_kernel(
     w_rows = w_ptr + offs_n.to(tl.int64)[:, None] * stride_wn  # [BLOCK_N, 1]
     k_start = pid_k * k_per_split
     k_end = tl.minimum(k_start + k_per_split, K)
-    ONE: tl.constexpr = BLOCK_K == GROUP  # int4: a K-tile is one scale group
     if IS_INT4 and WORDS:  # int32 words of eight codes, decoded in registers (ptx_decode.py)
         EIGHTH: tl.constexpr = BLOCK_K // 8
         acc = tl.zeros((BLOCK_N, EIGHTH), dtype=tl.float32)
         offs_e = tl.arange(0, EIGHTH)
-        w_next = word_tiles(w_rows, k_start // 8, offs_e, k_end // 8, n_mask, STAGES)
+        w_next = weight_tile(w_rows, k_start // 8 + offs_e, k_end // 8, n_mask)
         t0 = tl.load(code_ptr)  # the table's eight registers (ptx_decode.table_words)
         t1 = tl.load(code_ptr + 1)
         t2 = tl.load(code_ptr + 2)
@@ -145,20 +98,31 @@ def _wq_splitk_kernel(
         t7 = tl.load(code_ptr + 7)
         if PDL:
             gdc_wait()
-        # BLOCK_K / GROUP scale groups per tile
-        for k0 in tl.range(k_start, k_end, BLOCK_K, num_stages=STAGES):
-            w, w_next = step_tiles(w_next, w_rows, k0 // 8, offs_e, k_end // 8, n_mask, STAGES)
-            f0, f1, f2, f3, f4, f5, f6, f7 = codes8_to_f32(w, t0, t1, t2, t3, t4, t5, t6, t7)
-            xs = x_ptr + k0 + 8 * offs_e  # x[k0 + 8e + i] pairs with f_i
-            dot = f0 * tl.load(xs).to(tl.float32)[None, :]
-            dot += f1 * tl.load(xs + 1).to(tl.float32)[None, :]
-            dot += f2 * tl.load(xs + 2).to(tl.float32)[None, :]
-            dot += f3 * tl.load(xs + 3).to(tl.float32)[None, :]
-            dot += f4 * tl.load(xs + 4).to(tl.float32)[None, :]
-            dot += f5 * tl.load(xs + 5).to(tl.float32)[None, :]
-            dot += f6 * tl.load(xs + 6).to(tl.float32)[None, :]
-            dot += f7 * tl.load(xs + 7).to(tl.float32)[None, :]
-            acc += dot * group_scales(s_ptr, offs_n, stride_sn, n_mask, k0, 8 * offs_e, GROUP, ONE)
+        for k0 in range(k_start, k_end, BLOCK_K):  # one scale group per tile
+            if DOT:  # x_ptr: x as int32 pairs; the table in x's type (ptx_decode.codes8_dot)
+                xs = x_ptr + k0 // 2 + 4 * offs_e
+                x0 = tl.load(xs)[None, :]
+                x1 = tl.load(xs + 1)[None, :]
+                x2 = tl.load(xs + 2)[None, :]
+                x3 = tl.load(xs + 3)[None, :]
+                dot = codes8_dot(w_next, t0, t1, t2, t3, t4, t5, t6, t7, x0, x1, x2, x3, BF16)
+                w_next = weight_tile(w_rows, (k0 + BLOCK_K) // 8 + offs_e, k_end // 8, n_mask)
+            else:
+                f0, f1, f2, f3, f4, f5, f6, f7 = codes8_to_f32(
+                    w_next, t0, t1, t2, t3, t4, t5, t6, t7
+                )
+                w_next = weight_tile(w_rows, (k0 + BLOCK_K) // 8 + offs_e, k_end // 8, n_mask)
+                xs = x_ptr + k0 + 8 * offs_e  # x[k0 + 8e + i] pairs with f_i
+                dot = f0 * tl.load(xs).to(tl.float32)[None, :]
+                dot += f1 * tl.load(xs + 1).to(tl.float32)[None, :]
+                dot += f2 * tl.load(xs + 2).to(tl.float32)[None, :]
+                dot += f3 * tl.load(xs + 3).to(tl.float32)[None, :]
+                dot += f4 * tl.load(xs + 4).to(tl.float32)[None, :]
+                dot += f5 * tl.load(xs + 5).to(tl.float32)[None, :]
+                dot += f6 * tl.load(xs + 6).to(tl.float32)[None, :]
+                dot += f7 * tl.load(xs + 7).to(tl.float32)[None, :]
+            scale = tl.load(s_ptr + offs_n * stride_sn + k0 // BLOCK_K, mask=n_mask, other=0.0)
+            acc += dot * scale[:, None]
         partial = tl.sum(acc, axis=1)
     elif IS_INT4:
         HALF: tl.constexpr = BLOCK_K // 2
@@ -167,28 +131,28 @@ def _wq_splitk_kernel(
         w_next = weight_tile(w_rows, k_start // 2 + offs_h, k_end // 2, n_mask)  # bytes
         if PDL:
             gdc_wait()
-        for k0 in range(k_start, k_end, BLOCK_K):  # whole scale groups (K % BLOCK_K == 0)
+        for k0 in range(k_start, k_end, BLOCK_K):  # one scale group per tile (K % BLOCK_K == 0)
             packed = w_next.to(tl.int32)
             w_next = weight_tile(w_rows, (k0 + BLOCK_K) // 2 + offs_h, k_end // 2, n_mask)
             w_even = tl.load(code_ptr + (packed >> 4))  # k = 2j: the high nibble
             w_odd = tl.load(code_ptr + (packed & 0xF))
             x_even = tl.load(x_ptr + k0 + 2 * offs_h).to(tl.float32)
             x_odd = tl.load(x_ptr + k0 + 2 * offs_h + 1).to(tl.float32)
-            scale = group_scales(s_ptr, offs_n, stride_sn, n_mask, k0, 2 * offs_h, GROUP, ONE)
-            acc += (w_even * x_even[None, :] + w_odd * x_odd[None, :]) * scale
+            scale = tl.load(s_ptr + offs_n * stride_sn + k0 // BLOCK_K, mask=n_mask, other=0.0)
+            acc += (w_even * x_even[None, :] + w_odd * x_odd[None, :]) * scale[:, None]
         partial = tl.sum(acc, axis=1)
     elif WORDS:  # int8 read as int32 words of 4 weights (w_ptr and stride_wn in words)
         QUARTER: tl.constexpr = BLOCK_K // 4
         acc = tl.zeros((BLOCK_N, QUARTER), dtype=tl.float32)
         offs_q = tl.arange(0, QUARTER)
-        w_next = word_tiles(w_rows, k_start // 4, offs_q, k_end // 4, n_mask, STAGES)
+        w_next = weight_tile(w_rows, k_start // 4 + offs_q, k_end // 4, n_mask)
         if PDL:
             gdc_wait()
-        for k0 in tl.range(k_start, k_end, BLOCK_K, num_stages=STAGES):
+        for k0 in range(k_start, k_end, BLOCK_K):
             offs_x = k0 + 4 * offs_q
             x_mask = offs_x < k_end
-            w, w_next = step_tiles(w_next, w_rows, k0 // 4, offs_q, k_end // 4, n_mask, STAGES)
-            w0, w1, w2, w3 = int8x4_to_f32(w)
+            w0, w1, w2, w3 = int8x4_to_f32(w_next)
+            w_next = weight_tile(w_rows, (k0 + BLOCK_K) // 4 + offs_q, k_end // 4, n_mask)
             x0 = tl.load(x_ptr + offs_x, mask=x_mask, other=0.0).to(tl.float32)
             x1 = tl.load(x_ptr + offs_x + 1, mask=x_mask, other=0.0).to(tl.float32)
             x2 = tl.load(x_ptr + offs_x + 2, mask=x_mask, other=0.0).to(tl.float32)
@@ -237,7 +201,7 @@ def wq_gemv(
     code: torch.Tensor | None,  # fp32 [16] (int4)
     bias: torch.Tensor | None,
     group_size: int,
-    config: tuple[int, ...],
+    config: tuple[int, int, int],
     num_sms: int | None = None,
 ) -> torch.Tensor:  # [1, N]
     """One row through the split-K kernel; the caller (wq_gemv.wq_matmul) checked the inputs."""
@@ -257,7 +221,7 @@ def wq_gemv_silu(
     code: torch.Tensor | None,
     bias: torch.Tensor | None,  # [2I]
     group_size: int,
-    config: tuple[int, ...],  # BLOCK_N counts gate and up rows together
+    config: tuple[int, int, int],  # BLOCK_N counts gate and up rows together
     num_sms: int | None = None,
 ) -> torch.Tensor | None:  # [1, I]
     """silu(x @ gate.T) * (x @ up.T) in one kernel, equal to silu_and_mul(wq_gemv(...)); None
@@ -276,44 +240,44 @@ def wq_gemv_silu(
     return out
 
 
-def _block_k(qweight: torch.Tensor, group_size: int, config: tuple[int, ...]) -> int:
-    """int8: the config's K-tile. int4: its second field's count of scale groups (0 counts as
-    one), where K holds a whole number of such tiles, else one group (a power of two here:
-    wq_matmul routes other groups elsewhere)."""
-    if qweight.dtype != torch.uint8:
-        return config[1]
-    tile = group_size * max(1, config[1])
-    return tile if (2 * qweight.shape[1]) % tile == 0 else group_size
+def _block_k(qweight: torch.Tensor, group_size: int, config: tuple[int, int, int]) -> int:
+    # int4: a K-tile is one scale group, a power of two here (wq_matmul routes others elsewhere)
+    return group_size if qweight.dtype == torch.uint8 else config[1]
 
 
 def _launch(x, layer, config, out, part, n, grid, k_per_split, silu: bool) -> None:
     qweight, scales, code, bias, group_size = layer
     is_int4 = qweight.dtype == torch.uint8
     use_pdl = pdl.enabled(x)
-    # int8 always reads words on CUDA; int4 where the config asks (its second field >= 1)
+    # int8 always reads words on CUDA; int4 where the config asks (its second field >= 1),
+    # the dot form (2) where x is 16-bit
     want_words = x.is_cuda and not interpreting() and (not is_int4 or config[1] >= 1)
     words = _as_words(qweight) if want_words else None
+    dot = is_int4 and config[1] == 2 and _pairs_ok(x)
     # int4 words read the table as eight registers; None (a table first seen inside a
     # capture) sends this call to the table-load path
-    lut = table_words(code) if is_int4 and words is not None else None
+    lut = None
+    if is_int4 and words is not None:
+        lut = table_words(code, x.dtype if dot else torch.float16)
     if is_int4 and lut is None:
         words = None
+    dot = dot and words is not None
     w = qweight if words is None else words
     table = scales if not is_int4 else code if lut is None else lut
     _wq_splitk_kernel[grid](
-        x, w, scales, table, bias if bias is not None else scales, out,
-        part, n, x.shape[-1], w.stride(0), scales.stride(0), k_per_split,
+        x.view(torch.int32) if dot else x, w, scales, table,
+        bias if bias is not None else scales, out, part, n, x.shape[-1], w.stride(0),
+        scales.stride(0), k_per_split,
         IS_INT4=is_int4, SPLIT_K=grid[1], HAS_BIAS=bias is not None, BLOCK_N=config[0],
         BLOCK_K=_block_k(qweight, group_size, config), PDL=use_pdl, WORDS=words is not None,
-        SILU=silu, GROUP=max(group_size, 1), STAGES=stages_of(config) if words is not None else 1,
-        num_warps=config[2], launch_pdl=use_pdl,
+        SILU=silu, DOT=dot, BF16=x.dtype == torch.bfloat16, num_warps=config[2],
+        launch_pdl=use_pdl,
     )  # fmt: skip
 
 
-def stages_of(config: tuple[int, ...]) -> int:
-    """A config's optional fourth field: 1 (the default) prefetches one K-tile into registers
-    by hand; more pipelines the word paths' loads through shared memory that many stages."""
-    return config[3] if len(config) > 3 else 1
+def _pairs_ok(x: torch.Tensor) -> bool:
+    """x can be read as int32 words of two 16-bit values (the int4 dot form)."""
+    return x.dtype in (torch.float16, torch.bfloat16) and x.storage_offset() % 2 == 0
 
 
 def _as_words(qweight: torch.Tensor) -> torch.Tensor | None:
@@ -335,7 +299,7 @@ def supports(qweight: torch.Tensor, x: torch.Tensor, group_size: int) -> bool:
 
 
 Layer = tuple  # (qweight, scales, code or None, bias or None, group_size)
-_choice: dict[tuple, tuple[int, ...] | None] = {}
+_choice: dict[tuple, tuple[int, int, int] | None] = {}
 """(kind, N, K, group, has bias, x dtype, device) -> the fastest config (None: none ran)."""
 
 
@@ -359,6 +323,7 @@ def choose_configs(layers: list[Layer], dtype: torch.dtype) -> None:
         for layer in same:  # the int4 word path's table registers, read now, not in a capture
             if layer[2] is not None:
                 table_words(layer[2])
+                table_words(layer[2], dtype)
         ref = wq_matmul_ref(x, q, s, code, bias, group).float()
 
         def call(cfg, layer, x=x):
@@ -380,7 +345,7 @@ def _probe_x(qweight: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return torch.randn(1, k, dtype=dtype, device=qweight.device)
 
 
-_silu: dict[tuple, tuple[int, ...] | None] = {}
+_silu: dict[tuple, tuple[int, int, int] | None] = {}
 """Gate-and-up shapes -> the wq_gemv_silu config that beat wq_gemv then silu_and_mul (timed),
 or None where the two steps were faster."""
 
@@ -413,7 +378,7 @@ def choose_silu(layers: list[Layer], dtype: torch.dtype) -> None:
     torch.cuda.empty_cache()
 
 
-def silu_config_for(layer: Layer, x: torch.Tensor) -> tuple[int, ...] | None:
+def silu_config_for(layer: Layer, x: torch.Tensor) -> tuple[int, int, int] | None:
     """The wq_gemv_silu config choose_silu kept for this gate-and-up layer's shape; None where
     the two steps won, nothing was timed, or the kernel does not take this call."""
     if not x.is_cuda or not supports(layer[0], x, layer[4]):
@@ -425,7 +390,7 @@ def _kind(qweight: torch.Tensor) -> str:
     return "int4" if qweight.dtype == torch.uint8 else "int8"
 
 
-def config_for(layer: Layer, x: torch.Tensor) -> tuple[int, ...] | None:
+def config_for(layer: Layer, x: torch.Tensor) -> tuple[int, int, int] | None:
     """The chosen config for this layer's shape; timed now (on this layer alone) if no choice
     was made before, or the first candidate while a CUDA graph is being captured. None: the
     split-K kernel does not take this call."""
