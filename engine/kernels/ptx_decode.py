@@ -171,18 +171,25 @@ def codes8_dot(words, t0, t1, t2, t3, t4, t5, t6, t7, x0, x1, x2, x3, BF16: tl.c
     table registers t0..t7 in x's 16-bit type (table_words(code, that type)), x0..x3 the
     word's eight x values as int32 pairs (bf16 if BF16, else fp16), shaped like words. CUDA
     only."""
-    if BF16:
-        asm: tl.constexpr = DOT_BF16_PTX
+    if BF16:  # literal constraint strings: Triton 3.6 (the H200's) does not fold expressions
+        dot = tl.inline_asm_elementwise(
+            asm=DOT_BF16_PTX,
+            constraints="=r,r,r,r,r,r,r,r,r,r,r,r,r,r",
+            args=[words, t0, t1, t2, t3, t4, t5, t6, t7, x0, x1, x2, x3],
+            dtype=tl.float32,
+            is_pure=True,
+            pack=1,
+        )
     else:
-        asm: tl.constexpr = DOT_F16_PTX
-    return tl.inline_asm_elementwise(
-        asm=asm,
-        constraints="=r," + ",".join(["r"] * 13),
-        args=[words, t0, t1, t2, t3, t4, t5, t6, t7, x0, x1, x2, x3],
-        dtype=tl.float32,
-        is_pure=True,
-        pack=1,
-    )
+        dot = tl.inline_asm_elementwise(
+            asm=DOT_F16_PTX,
+            constraints="=r,r,r,r,r,r,r,r,r,r,r,r,r,r",
+            args=[words, t0, t1, t2, t3, t4, t5, t6, t7, x0, x1, x2, x3],
+            dtype=tl.float32,
+            is_pure=True,
+            pack=1,
+        )
+    return dot
 
 
 _tables: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
