@@ -48,6 +48,7 @@ CASES = [
     # the table path here)
     ("int4", 24, 512, 64, (8, 1, 4), 8),
     ("int4", 24, 512, 64, (8, 2, 4), 8),
+    ("int4", 24, 512, 64, (8, 2, 4, 96), 8),  # a register cap (ptxas .maxnreg) on CUDA
 ]
 
 
