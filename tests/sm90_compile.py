@@ -47,7 +47,7 @@ def main() -> None:
     for what, is_int4, silu, split, (block_n, block_k, warps), dot in WQ_VARIANTS:
         constexprs = dict(
             IS_INT4=is_int4, SPLIT_K=split, HAS_BIAS=True, BLOCK_N=block_n, BLOCK_K=block_k,
-            PDL=True, WORDS=True, SILU=silu, DOT=dot is not None, BF16=dot == "bf16", AHEAD=True,
+            PDL=True, WORDS=True, SILU=silu, DOT=dot is not None, BF16=dot == "bf16",
         )  # fmt: skip
         types = {**WQ_TYPES, "x_ptr": "*i32"} if dot else WQ_TYPES  # x read as pairs
         cubin = compile_sm90(_wq_splitk_kernel, types, constexprs, warps)

@@ -22,8 +22,6 @@ Launched with PDL where pdl.enabled: the first weight tile loads before gdc_wait
 
 from __future__ import annotations
 
-import os
-
 import torch
 import triton
 import triton.language as tl
@@ -36,12 +34,12 @@ from engine.kernels.ptx_decode import codes8_dot, codes8_to_f32, int8x4_to_f32, 
 from engine.kernels.rmsnorm import round_to
 from engine.timing import fastest_config
 
-# kind -> (BLOCK_N, BLOCK_K, num_warps) candidates; int4's BLOCK_K is the group size (set per call)
+# kind -> (BLOCK_N, BLOCK_K, num_warps[, maxnreg]) candidates; int4's BLOCK_K is the group size
+# (set per call), its second field the decode (below); maxnreg caps ptxas' registers per thread
 CONFIGS = {
     "int8": [(8, 1024, 8), (4, 1024, 4), (8, 512, 4), (16, 1024, 8)],
-    "int4": [(256, 2, 4), (128, 2, 8), (64, 2, 4), (256, 2, 8), (128, 2, 2), (512, 2, 8),
-             (256, 2, 8, 128), (128, 2, 8, 96), (128, 2, 4, 128), (64, 2, 4, 96), (256, 1, 8),
-             (128, 1, 4), (128, 0, 8)],
+    "int4": [(128, 2, 4, 128), (256, 2, 4), (256, 2, 8, 128), (128, 2, 8, 96), (256, 1, 8),
+             (128, 0, 8)],
 }  # fmt: skip
 """int4's second field picks the decode (its K-tile is always the scale group): 0 loads both
 codes of a byte from the table in L1; 1 decodes int32 words of eight codes in registers to
@@ -49,27 +47,18 @@ fp32 (ptx_decode.codes8_to_f32); 2 does that against a table in x's 16-bit type 
 word's eight products in packed 16-bit FMAs (ptx_decode.codes8_dot; fp32 x takes 1). 1 and 2
 are CUDA only, else the table loads.
 
-H200, 2026-11-30 (scripts/bench_gemv.py, two runs): int8 by the word path: (8, 1024, 8) won o
-and down, (8, 512, 4) gate_up and lm_head, (16, 1024, 8) qkv; (16, 256, 4), (32, 128, 4),
-(32, 512, 8) and (64, 128, 4) lost on every shape. Loads pipelined through shared memory (Triton
-num_stages 3-5) and K-tiles of several int4 groups were slower on every shape and are gone.
-int4 fp32 words: (256, 1, 8) won gate_up (30-33% of the copy bandwidth), (128, 1, 8) and
-(128, 1, 4) the rest; the table loads (0) reached 14-20%."""
-_AHEAD = os.environ.get("APPLIANCE_WQ_AHEAD", "1") != "0"  # experiment: removed after
+H200, 2026-11-30 (scripts/bench_gemv.py), int8 by the word path: (8, 1024, 8) won o and down,
+(8, 512, 4) gate_up and lm_head, (16, 1024, 8) qkv; (16, 256, 4), (32, 128, 4), (32, 512, 8)
+and (64, 128, 4) lost on every shape. Loads pipelined through shared memory (Triton num_stages
+3-5) and K-tiles of several int4 groups were slower on every shape, and loading the next
+group's int4 scales and x a step ahead gained nothing (2.71 against 2.65 ms of int4 GEMVs a
+token); all three are gone.
+int4, share of the copy bandwidth: the dot form (2) at (128, 2, 4, 128) won or tied every
+shape (qkv 33%, o 26%, gate_up 39%, down 38%, lm_head 46%). Without the register cap, ptxas
+gave (128, 2, 8) 48 registers and copied the table from uniform registers before each byte
+permute (a quarter of the loop, sm_90 SASS compiled here); the cap removes the copies. The fp32
+words (1) reached 24-32% and the table loads (0) 14-20%."""
 MAGIC = tl.constexpr(0x4B000000)  # 2^23 as fp32 bits: low mantissa bits hold an integer
-
-
-@triton.jit
-def x_pairs(x_ptr, k0, offs_e, k_end):
-    """x[k0 + 8e .. k0 + 8e + 7] as four int32 words of two 16-bit values, each [1, EIGHTH]
-    (zeros at and past k_end: the step after the last loads nothing)."""
-    xs = x_ptr + k0 // 2 + 4 * offs_e
-    mask = (k0 + 8 * offs_e < k_end)[None, :]
-    x0 = tl.load(xs[None, :], mask=mask, other=0)
-    x1 = tl.load(xs[None, :] + 1, mask=mask, other=0)
-    x2 = tl.load(xs[None, :] + 2, mask=mask, other=0)
-    x3 = tl.load(xs[None, :] + 3, mask=mask, other=0)
-    return x0, x1, x2, x3
 
 
 @triton.jit
@@ -78,7 +67,7 @@ def _wq_splitk_kernel(
     N, K, stride_wn, stride_sn, k_per_split,
     IS_INT4: tl.constexpr, SPLIT_K: tl.constexpr, HAS_BIAS: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr, WORDS: tl.constexpr,
-    SILU: tl.constexpr, DOT: tl.constexpr, BF16: tl.constexpr, AHEAD: tl.constexpr,
+    SILU: tl.constexpr, DOT: tl.constexpr, BF16: tl.constexpr,
 ):  # fmt: skip
     # With PDL (engine/kernels/pdl.py) the first weight tile is loaded before gdc_wait, while
     # the kernel before may still run; x is read after it. Each loop step loads the next tile
@@ -113,33 +102,22 @@ def _wq_splitk_kernel(
         t5 = tl.load(code_ptr + 5)
         t6 = tl.load(code_ptr + 6)
         t7 = tl.load(code_ptr + 7)
-        # this group's scales and (dot form) x pairs are loaded a step ahead, like the weights
-        s_rows = s_ptr + offs_n * stride_sn
-        s_next = tl.load(s_rows + k_start // BLOCK_K, mask=n_mask, other=0.0)
         if PDL:
             gdc_wait()
-        if DOT:  # x_ptr: x as int32 pairs; the table in x's type (ptx_decode.codes8_dot)
-            y0, y1, y2, y3 = x_pairs(x_ptr, k_start, offs_e, k_end)
         for k0 in range(k_start, k_end, BLOCK_K):  # one scale group per tile
-            k_next = k0 + BLOCK_K
-            if AHEAD:
-                scale = s_next
-                s_next = tl.load(s_rows + k_next // BLOCK_K, mask=n_mask & (k_next < k_end), other=0.0)
-            else:
-                scale = tl.load(s_rows + k0 // BLOCK_K, mask=n_mask, other=0.0)
-            if DOT:
-                if AHEAD:
-                    x0, x1, x2, x3 = y0, y1, y2, y3
-                    y0, y1, y2, y3 = x_pairs(x_ptr, k_next, offs_e, k_end)
-                else:
-                    x0, x1, x2, x3 = x_pairs(x_ptr, k0, offs_e, k_end)
+            if DOT:  # x_ptr: x as int32 pairs; the table in x's type (ptx_decode.codes8_dot)
+                xs = x_ptr + k0 // 2 + 4 * offs_e
+                x0 = tl.load(xs)[None, :]
+                x1 = tl.load(xs + 1)[None, :]
+                x2 = tl.load(xs + 2)[None, :]
+                x3 = tl.load(xs + 3)[None, :]
                 dot = codes8_dot(w_next, t0, t1, t2, t3, t4, t5, t6, t7, x0, x1, x2, x3, BF16)
-                w_next = weight_tile(w_rows, k_next // 8 + offs_e, k_end // 8, n_mask)
+                w_next = weight_tile(w_rows, (k0 + BLOCK_K) // 8 + offs_e, k_end // 8, n_mask)
             else:
                 f0, f1, f2, f3, f4, f5, f6, f7 = codes8_to_f32(
                     w_next, t0, t1, t2, t3, t4, t5, t6, t7
                 )
-                w_next = weight_tile(w_rows, k_next // 8 + offs_e, k_end // 8, n_mask)
+                w_next = weight_tile(w_rows, (k0 + BLOCK_K) // 8 + offs_e, k_end // 8, n_mask)
                 xs = x_ptr + k0 + 8 * offs_e  # x[k0 + 8e + i] pairs with f_i
                 dot = f0 * tl.load(xs).to(tl.float32)[None, :]
                 dot += f1 * tl.load(xs + 1).to(tl.float32)[None, :]
@@ -149,6 +127,7 @@ def _wq_splitk_kernel(
                 dot += f5 * tl.load(xs + 5).to(tl.float32)[None, :]
                 dot += f6 * tl.load(xs + 6).to(tl.float32)[None, :]
                 dot += f7 * tl.load(xs + 7).to(tl.float32)[None, :]
+            scale = tl.load(s_ptr + offs_n * stride_sn + k0 // BLOCK_K, mask=n_mask, other=0.0)
             acc += dot * scale[:, None]
         partial = tl.sum(acc, axis=1)
     elif IS_INT4:
@@ -297,7 +276,7 @@ def _launch(x, layer, config, out, part, n, grid, k_per_split, silu: bool) -> No
         scales.stride(0), k_per_split,
         IS_INT4=is_int4, SPLIT_K=grid[1], HAS_BIAS=bias is not None, BLOCK_N=config[0],
         BLOCK_K=_block_k(qweight, group_size, config), PDL=use_pdl, WORDS=words is not None,
-        SILU=silu, DOT=dot, BF16=x.dtype == torch.bfloat16, AHEAD=_AHEAD, num_warps=config[2],
+        SILU=silu, DOT=dot, BF16=x.dtype == torch.bfloat16, num_warps=config[2],
         launch_pdl=use_pdl, **({"maxnreg": config[3]} if len(config) > 3 else {}),
     )  # fmt: skip
 
