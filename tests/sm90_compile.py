@@ -1,8 +1,10 @@
-"""Compile the Hopper-only kernel variants (inline PTX, programmatic dependent launch) for
-sm_90 with Triton and its bundled ptxas, no GPU needed. Run as `python -m tests.sm90_compile`
-(tests/test_sm90_compile.py does, in a fresh process: Triton's interpreter, which the CPU tests
-switch on, replaces @triton.jit functions at import, even Triton's own). Prints one line per
-variant; a compiler error ends the run with it."""
+"""Compile the Hopper-only kernel variants (inline PTX, programmatic dependent launch) and the
+batched dequantization for sm_90 with Triton and its bundled ptxas, no GPU needed. Run as
+`python -m tests.sm90_compile` (tests/test_sm90_compile.py does, in a fresh process: Triton's
+interpreter, which the CPU tests switch on, replaces @triton.jit functions at import, even
+Triton's own). Prints one line per variant; a compiler error ends the run with it. CI's Triton
+is newer than the H200's (3.6); `PYTHONPATH=DIR python -m tests.sm90_compile`, with triton
+3.6.0 installed in DIR (`pip install --target DIR --no-deps triton==3.6.0`), checks that one."""
 
 from __future__ import annotations
 
@@ -60,7 +62,15 @@ def main() -> None:
     types = {"part_ptr": "*fp32", "bias_ptr": "*bf16", "out_ptr": "*bf16", "N": "i32"}
     consts = dict(SPLIT_K=2, HAS_BIAS=True, BLOCK=1024, PDL=True)
     print(f"ok reduce with PDL: {len(compile_sm90(_reduce_kernel, types, consts, 4))} bytes")
-    print(f"variants: {len(WQ_VARIANTS) + 2}")
+    from engine.kernels.dequant import _dequant_kernel
+
+    for what, q_type, is_int4 in (("int8", "*i8", False), ("int4", "*u8", True)):
+        types = {"q_ptr": q_type, "s_ptr": "*fp32", "code_ptr": "*fp32", "out_ptr": "*bf16",
+                 "N": "i32", "K": "i32", "stride_qn": "i32", "stride_sn": "i32",
+                 "stride_on": "i32"}  # fmt: skip
+        consts = dict(GROUP=64, IS_INT4=is_int4, BLOCK_N=16, BLOCK_K=256)
+        print(f"ok dequant {what}: {len(compile_sm90(_dequant_kernel, types, consts, 4))} bytes")
+    print(f"variants: {len(WQ_VARIANTS) + 4}")
 
 
 if __name__ == "__main__":

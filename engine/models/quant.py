@@ -185,12 +185,22 @@ class QuantLinear(nn.Module):
         """The weight as fp32 [out_features, in_features]."""
         return dequantize_ref(self.qweight, self.scales, self.code, self.group_size)
 
+    def dequantized(self, dtype: torch.dtype) -> torch.Tensor:
+        """The weight in `dtype` for a batched GEMM: dequantize_to's values, computed by the
+        Triton pass (engine/kernels/dequant.py) where choose_quant_linears kept it."""
+        layer = (self.qweight, self.scales, self.code, self.group_size, dtype)
+        if self.qweight.is_cuda and _kernel_enabled():
+            from engine.kernels.dequant import weight_for
+
+            return weight_for(*layer)
+        return dequantize_to(*layer)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         args = (x, self.qweight, self.scales, self.code, self.bias, self.group_size)
         if x.is_cuda and x.numel() // x.shape[-1] > DEQUANT_MIN_ROWS:
-            # Many rows (prefill): dequantize once and let cuBLAS run the GEMM; the in-kernel
-            # dequantizing tl.dot path measured far slower there (H200, 2026-11-29).
-            return wq_matmul_ref(*args)
+            # Many rows (prefill, batches): dequantize once and let cuBLAS run the GEMM; the
+            # in-kernel dequantizing tl.dot path measured far slower there (H200, 2026-11-29).
+            return F.linear(x, self.dequantized(x.dtype), self.bias)
         if x.is_cuda and _kernel_enabled():
             from engine.kernels.wq_gemv import wq_matmul
 
@@ -218,15 +228,18 @@ class QuantLinear(nn.Module):
 
 def choose_quant_linears(model: nn.Module, dtype: torch.dtype) -> None:
     """Time the batch-1 split-K kernel's configs for each QuantLinear shape of the model, over
-    its own weights, so decode graphs capture the fastest (CUDA only; before capturing)."""
+    its own weights, so decode graphs capture the fastest, and the Triton dequantization of
+    batches against PyTorch's (CUDA only; before capturing)."""
     named = [
         (name, (m.qweight, m.scales, m.code, m.bias, m.group_size))
         for name, m in model.named_modules()
         if isinstance(m, QuantLinear)
     ]
     if named and named[0][1][0].is_cuda and _kernel_enabled():
+        from engine.kernels import dequant
         from engine.kernels.wq_splitk import choose_configs, choose_silu
 
+        dequant.choose([layer for _, layer in named], dtype)
         choose_configs([layer for _, layer in named], dtype)
         choose_silu([layer for name, layer in named if name.endswith("gate_up_proj")], dtype)
 

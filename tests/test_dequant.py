@@ -1,0 +1,122 @@
+"""The one-pass Triton dequantization for batched quantized linears (engine/kernels/dequant.py)
+against quant.dequantize_to, bit for bit: small shapes under Triton's CPU interpreter (ragged
+rows and columns, every int8 value, every 4-bit code, NF4 and FP4), its routing, and on a GPU
+the start-up choice and a batched QuantLinear."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from engine.models.quant import code_table, dequantize_to, wq_matmul_ref
+from tests.triton_modules import HAS_CUDA, import_kernel_modules
+
+(_dequant,) = import_kernel_modules([("dequant", "_dequant_kernel")])
+DEVICE = "cuda" if HAS_CUDA else "cpu"
+
+
+@pytest.fixture(autouse=True)
+def _interpret_without_cuda(monkeypatch):
+    if not HAS_CUDA:
+        monkeypatch.setenv("TRITON_INTERPRET", "1")
+
+
+def _layer(kind: str, n: int, k: int, group: int, quant_type: str = "nf4", seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    if kind == "int8":
+        q = torch.randint(-128, 128, (n, k), generator=g, dtype=torch.int8)
+        q.view(-1)[:256] = torch.arange(-128, 128, dtype=torch.int8)[: q.numel()]  # every value
+        s, code = torch.rand(n, generator=g) / 127, None
+    else:
+        q = torch.randint(0, 256, (n, k // 2), generator=g, dtype=torch.uint8)
+        q.view(-1)[:256] = torch.arange(256, dtype=torch.uint8)[: q.numel()]  # every code pair
+        s, code = torch.rand(n, k // group, generator=g), code_table(quant_type).to(DEVICE)
+    return q.to(DEVICE), s.to(DEVICE), code, group
+
+
+# kind, N, K, group, quant type: N and K not multiples of the 16 x 256 tile
+CASES = [
+    ("int8", 40, 300, 0, None),
+    ("int8", 16, 512, 0, None),
+    ("int4", 33, 320, 64, "nf4"),
+    ("int4", 17, 96, 32, "fp4"),
+    ("int4", 16, 512, 128, "nf4"),
+]
+
+
+@pytest.mark.parametrize("kind,n,k,group,quant_type", CASES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_dequantize_equals_dequantize_to(kind, n, k, group, quant_type, dtype):
+    q, s, code, group = _layer(kind, n, k, group, quant_type or "nf4")
+    got = _dequant.dequantize(q, s, code, group, dtype)
+    want = dequantize_to(q, s, code, group, dtype)
+    assert got.shape == want.shape == (n, k) and got.dtype == dtype
+    assert torch.equal(got, want)
+
+
+@pytest.mark.parametrize("kind,n,k,group,quant_type", CASES[:3])
+def test_dequantize_bf16_within_one_rounding(kind, n, k, group, quant_type):
+    """bf16: bit for bit on a GPU (the GPU test below); Triton's CPU interpreter rounds its
+    fp32 -> bf16 casts its own way, so here within one bf16 step (2^-7 of the value)."""
+    q, s, code, group = _layer(kind, n, k, group, quant_type or "nf4")
+    got = _dequant.dequantize(q, s, code, group, torch.bfloat16).float()
+    want = dequantize_to(q, s, code, group, torch.float32)
+    torch.testing.assert_close(got, want, rtol=2**-7, atol=1e-30)
+
+
+def test_supports_what_it_reads():
+    q4, s4 = torch.zeros(4, 48, dtype=torch.uint8), torch.zeros(4, 3)
+    assert _dequant.supports(q4, s4, 32)
+    assert not _dequant.supports(q4, s4, 36)  # the group does not divide K = 96
+    assert not _dequant.supports(q4, s4, 3)  # odd: a byte's two codes would split
+    assert not _dequant.supports(q4.t(), s4, 32)  # not unit stride along K
+    assert _dequant.supports(torch.zeros(4, 8, dtype=torch.int8), torch.zeros(4), 0)
+    assert not _dequant.supports(torch.zeros(4, 8, dtype=torch.int16), torch.zeros(4), 0)
+
+
+def test_weight_for_takes_the_kernel_only_where_chosen(monkeypatch):
+    q, s, code, group = _layer("int4", 16, 128, 64)
+    calls = []
+
+    def spy(*args):
+        calls.append(args)
+        return dequantize_to(*args)
+
+    monkeypatch.setattr(_dequant, "dequantize", spy)
+    monkeypatch.setattr(_dequant, "_choice", {})
+    want = dequantize_to(q, s, code, group, torch.float16)
+    assert torch.equal(_dequant.weight_for(q, s, code, group, torch.float16), want)
+    assert not calls  # nothing chosen: dequantize_to
+    _dequant._choice[_dequant._key(q, group, torch.float16)] = True
+    assert torch.equal(_dequant.weight_for(q, s, code, group, torch.float16), want)
+    assert len(calls) == 1
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
+@pytest.mark.parametrize("kind", ["int8", "int4"])
+def test_choice_and_batched_linear_gpu(kind, monkeypatch):
+    """On Llama-3-8B's gate_up shape: bf16 bit for bit, the start-up choice made (either way)
+    and logged, and a 64-row QuantLinear equal to the reference whichever way it dequantizes."""
+    from engine.models.quant import QuantLinear, WeightQuant
+
+    monkeypatch.setattr(_dequant, "_choice", {})
+    q, s, code, group = _layer(kind, 28672, 4096, 64)
+    dtype = torch.bfloat16
+    assert torch.equal(
+        _dequant.dequantize(q, s, code, group, dtype), dequantize_to(q, s, code, group, dtype)
+    )
+    layers = [(q, s, code, None, group)] * 2
+    _dequant.choose(layers, dtype)
+    key = _dequant._key(q, group, dtype)
+    assert key in _dequant._choice
+    linear = QuantLinear(4096, 28672, False, WeightQuant(kind, group_size=64), dtype, "cuda")
+    linear.qweight.copy_(q)
+    linear.scales.copy_(s)
+    if code is not None:
+        linear.code.copy_(code)
+    x = torch.randn(64, 4096, dtype=dtype, device="cuda")
+    torch.testing.assert_close(linear(x), wq_matmul_ref(x, q, s, code, None, group), rtol=0, atol=0)
+    print(
+        f"{kind} gate_up: Triton dequantization {'kept' if _dequant._choice[key] else 'not kept'}"
+    )
