@@ -92,6 +92,35 @@ def test_weight_for_takes_the_kernel_only_where_chosen(monkeypatch):
     assert len(calls) == 1
 
 
+@pytest.mark.parametrize(
+    "ours_seconds,wrong,fails,kept",
+    [(1.0, False, False, True), (3.0, False, False, False), (1.0, True, False, False),
+     (1.0, False, True, False)],
+)  # fmt: skip
+def test_choose_keeps_the_kernel_only_when_equal_and_faster(
+    monkeypatch, ours_seconds, wrong, fails, kept
+):
+    """choose()'s decision, with the device timing replaced by fixed times (PyTorch's: 2 s):
+    kept only when its bits equal dequantize_to's and it is faster; a wrong bit or an error
+    keeps dequantize_to."""
+    q, s, code, group = _layer("int4", 16, 128, 64)
+    real = _dequant.dequantize
+
+    def ours(*args):
+        if fails:
+            raise RuntimeError("does not compile here")
+        out = real(*args)
+        return out.flatten().index_fill(0, torch.tensor([3]), 0.5).view_as(out) if wrong else out
+
+    monkeypatch.setattr(_dequant, "dequantize", ours)
+    monkeypatch.setattr(_dequant, "_choice", {})
+    monkeypatch.setattr(
+        _dequant, "_graph_seconds", lambda fn, layers, dtype: ours_seconds if fn is ours else 2.0
+    )
+    _dequant.choose([(q, s, code, None, group)] * 2, torch.float16)
+    assert _dequant._choice == {_dequant._key(q, group, torch.float16): kept}
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
 @pytest.mark.parametrize("kind", ["int8", "int4"])
