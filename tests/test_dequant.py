@@ -8,7 +8,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine.models.quant import code_table, dequantize_to, wq_matmul_ref
+from engine.models.quant import dequantize_to, wq_matmul_ref
+from tests.quant_weights import random_quant_weight
 from tests.triton_modules import HAS_CUDA, import_kernel_modules
 
 (_dequant,) = import_kernel_modules([("dequant", "_dequant_kernel")])
@@ -21,17 +22,9 @@ def _interpret_without_cuda(monkeypatch):
         monkeypatch.setenv("TRITON_INTERPRET", "1")
 
 
-def _layer(kind: str, n: int, k: int, group: int, quant_type: str = "nf4", seed: int = 0):
-    g = torch.Generator().manual_seed(seed)
-    if kind == "int8":
-        q = torch.randint(-128, 128, (n, k), generator=g, dtype=torch.int8)
-        q.view(-1)[:256] = torch.arange(-128, 128, dtype=torch.int8)[: q.numel()]  # every value
-        s, code = torch.rand(n, generator=g) / 127, None
-    else:
-        q = torch.randint(0, 256, (n, k // 2), generator=g, dtype=torch.uint8)
-        q.view(-1)[:256] = torch.arange(256, dtype=torch.uint8)[: q.numel()]  # every code pair
-        s, code = torch.rand(n, k // group, generator=g), code_table(quant_type).to(DEVICE)
-    return q.to(DEVICE), s.to(DEVICE), code, group
+def _layer(kind: str, n: int, k: int, group: int, quant_type: str = "nf4"):
+    q, s, code, _ = random_quant_weight(kind, n, k, group, DEVICE, quant_type)
+    return q, s, code, group
 
 
 # kind, N, K, group, quant type: N and K not multiples of the 16 x 256 tile

@@ -7,14 +7,14 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine.models.quant import code_table, wq_matmul_ref
+from engine.models.quant import wq_matmul_ref
+from tests.quant_weights import random_quant_weight
 from tests.triton_modules import HAS_CUDA, import_kernel_modules
 
 (_gemv, _wq, _splitk) = import_kernel_modules(
     [("gemv", "_gemv_kernel"), ("wq_gemv", "_wq_matmul_kernel"), ("wq_splitk", "_wq_splitk_kernel")]
 )
 DEVICE = "cuda" if HAS_CUDA else "cpu"
-NF4 = code_table("nf4")
 
 
 @pytest.fixture(autouse=True)
@@ -24,17 +24,10 @@ def _interpret_without_cuda(monkeypatch):
 
 
 def _layer(kind: str, n: int, k: int, group: int, bias: bool, dtype, seed: int = 0):
-    g = torch.Generator().manual_seed(seed)
-    if kind == "int8":
-        q = torch.randint(-128, 128, (n, k), generator=g, dtype=torch.int8)
-        q.view(-1)[:256] = torch.arange(-128, 128, dtype=torch.int8)[: q.numel()]  # every value
-        s, code = torch.rand(n, generator=g) / 127, None
-    else:
-        q = torch.randint(0, 256, (n, k // 2), generator=g, dtype=torch.uint8)
-        s, code = torch.rand(n, k // group, generator=g), NF4.to(DEVICE)
+    q, s, code, g = random_quant_weight(kind, n, k, group, DEVICE, seed=seed)
     b = torch.randn(n, generator=g).to(dtype).to(DEVICE) if bias else None
     x = torch.randn(1, k, generator=g).to(dtype).to(DEVICE)
-    return x, (q.to(DEVICE), s.to(DEVICE), code, b, group)
+    return x, (q, s, code, b, group)
 
 
 # kind, N, K, group, config, num_sms: split 1 and > 1, N not a multiple of BLOCK_N

@@ -49,19 +49,29 @@ flipped, goes under the exponent byte of 2^23 (0x4B): bits(2^23 + w + 128); subt
 2^23 + 128 leaves w, exactly."""
 
 
-def _nf4_half(out: tuple[str, str, str, str]) -> str:
-    """PTX for four codes: the low 16 bits of `ws` hold their 3-bit table indices (nibble i,
-    from the low end, for code i) and those of `wt` their half pickers (nibble i = i, plus 4
-    where code i is 8 or more); out[i] receives table[code i] as fp32. Table registers: $9..$12
-    hold the 16 low bytes, $13..$16 the 16 high bytes (entry e at byte e % 4 of register
-    e // 4). prmt reads only the low 16 bits of its selector."""
-    return f"""prmt.b32 wa, $9, $10, ws;
-prmt.b32 wb, $11, $12, ws;
+def _lookup(first: int) -> str:
+    """PTX looking four codes up in the table registers $first..$first+7 ($first..+3 hold the
+    16 entries' low bytes, +4..+7 their high bytes; entry e at byte e % 4 of register e // 4):
+    `wlo` and `whi` receive the low and high bytes of the four entries. The low 16 bits of `ws`
+    hold the codes' 3-bit indices (nibble i, from the low end, for code i) and those of `wt`
+    their half pickers (nibble i = i, plus 4 where code i is 8 or more); prmt reads only the
+    low 16 bits of its selector."""
+    t = [f"${first + i}" for i in range(8)]
+    return f"""prmt.b32 wa, {t[0]}, {t[1]}, ws;
+prmt.b32 wb, {t[2]}, {t[3]}, ws;
 prmt.b32 wlo, wa, wb, wt;
-prmt.b32 wa, $13, $14, ws;
-prmt.b32 wb, $15, $16, ws;
+prmt.b32 wa, {t[4]}, {t[5]}, ws;
+prmt.b32 wb, {t[6]}, {t[7]}, ws;
 prmt.b32 whi, wa, wb, wt;
-prmt.b32 wa, wlo, whi, 0x5140;
+"""
+
+
+def _nf4_half(out: tuple[str, str, str, str]) -> str:
+    """PTX for four codes (as in _lookup, table registers $9..$16): out[i] receives
+    table[code i] as fp32."""
+    return (
+        _lookup(9)
+        + f"""prmt.b32 wa, wlo, whi, 0x5140;
 prmt.b32 wb, wlo, whi, 0x7362;
 mov.b32 {{h0, h1}}, wa;
 mov.b32 {{h2, h3}}, wb;
@@ -70,6 +80,7 @@ cvt.f32.f16 {out[1]}, h1;
 cvt.f32.f16 {out[2]}, h2;
 cvt.f32.f16 {out[3]}, h3;
 """
+    )
 
 
 # A packed byte holds code k = 2j in its high nibble and k = 2j + 1 in its low one, so the
@@ -90,17 +101,15 @@ $9..$16: the table registers of nf4_table_words."""
 
 
 def _pairs(first: str, second: str) -> str:
-    """PTX leaving the table values of four codes as two packed 16-bit pairs in k order,
-    `first` = (k0, k1) and `second` = (k2, k3) (low half first); ws, wt as in _nf4_half."""
-    return f"""prmt.b32 wa, $2, $3, ws;
-prmt.b32 wb, $4, $5, ws;
-prmt.b32 wlo, wa, wb, wt;
-prmt.b32 wa, $6, $7, ws;
-prmt.b32 wb, $8, $9, ws;
-prmt.b32 whi, wa, wb, wt;
-prmt.b32 {first}, wlo, whi, 0x4051;
+    """PTX leaving the table values of four codes (as in _lookup, table registers $2..$9) as
+    two packed 16-bit pairs in k order, `first` = (k0, k1) and `second` = (k2, k3), low half
+    first."""
+    return (
+        _lookup(2)
+        + f"""prmt.b32 {first}, wlo, whi, 0x4051;
 prmt.b32 {second}, wlo, whi, 0x6273;
 """
+    )
 
 
 def _dot_text(kind: str) -> str:
@@ -171,25 +180,15 @@ def codes8_dot(words, t0, t1, t2, t3, t4, t5, t6, t7, x0, x1, x2, x3, BF16: tl.c
     table registers t0..t7 in x's 16-bit type (table_words(code, that type)), x0..x3 the
     word's eight x values as int32 pairs (bf16 if BF16, else fp16), shaped like words. CUDA
     only."""
-    if BF16:  # literal constraint strings: Triton 3.6 (the H200's) does not fold expressions
-        dot = tl.inline_asm_elementwise(
-            asm=DOT_BF16_PTX,
-            constraints="=r,r,r,r,r,r,r,r,r,r,r,r,r,r",
-            args=[words, t0, t1, t2, t3, t4, t5, t6, t7, x0, x1, x2, x3],
-            dtype=tl.float32,
-            is_pure=True,
-            pack=1,
-        )
-    else:
-        dot = tl.inline_asm_elementwise(
-            asm=DOT_F16_PTX,
-            constraints="=r,r,r,r,r,r,r,r,r,r,r,r,r,r",
-            args=[words, t0, t1, t2, t3, t4, t5, t6, t7, x0, x1, x2, x3],
-            dtype=tl.float32,
-            is_pure=True,
-            pack=1,
-        )
-    return dot
+    # a literal constraint string: Triton 3.6 (the H200's) does not fold an expression there
+    return tl.inline_asm_elementwise(
+        asm=DOT_BF16_PTX if BF16 else DOT_F16_PTX,
+        constraints="=r,r,r,r,r,r,r,r,r,r,r,r,r,r",
+        args=[words, t0, t1, t2, t3, t4, t5, t6, t7, x0, x1, x2, x3],
+        dtype=tl.float32,
+        is_pure=True,
+        pack=1,
+    )
 
 
 _tables: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
