@@ -54,10 +54,11 @@ and (64, 128, 4) lost on every shape. Loads pipelined through shared memory (Tri
 group's int4 scales and x a step ahead gained nothing (2.71 against 2.65 ms of int4 GEMVs a
 token); all three are gone.
 int4, share of the copy bandwidth: the dot form (2) at (128, 2, 4, 128) won or tied every
-shape (qkv 33%, o 26%, gate_up 39%, down 38%, lm_head 46%). Without the register cap, ptxas
-gave (128, 2, 8) 48 registers and copied the table from uniform registers before each byte
-permute (a quarter of the loop, sm_90 SASS compiled here); the cap removes the copies. The fp32
-words (1) reached 24-32% and the table loads (0) 14-20%."""
+shape (qkv 33%, o 26%, gate_up 39% against 40% at (256, 2, 4), down 38%, lm_head 46%). Without
+the register cap, ptxas gave (128, 2, 8) 48 registers and copied the table from uniform
+registers before each byte permute (a fifth of the loop, sm_90 SASS compiled here); the cap
+removes the copies. The fp32 words (1) reached 23-33% (session 7, call 1) and the table loads
+(0) 14-20%."""
 MAGIC = tl.constexpr(0x4B000000)  # 2^23 as fp32 bits: low mantissa bits hold an integer
 
 
