@@ -2,9 +2,9 @@
 batched dequantization for sm_90 with Triton and its bundled ptxas, no GPU needed. Run as
 `python -m tests.sm90_compile` (tests/test_sm90_compile.py does, in a fresh process: Triton's
 interpreter, which the CPU tests switch on, replaces @triton.jit functions at import, even
-Triton's own). Prints one line per variant; a compiler error ends the run with it. CI's Triton
-is newer than the H200's (3.6); `PYTHONPATH=DIR python -m tests.sm90_compile`, with triton
-3.6.0 installed in DIR (`pip install --target DIR --no-deps triton==3.6.0`), checks that one."""
+Triton's own). Prints one line per variant; a compiler error ends the run with it. With
+`PYTHONPATH=DIR:.`, the Triton installed in DIR compiles them (tests/test_sm90_compile.py runs
+it with the H200's 3.6, which scripts/setup puts in .venv/triton-3.6)."""
 
 from __future__ import annotations
 
@@ -43,6 +43,7 @@ def compile_sm90(kernel, types: dict[str, str], constexprs: dict, num_warps: int
 
 
 def main() -> None:
+    print(f"triton {triton.__version__}")
     from engine.kernels.gemv import _gemv_kernel, _reduce_kernel
     from engine.kernels.wq_splitk import _wq_splitk_kernel
 
