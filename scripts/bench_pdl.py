@@ -31,9 +31,10 @@ from engine.kernels.gemv import (  # noqa: E402
 )
 from engine.kernels.rmsnorm import rms_norm  # noqa: E402
 from engine.kernels.silu_mul import silu_and_mul  # noqa: E402
+from engine.kernels.wq_choice import choose_configs as choose_wq  # noqa: E402
+from engine.kernels.wq_choice import choose_silu, silu_config_for  # noqa: E402
 from engine.kernels.wq_gemv import wq_matmul  # noqa: E402
-from engine.kernels.wq_splitk import choose_configs as choose_wq  # noqa: E402
-from engine.kernels.wq_splitk import choose_silu, silu_config_for, wq_gemv_silu  # noqa: E402
+from engine.kernels.wq_splitk import wq_gemv_silu  # noqa: E402
 from engine.models.quant import code_table  # noqa: E402
 from engine.timing import graph_seconds  # noqa: E402
 from scripts.bench_floor import measure_hardware  # noqa: E402

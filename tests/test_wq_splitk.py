@@ -14,6 +14,8 @@ from tests.triton_modules import HAS_CUDA, import_kernel_modules
 (_gemv, _wq, _splitk) = import_kernel_modules(
     [("gemv", "_gemv_kernel"), ("wq_gemv", "_wq_matmul_kernel"), ("wq_splitk", "_wq_splitk_kernel")]
 )
+from engine.kernels import wq_choice  # noqa: E402  (after the kernel modules: it reads them)
+
 DEVICE = "cuda" if HAS_CUDA else "cpu"
 
 
@@ -132,7 +134,7 @@ def test_only_power_of_two_int4_groups_take_the_splitk_kernel():
     assert not _splitk.supports(q4, x, 8)
     assert _splitk.supports(torch.zeros(4, 96, dtype=torch.int8), x, 0)
     assert not _splitk.supports(q4, torch.randn(2, 96), 32)  # one row only
-    assert _splitk.config_for((q4, None, None, None, 32), x) is None  # CPU: not taken
+    assert wq_choice.config_for((q4, None, None, None, 32), x) is None  # CPU: not taken
 
 
 LLAMA3_SHAPES = [(6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336)]
@@ -148,7 +150,7 @@ def test_splitk_llama3_shapes_gpu(kind, n, k):
     for config in _splitk.CONFIGS[kind]:
         got = _splitk.wq_gemv(x, *layer, config)
         torch.testing.assert_close(got.float(), ref, rtol=2e-2, atol=5e-2 * ref.abs().max())
-    chosen = _splitk.config_for(layer, x)  # timed against the other configs
+    chosen = wq_choice.config_for(layer, x)  # timed against the other configs
     assert chosen in _splitk.CONFIGS[kind]
     got = _wq.wq_matmul(x, *layer[:4], group_size=64)  # the engine's path: the split-K kernel
     torch.testing.assert_close(got.float(), ref, rtol=2e-2, atol=5e-2 * ref.abs().max())
@@ -165,8 +167,8 @@ def test_silu_choice_on_llama3_gate_up_gpu(kind):
 
     layers = [_layer(kind, 28672, 4096, 64, False, torch.bfloat16, seed)[1] for seed in (0, 1)]
     x = _layer(kind, 28672, 4096, 64, False, torch.bfloat16)[0]
-    _splitk.choose_silu(layers, torch.bfloat16)
-    config = _splitk.silu_config_for(layers[0], x)
+    wq_choice.choose_silu(layers, torch.bfloat16)
+    config = wq_choice.silu_config_for(layers[0], x)
     ref = silu_and_mul(wq_matmul_ref(x.float(), *layers[0]).to(torch.bfloat16)).float()
     got = (_splitk.wq_gemv_silu(x, *layers[0], config) if config else ref).float()
     torch.testing.assert_close(got, ref, rtol=2e-2, atol=5e-2 * ref.abs().max().item())

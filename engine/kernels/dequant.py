@@ -89,7 +89,7 @@ def supports(qweight: torch.Tensor, scales: torch.Tensor, group_size: int) -> bo
     return qweight.dtype == torch.int8
 
 
-Layer = tuple  # (qweight, scales, code or None, bias or None, group_size), as in wq_splitk
+Layer = tuple  # (qweight, scales, code or None, bias or None, group_size), as in wq_choice
 _choice: dict[tuple, bool] = {}
 """(weight dtype, shape, group, output dtype, device) -> this kernel (True) or dequantize_to."""
 
@@ -102,12 +102,10 @@ def choose(layers: list[Layer], dtype: torch.dtype, timed: int = 4) -> None:
     """Per weight shape of `layers` (CUDA): keep this kernel where it gives dequantize_to's
     bits (on the first 512 rows) and is faster over `timed` of that shape's weights, in a CUDA
     graph; else dequantize_to. A failure (a compile error, memory) keeps dequantize_to."""
+    from engine.kernels.wq_choice import by_shape
     from engine.models.quant import dequantize_to
 
-    same_shape: dict[tuple, list[Layer]] = {}
-    for layer in layers:
-        same_shape.setdefault(_key(layer[0], layer[4], dtype), []).append(layer)
-    for key, same in same_shape.items():
+    for key, same in by_shape(layers, lambda layer: _key(layer[0], layer[4], dtype)).items():
         if key in _choice:
             continue
         q, s, code, _, group = same[0]

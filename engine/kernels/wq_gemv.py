@@ -169,7 +169,8 @@ def wq_matmul(
     if m == 0:
         return out.view(*lead, n)
     if m == 1:
-        from engine.kernels.wq_splitk import config_for, wq_gemv
+        from engine.kernels.wq_choice import config_for
+        from engine.kernels.wq_splitk import wq_gemv
 
         layer = (qweight, scales, code, bias, group_size)
         config = config_for(layer, x2) if block is None else None

@@ -16,7 +16,7 @@ instructions per byte as possible (H200: about 16 bytes per SM clock):
   path instead decodes int32 words of eight codes against the table held in eight registers,
   by byte permutes (ptx_decode.py), where a config asks for it (CONFIGS).
 Programs split K (SPLIT_K) when rows alone give too few programs; gemv.py's reduce kernel sums
-the fp32 partials. Configs are chosen by timing on the device (engine.timing.fastest_config).
+the fp32 partials. Configs are chosen by timing on the device (wq_choice.py).
 Launched with PDL where pdl.enabled: the first weight tile loads before gdc_wait.
 """
 
@@ -32,7 +32,6 @@ from engine.kernels.gemv import num_sms_for, plan_split, reduce_split, split_k_f
 from engine.kernels.launch_math import cdiv
 from engine.kernels.ptx_decode import codes8_dot, codes8_to_f32, int8x4_to_f32, table_words
 from engine.kernels.rmsnorm import round_to
-from engine.timing import fastest_config
 
 # kind -> (BLOCK_N, BLOCK_K, num_warps[, maxnreg]) candidates; int4's BLOCK_K is the group size
 # (set per call), its second field the decode (below); maxnreg caps ptxas' registers per thread
@@ -303,109 +302,3 @@ def supports(qweight: torch.Tensor, x: torch.Tensor, group_size: int) -> bool:
     if qweight.dtype == torch.uint8:
         return group_size >= 16 and group_size & (group_size - 1) == 0
     return True
-
-
-Layer = tuple  # (qweight, scales, code or None, bias or None, group_size)
-_choice: dict[tuple, tuple[int, int, int] | None] = {}
-"""(kind, N, K, group, has bias, x dtype, device) -> the fastest config (None: none ran)."""
-
-
-def _key(layer: Layer, dtype: torch.dtype) -> tuple:
-    q, _, _, bias, group = layer
-    return (q.dtype, *q.shape, group, bias is not None, dtype, q.device)
-
-
-def choose_configs(layers: list[Layer], dtype: torch.dtype) -> None:
-    """Time each candidate config per weight shape of `layers`, in a CUDA graph over all of
-    that shape's weights (as a decode step reads them), and keep the fastest."""
-    from engine.models.quant import wq_matmul_ref  # the reference, to reject a wrong config
-
-    for key, same in _by_shape(layers, dtype).items():
-        if key in _choice:
-            continue
-        q, s, code, bias, group = same[0]
-        x = _probe_x(q, dtype)
-        if not supports(q, x, group):
-            continue
-        for layer in same:  # the int4 word path's table registers, read now, not in a capture
-            if layer[2] is not None:
-                table_words(layer[2])
-                table_words(layer[2], dtype)
-        ref = wq_matmul_ref(x, q, s, code, bias, group).float()
-
-        def call(cfg, layer, x=x):
-            return wq_gemv(x, *layer, cfg)
-
-        _choice[key] = fastest_config(CONFIGS[_kind(q)], call, same, ref)
-    torch.cuda.empty_cache()
-
-
-def _by_shape(layers: list[Layer], dtype: torch.dtype) -> dict[tuple, list[Layer]]:
-    groups: dict[tuple, list[Layer]] = {}
-    for layer in layers:
-        groups.setdefault(_key(layer, dtype), []).append(layer)
-    return groups
-
-
-def _probe_x(qweight: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    k = qweight.shape[1] * (2 if qweight.dtype == torch.uint8 else 1)
-    return torch.randn(1, k, dtype=dtype, device=qweight.device)
-
-
-_silu: dict[tuple, tuple[int, int, int] | None] = {}
-"""Gate-and-up shapes -> the wq_gemv_silu config that beat wq_gemv then silu_and_mul (timed),
-or None where the two steps were faster."""
-
-
-def choose_silu(layers: list[Layer], dtype: torch.dtype) -> None:
-    """For gate-and-up layers: time the two steps (the chosen split-K config, then
-    silu_and_mul) against wq_gemv_silu with that config and with twice its rows (a program
-    then covers as many outputs as before), over all of that shape's weights; keep the
-    fastest."""
-    from engine.kernels.silu_mul import silu_and_mul
-
-    choose_configs(layers, dtype)
-    for key, same in _by_shape(layers, dtype).items():
-        config = _choice.get(key)
-        if key in _silu or config is None:
-            continue
-        x = _probe_x(same[0][0], dtype)
-
-        def two_steps(layer, x=x, config=config):
-            return silu_and_mul(wq_gemv(x, *layer, config))
-
-        ref = two_steps(same[0]).float()
-        fused = [c for c in (config, (2 * config[0], *config[1:]))
-                 if wq_gemv_silu(x, *same[0], c) is not None]  # fmt: skip
-
-        def call(cfg, layer, x=x, two_steps=two_steps):
-            return two_steps(layer) if cfg is None else wq_gemv_silu(x, *layer, cfg)
-
-        _silu[key] = fastest_config([None, *fused], call, same, ref)
-    torch.cuda.empty_cache()
-
-
-def silu_config_for(layer: Layer, x: torch.Tensor) -> tuple[int, int, int] | None:
-    """The wq_gemv_silu config choose_silu kept for this gate-and-up layer's shape; None where
-    the two steps won, nothing was timed, or the kernel does not take this call."""
-    if not x.is_cuda or not supports(layer[0], x, layer[4]):
-        return None
-    return _silu.get(_key(layer, x.dtype))
-
-
-def _kind(qweight: torch.Tensor) -> str:
-    return "int4" if qweight.dtype == torch.uint8 else "int8"
-
-
-def config_for(layer: Layer, x: torch.Tensor) -> tuple[int, int, int] | None:
-    """The chosen config for this layer's shape; timed now (on this layer alone) if no choice
-    was made before, or the first candidate while a CUDA graph is being captured. None: the
-    split-K kernel does not take this call."""
-    if not x.is_cuda or not supports(layer[0], x, layer[4]):
-        return None
-    key = _key(layer, x.dtype)
-    if key not in _choice:
-        if torch.cuda.is_current_stream_capturing():
-            return CONFIGS[_kind(layer[0])][0]
-        choose_configs([layer], x.dtype)
-    return _choice.get(key)

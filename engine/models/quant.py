@@ -211,7 +211,8 @@ class QuantLinear(nn.Module):
         """silu_and_mul(self(x)) for a gate-and-up projection: one fused kernel at batch 1
         where choose_quant_linears timed it faster than the two steps, else the two."""
         if x.is_cuda and x.dim() == 2 and x.shape[0] == 1 and _kernel_enabled():
-            from engine.kernels.wq_splitk import silu_config_for, wq_gemv_silu
+            from engine.kernels.wq_choice import silu_config_for
+            from engine.kernels.wq_splitk import wq_gemv_silu
 
             layer = (self.qweight, self.scales, self.code, self.bias, self.group_size)
             config = silu_config_for(layer, x)
@@ -237,7 +238,7 @@ def choose_quant_linears(model: nn.Module, dtype: torch.dtype) -> None:
     ]
     if named and named[0][1][0].is_cuda and _kernel_enabled():
         from engine.kernels import dequant
-        from engine.kernels.wq_splitk import choose_configs, choose_silu
+        from engine.kernels.wq_choice import choose_configs, choose_silu
 
         dequant.choose([layer for _, layer in named], dtype)
         choose_configs([layer for _, layer in named], dtype)
