@@ -92,7 +92,7 @@ class ModelRunner:
 
         # decode kernels timed on the device, before the graphs capture them
         choose_batch1_linears(self.model)
-        choose_quant_linears(self.model, self.dtype)
+        choose_quant_linears(self.model, self.dtype, self.config.max_num_seqs)
         choose_rope_store(self.model)
         cfg, max_len = self.model_config, self.config.max_model_len
         sizes = graph_batch_sizes(self.config.max_num_seqs)

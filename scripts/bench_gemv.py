@@ -4,7 +4,7 @@ each timed inside a CUDA graph (as decode runs them: once per layer's own weight
 served from L2) and against the copy bandwidth measured in the same run.
 
     PYTHONPATH=. python scripts/bench_gemv.py [--out FILE.json] [--m 1]
-    PYTHONPATH=. python scripts/bench_gemv.py --m 256   # a decode batch: cuBLAS alone
+    PYTHONPATH=. python scripts/bench_gemv.py --m 32 --paths cublas,int8,int4  # a decode batch
     PYTHONPATH=. python scripts/bench_gemv.py --paths int4 --configs '{"int4": [[128, 2, 8, 3]]}'
 
 Prints one row per (shape, path): microseconds per call, bytes read / time, and that as a
@@ -27,8 +27,8 @@ from rich.table import Table
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from engine.kernels import dequant, wq_gemm, wq_splitk  # noqa: E402
 from engine.kernels import gemv as gemv_mod  # noqa: E402
-from engine.kernels import wq_splitk  # noqa: E402
 from engine.models.quant import code_table, wq_matmul_ref  # noqa: E402
 from engine.timing import graph_seconds  # noqa: E402
 from scripts.bench_floor import measure_hardware  # noqa: E402
@@ -63,8 +63,6 @@ def variants(n: int, k: int, m: int, copies: int, dtype: torch.dtype, paths=PATH
     x = torch.randn(m, k, device="cuda", dtype=dtype, generator=g)
     if "cublas" in paths or "gemv" in paths:
         yield from _bf16(x, n, k, copies, g, paths)
-    if m != 1:  # a decode batch runs on cuBLAS (a Triton GEMM lost to it at every shape)
-        return
     if "int8" in paths:
         q8 = [torch.randint(-127, 128, (n, k), device="cuda", dtype=torch.int8, generator=g)
               for _ in range(copies)]  # fmt: skip
@@ -98,8 +96,12 @@ def _bf16(x: torch.Tensor, n: int, k: int, copies: int, g: torch.Generator, path
 
 
 def _quantized(kind: str, x: torch.Tensor, layers: list, nbytes: int):
-    """Each split-K config of wq_splitk for these same-shape layers."""
+    """Each split-K config of wq_splitk for these same-shape layers (one row); for a batch,
+    the one-pass dequantization + cuBLAS, then each wq_gemm config of the batch's bucket."""
     ref = wq_matmul_ref(x, *layers[0]).float()
+    if x.shape[0] > 1:
+        yield from _batched(kind, x, layers, nbytes, ref)
+        return
     for cfg in wq_splitk.CONFIGS[kind]:
 
         def call(layer, cfg=cfg):
@@ -107,6 +109,23 @@ def _quantized(kind: str, x: torch.Tensor, layers: list, nbytes: int):
 
         err = (call(layers[0]).float() - ref).abs().max().item()
         yield f"{kind}{cfg}", nbytes, per_call_us(call, layers), err
+
+
+def _batched(kind: str, x: torch.Tensor, layers: list, nbytes: int, ref: torch.Tensor):
+    def deq(layer):
+        return F.linear(x, dequant.dequantize(*layer[:3], layer[4], x.dtype), layer[3])
+
+    yield f"{kind} dequant+cublas", nbytes, per_call_us(deq, layers), _err(deq, layers, ref)
+    for cfg in wq_gemm.CONFIGS[wq_gemm.bucket_for(x.shape[0])]:
+
+        def call(layer, cfg=cfg):
+            return wq_gemm.wq_gemm(x, *layer, cfg)
+
+        yield f"{kind}_gemm{cfg}", nbytes, per_call_us(call, layers), _err(call, layers, ref)
+
+
+def _err(call, layers: list, ref: torch.Tensor) -> float:
+    return (call(layers[0]).float() - ref).abs().max().item()
 
 
 def _guarded(rows, console: Console):
@@ -139,7 +158,8 @@ def main(argv: list[str] | None = None) -> int:
     console.print(f"copy bandwidth {bw / 1e12:.2f} TB/s")
     table = Table("shape", "N x K", "path", "us", "GB/s", "% of copy bw", "max err")
     rows, per_token = [], {}
-    for name, n, k, count in SHAPES:
+    shapes = SHAPES if args.m == 1 else SHAPES[:-1]  # the LM head runs once a step, 16-bit
+    for name, n, k, count in shapes:
         for path, nbytes, us, err in _guarded(
             variants(n, k, args.m, min(count, 32), torch.bfloat16, paths), console
         ):
@@ -154,7 +174,7 @@ def main(argv: list[str] | None = None) -> int:
             best[name] = min(best.get(name, float("inf")), us * count)
     console.print(table)
     for family, times in per_token.items():
-        if family in ("cublas", "int8", "int4") or len(times) == len(SHAPES):  # best per shape
+        if family in ("cublas", "int8", "int4") or len(times) == len(shapes):  # best per shape
             total = sum(times.values()) / 1e3
             console.print(f"{family}: weight GEMVs of one decode token {total:.2f} ms ({times})")
     if args.out:

@@ -34,11 +34,15 @@ WQ_VARIANTS = [
 ]
 
 
-def compile_sm90(kernel, types: dict[str, str], constexprs: dict, num_warps: int) -> bytes:
+def compile_sm90(
+    kernel, types: dict[str, str], constexprs: dict, num_warps: int, num_stages: int = 3
+) -> bytes:
     """The cubin of `kernel` for sm_90 with these argument types and constexprs."""
     signature = {**types, **{name: "constexpr" for name in constexprs}}
     source = ASTSource(fn=kernel, signature=signature, constexprs=constexprs)
-    options = dict(num_warps=num_warps, launch_pdl=constexprs.get("PDL", False))
+    options = dict(
+        num_warps=num_warps, num_stages=num_stages, launch_pdl=constexprs.get("PDL", False)
+    )
     return triton.compile(source, target=SM90, options=options).asm["cubin"]
 
 
@@ -71,7 +75,37 @@ def main() -> None:
                  "stride_on": "i32"}  # fmt: skip
         consts = dict(GROUP=64, IS_INT4=is_int4, BLOCK_N=16, BLOCK_K=256)
         print(f"ok dequant {what}: {len(compile_sm90(_dequant_kernel, types, consts, 4))} bytes")
-    print(f"variants: {len(WQ_VARIANTS) + 4}")
+    print(f"variants: {len(WQ_VARIANTS) + 4 + compile_wq_gemm()}")
+
+
+def compile_wq_gemm() -> int:
+    """The decode-batch GEMM (tensor cores, pipelined loads), int8 and int4, one pass and split
+    K, at a config of each row bucket; returns how many variants."""
+    from engine.kernels.wq_gemm import CONFIGS, _sum_splits_kernel, _wq_gemm_kernel
+
+    count = 0
+    for bucket, configs in CONFIGS.items():
+        block_n, block_m, block_k, warps, stages = configs[0]
+        for what, q_type, is_int4 in (("int8", "*i8", False), ("int4", "*u8", True)):
+            types = {"x_ptr": "*bf16", "w_ptr": q_type, "s_ptr": "*fp32", "code_ptr": "*fp32",
+                     "bias_ptr": "*bf16", "out_ptr": "*fp32", "M": "i32", "N": "i32",
+                     "K": "i32", "k_per_split": "i32", "stride_xm": "i32", "stride_wn": "i32",
+                     "stride_sn": "i32"}  # fmt: skip
+            consts = dict(
+                IS_INT4=is_int4,
+                SPLIT_K=1 + (bucket <= 64),
+                HAS_BIAS=True,
+                BLOCK_N=block_n,
+                BLOCK_M=block_m,
+                BLOCK_K=64 if is_int4 else block_k,
+            )
+            cubin = compile_sm90(_wq_gemm_kernel, types, consts, warps, stages)
+            print(f"ok wq_gemm {what} {configs[0]}: {len(cubin)} bytes")
+            count += 1
+    types = {"part_ptr": "*fp32", "bias_ptr": "*bf16", "out_ptr": "*bf16", "MN": "i32", "N": "i32"}
+    consts = dict(SPLIT_K=4, HAS_BIAS=True, BLOCK=1024)
+    print(f"ok wq_gemm sum: {len(compile_sm90(_sum_splits_kernel, types, consts, 4))} bytes")
+    return count + 1
 
 
 if __name__ == "__main__":

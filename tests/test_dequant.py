@@ -120,9 +120,11 @@ def test_choose_keeps_the_kernel_only_when_equal_and_faster(
 def test_choice_and_batched_linear_gpu(kind, monkeypatch):
     """On Llama-3-8B's gate_up shape: bf16 bit for bit, the start-up choice made (either way)
     and logged, and a 64-row QuantLinear equal to the reference whichever way it dequantizes."""
+    from engine.kernels import wq_gemm
     from engine.models.quant import QuantLinear, WeightQuant
 
     monkeypatch.setattr(_dequant, "_choice", {})
+    monkeypatch.setattr(wq_gemm, "_choice", {})  # 64 rows dequantize (no GEMM chosen)
     q, s, code, group = _layer(kind, 28672, 4096, 64)
     dtype = torch.bfloat16
     assert torch.equal(

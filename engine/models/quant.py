@@ -198,8 +198,16 @@ class QuantLinear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         args = (x, self.qweight, self.scales, self.code, self.bias, self.group_size)
         if x.is_cuda and x.numel() // x.shape[-1] > DEQUANT_MIN_ROWS:
-            # Many rows (prefill, batches): dequantize once and let cuBLAS run the GEMM; the
-            # in-kernel dequantizing tl.dot path measured far slower there (H200, 2026-11-29).
+            # Decode batches: the dequantizing GEMM where start-up timing kept it for this
+            # shape and row bucket. Else (prefill, or where it lost) dequantize once and let
+            # cuBLAS run the GEMM (the tl.dot path measured far slower for prefill, H200).
+            if _kernel_enabled():
+                from engine.kernels.wq_gemm import gemm_for
+
+                layer = (self.qweight, self.scales, self.code, self.bias, self.group_size)
+                out = gemm_for(x, layer)
+                if out is not None:
+                    return out
             return F.linear(x, self.dequantized(x.dtype), self.bias)
         if x.is_cuda and _kernel_enabled():
             from engine.kernels.wq_gemv import wq_matmul
@@ -227,10 +235,11 @@ class QuantLinear(nn.Module):
         return f"{self.in_features} -> {self.out_features}, {kind}, group={self.group_size}"
 
 
-def choose_quant_linears(model: nn.Module, dtype: torch.dtype) -> None:
+def choose_quant_linears(model: nn.Module, dtype: torch.dtype, max_rows: int = 1) -> None:
     """Time the batch-1 split-K kernel's configs for each QuantLinear shape of the model, over
-    its own weights, so decode graphs capture the fastest, and the Triton dequantization of
-    batches against PyTorch's (CUDA only; before capturing)."""
+    its own weights, so decode graphs capture the fastest; the Triton dequantization of
+    batches against PyTorch's; and, for batches of up to max_rows (decode), the dequantizing
+    GEMM against dequantize + cuBLAS (CUDA only; before capturing)."""
     named = [
         (name, (m.qweight, m.scales, m.code, m.bias, m.group_size))
         for name, m in model.named_modules()
@@ -241,6 +250,10 @@ def choose_quant_linears(model: nn.Module, dtype: torch.dtype) -> None:
         from engine.kernels.wq_choice import choose_configs, choose_silu
 
         dequant.choose([layer for _, layer in named], dtype)
+        if max_rows > DEQUANT_MIN_ROWS:
+            from engine.kernels import wq_gemm
+
+            wq_gemm.choose([layer for _, layer in named], dtype, max_rows)
         choose_configs([layer for _, layer in named], dtype)
         choose_silu([layer for name, layer in named if name.endswith("gate_up_proj")], dtype)
 

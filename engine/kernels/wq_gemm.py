@@ -1,0 +1,228 @@
+"""Triton GEMM for decode batches (17-256 rows) with weight-only quantized weights, dequantizing
+in the kernel: out[M, N] = x[M, K] @ dequant(W).T (+ bias), layouts as engine/kernels/wq_gemv.py.
+
+Without it a batch dequantizes every weight to 16 bits and calls cuBLAS, in every decode step:
+int8 reads 1 byte a weight, writes 2 and cuBLAS reads those 2 again (5 bytes of traffic a
+weight); int4 about 4.5. Here each weight is read once in its packed form (1 byte int8, half a
+byte int4 plus its group's scale) and widened in registers, so a decode batch should cost
+little more than a batch-1 step.
+
+The product is computed transposed, acc[BLOCK_N, BLOCK_M] = W_tile @ x_tile.T: the weight rows
+(thousands) fill the tensor-core instruction's M side and the few batch rows its N side, and
+the weight tile, widened in registers, is the operand that may stay there.
+- int8: the tile is widened to x's 16-bit type (exact for every int8); the row scale multiplies
+  the fp32 sum once, in the epilogue.
+- int4: one K-tile is one scale group (BLOCK_K = group); both codes of a byte are looked up in
+  the 16-entry table (in L1) and multiplied by the group's scale in fp32, rounded once to x's
+  type: the weights quant.dequantize_to gives, so only the summation order differs from the
+  dequantize-then-cuBLAS path. x's even and odd columns come from two strided loads.
+Programs split K (SPLIT_K) when the tiles alone give too few programs; a second kernel sums the
+fp32 partials. Which config, and whether at all (against dequantize + cuBLAS), is timed per
+weight shape and row bucket at start-up (wq_gemm_choice.py).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from engine.kernels.gemv import num_sms_for
+from engine.kernels.launch_math import cdiv
+
+MAX_ROWS = 256
+"""The most rows this kernel is timed for; more (prefill) dequantize and use cuBLAS."""
+
+
+@triton.jit
+def _wq_gemm_kernel(
+    x_ptr, w_ptr, s_ptr, code_ptr, bias_ptr, out_ptr,
+    M, N, K, k_per_split, stride_xm, stride_wn, stride_sn,
+    IS_INT4: tl.constexpr, SPLIT_K: tl.constexpr, HAS_BIAS: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
+):  # fmt: skip
+    # Program (n, split, m) sums K-range `split` for an [BLOCK_N, BLOCK_M] tile of out.T; with
+    # SPLIT_K > 1 it writes fp32 partials out[split, m, n], else the output itself.
+    pid_n, pid_k, pid_m = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    dtype = x_ptr.dtype.element_ty
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    n_mask, m_mask = offs_n < N, offs_m < M
+    w_rows = w_ptr + offs_n.to(tl.int64)[:, None] * stride_wn  # [BLOCK_N, 1]
+    x_rows = x_ptr + offs_m.to(tl.int64)[:, None] * stride_xm  # [BLOCK_M, 1]
+    k_start = pid_k * k_per_split
+    k_end = tl.minimum(K, k_start + k_per_split)
+    acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+    for k0 in range(k_start, k_end, BLOCK_K):
+        if IS_INT4:  # byte j: column 2j in the high nibble, 2j + 1 in the low one
+            HALF: tl.constexpr = BLOCK_K // 2
+            offs_j = k0 // 2 + tl.arange(0, HALF)
+            packed = tl.load(w_rows + offs_j[None, :], mask=n_mask[:, None], other=0)
+            packed = packed.to(tl.int32)  # [BLOCK_N, HALF]
+            scale = tl.load(s_ptr + offs_n * stride_sn + k0 // BLOCK_K, mask=n_mask, other=0.0)
+            w_hi = (tl.load(code_ptr + (packed >> 4)) * scale[:, None]).to(dtype)
+            w_lo = (tl.load(code_ptr + (packed & 0xF)) * scale[:, None]).to(dtype)
+            x_even = tl.load(x_rows + 2 * offs_j[None, :], mask=m_mask[:, None], other=0.0)
+            x_odd = tl.load(x_rows + 2 * offs_j[None, :] + 1, mask=m_mask[:, None], other=0.0)
+            acc = tl.dot(w_hi, tl.trans(x_even), acc)
+            acc = tl.dot(w_lo, tl.trans(x_odd), acc)
+        else:
+            offs_k = k0 + tl.arange(0, BLOCK_K)
+            k_mask = offs_k < k_end
+            w = tl.load(w_rows + offs_k[None, :], mask=n_mask[:, None] & k_mask[None, :], other=0)
+            x = tl.load(x_rows + offs_k[None, :], mask=m_mask[:, None] & k_mask[None, :], other=0.0)
+            acc = tl.dot(w.to(dtype), tl.trans(x), acc)  # int8 is exact in 16 bits
+    if not IS_INT4:
+        acc *= tl.load(s_ptr + offs_n * stride_sn, mask=n_mask, other=0.0)[:, None]
+    mask = n_mask[:, None] & m_mask[None, :]
+    if SPLIT_K == 1:
+        if HAS_BIAS:
+            acc += tl.load(bias_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)[:, None]
+        out = out_ptr + offs_m.to(tl.int64)[None, :] * N + offs_n[:, None]
+        tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=mask)
+    else:
+        part = out_ptr + (pid_k * M + offs_m.to(tl.int64))[None, :] * N + offs_n[:, None]
+        tl.store(part, acc, mask=mask)
+
+
+@triton.jit
+def _sum_splits_kernel(
+    part_ptr, bias_ptr, out_ptr, MN, N,
+    SPLIT_K: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK: tl.constexpr,
+):  # fmt: skip
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < MN
+    total = tl.zeros((BLOCK,), dtype=tl.float32)
+    for s in range(SPLIT_K):
+        total += tl.load(part_ptr + s * MN + offs, mask=mask, other=0.0)
+    if HAS_BIAS:
+        total += tl.load(bias_ptr + offs % N, mask=mask, other=0.0).to(tl.float32)
+    tl.store(out_ptr + offs, total.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+def split_for(m: int, n: int, k: int, config: tuple, block_k: int, num_sms: int) -> int:
+    """K splits so the grid has at least about two programs an SM, each at least 4 K-tiles."""
+    block_n, block_m = config[0], config[1]
+    programs = cdiv(n, block_n) * cdiv(m, block_m)
+    want = max(1, (2 * num_sms) // programs)
+    return max(1, min(want, k // (4 * block_k)))
+
+
+def wq_gemm(
+    x: torch.Tensor,  # [M, K], fp16 / bf16, unit stride along K
+    qweight: torch.Tensor,  # int8 [N, K] or uint8 [N, K / 2]
+    scales: torch.Tensor,  # fp32 [N] (int8) or [N, K / group] (int4)
+    code: torch.Tensor | None,  # fp32 [16] (int4)
+    bias: torch.Tensor | None,  # [N]
+    group_size: int,
+    config: tuple,  # (BLOCK_N, BLOCK_M, BLOCK_K, num_warps, num_stages); int4: BLOCK_K = group
+    num_sms: int | None = None,
+) -> torch.Tensor:  # [M, N] in x's dtype
+    """x @ dequant(qweight).T + bias; the caller checked the layer with supports()."""
+    is_int4 = qweight.dtype == torch.uint8
+    m, k = x.shape
+    n = qweight.shape[0]
+    block_n, block_m, block_k, warps, stages = config
+    block_k = group_size if is_int4 else block_k
+    split = split_for(m, n, k, config, block_k, num_sms_for(x, num_sms))
+    k_per_split = cdiv(cdiv(k, split), block_k) * block_k
+    split = cdiv(k, k_per_split)
+    out = torch.empty(m, n, dtype=x.dtype, device=x.device)
+    part = torch.empty(split, m, n, dtype=torch.float32, device=x.device) if split > 1 else out
+    grid = (cdiv(n, block_n), split, cdiv(m, block_m))
+    _wq_gemm_kernel[grid](
+        x, qweight, scales, code if is_int4 else scales, bias if bias is not None else scales,
+        part, m, n, k, k_per_split, x.stride(0), qweight.stride(0), scales.stride(0),
+        IS_INT4=is_int4, SPLIT_K=split, HAS_BIAS=bias is not None,
+        BLOCK_N=block_n, BLOCK_M=block_m, BLOCK_K=block_k, num_warps=warps, num_stages=stages,
+    )  # fmt: skip
+    if split > 1:
+        _sum_splits_kernel[(cdiv(m * n, 1024),)](
+            part, bias if bias is not None else out, out, m * n, n,
+            SPLIT_K=split, HAS_BIAS=bias is not None, BLOCK=1024,
+        )  # fmt: skip
+    return out
+
+
+def supports(qweight: torch.Tensor, scales: torch.Tensor, x: torch.Tensor, group: int) -> bool:
+    """The calls the kernel takes: 16-bit x of at most MAX_ROWS rows with a unit stride along
+    K; unit-stride weights and scales; for int4 a group of at least 16 (a tensor-core K step
+    of each byte half) that is a power of two and divides K."""
+    if x.dtype not in (torch.float16, torch.bfloat16) or x.dim() != 2 or x.stride(-1) != 1:
+        return False
+    if not 1 <= x.shape[0] <= MAX_ROWS or qweight.stride(-1) != 1 or scales.stride(-1) != 1:
+        return False
+    if qweight.dtype == torch.uint8:
+        k = 2 * qweight.shape[1]
+        return group >= 32 and group & (group - 1) == 0 and k % group == 0 and x.shape[1] == k
+    return qweight.dtype == torch.int8 and x.shape[1] == qweight.shape[1]
+
+
+# Row bucket -> candidate (BLOCK_N, BLOCK_M, BLOCK_K, num_warps, num_stages); a batch of M rows
+# runs the config chosen for the smallest bucket >= M. int4 ignores BLOCK_K (the group).
+CONFIGS = {
+    32: [(64, 32, 128, 4, 4), (128, 32, 128, 4, 3), (128, 32, 64, 4, 4), (64, 32, 256, 4, 3)],
+    64: [(64, 64, 128, 4, 4), (128, 64, 128, 8, 3), (128, 64, 64, 4, 4)],
+    128: [(128, 128, 64, 8, 3), (64, 128, 128, 4, 3), (128, 64, 128, 4, 3)],
+    256: [(128, 128, 64, 8, 3), (128, 256, 64, 8, 3)],
+}  # fmt: skip
+Layer = tuple  # (qweight, scales, code or None, bias or None, group_size), as in wq_choice
+_choice: dict[tuple, tuple | None] = {}
+"""(weight dtype, shape, group, has bias, x dtype, device, row bucket) -> the config that beat
+dequantize + cuBLAS (and the other configs), or None where dequantize + cuBLAS won."""
+
+
+def bucket_for(rows: int) -> int | None:
+    """The smallest row bucket holding `rows`; None past MAX_ROWS."""
+    return next((b for b in sorted(CONFIGS) if rows <= b), None)
+
+
+def _key(layer: Layer, dtype: torch.dtype, bucket: int | None) -> tuple:
+    q, _, _, bias, group = layer
+    return (q.dtype, *q.shape, group, bias is not None, dtype, q.device, bucket)
+
+
+def choose(layers: list[Layer], dtype: torch.dtype, max_rows: int, timed: int = 8) -> None:
+    """Per weight shape of `layers` and row bucket up to max_rows' (CUDA, before capture): time
+    each config and dequantize + cuBLAS at the bucket's rows, each over up to `timed` of that
+    shape's weights in a CUDA graph, and keep the fastest that matches the reference (None:
+    dequantize + cuBLAS)."""
+    import torch.nn.functional as F
+
+    from engine.kernels.dequant import weight_for
+    from engine.kernels.wq_choice import by_shape
+    from engine.models.quant import wq_matmul_ref
+    from engine.timing import fastest_config
+
+    last = bucket_for(min(max_rows, MAX_ROWS))
+    for bucket in [b for b in sorted(CONFIGS) if b <= last]:
+        keyed = by_shape(layers, lambda layer, bucket=bucket: _key(layer, dtype, bucket))
+        for key, same in keyed.items():
+            if key in _choice:
+                continue
+            q, s, code, bias, group = same[0]
+            k = q.shape[1] * (2 if q.dtype == torch.uint8 else 1)
+            x = torch.randn(bucket, k, dtype=dtype, device=q.device)
+            _choice[key] = None
+            if not supports(q, s, x, group):
+                continue
+            ref = wq_matmul_ref(x, q, s, code, bias, group).float()
+
+            def call(cfg, layer, x=x):
+                if cfg is None:
+                    return F.linear(x, weight_for(*layer[:3], layer[4], x.dtype), layer[3])
+                return wq_gemm(x, *layer, cfg)
+
+            _choice[key] = fastest_config([None, *CONFIGS[bucket]], call, same[:timed], ref)
+    torch.cuda.empty_cache()
+
+
+def gemm_for(x: torch.Tensor, layer: Layer) -> torch.Tensor | None:
+    """x @ dequant(W).T + bias by this kernel where choose() kept a config for the layer's
+    shape and x's row bucket; None (the caller dequantizes) otherwise."""
+    x2 = x.reshape(-1, x.shape[-1])
+    bucket = bucket_for(x2.shape[0])
+    config = _choice.get(_key(layer, x.dtype, bucket)) if bucket is not None else None
+    if config is None or not supports(layer[0], layer[1], x2, layer[4]):
+        return None
+    return wq_gemm(x2, *layer, config).view(*x.shape[:-1], -1)
