@@ -146,12 +146,19 @@ def main(argv: list[str] | None = None) -> int:
         help='JSON {"int8"|"int4": [[BLOCK_N, BLOCK_K or groups, warps(, stages)], ...]}: '
         "time these split-K configs instead of wq_splitk.CONFIGS",
     )  # fmt: skip
+    ap.add_argument(
+        "--gemm-configs", default=None,
+        help='JSON {"int8"|"int4": [[BLOCK_N, BLOCK_M, BLOCK_K, warps, stages, ahead], ...]}: '
+        "time these wq_gemm configs (at --m's row bucket) instead of wq_gemm.CONFIGS",
+    )  # fmt: skip
     args = ap.parse_args(argv)
     paths = tuple(p for p in args.paths.split(",") if p)
     if unknown := set(paths) - set(PATHS):
         ap.error(f"--paths: unknown {sorted(unknown)}; choose from {','.join(PATHS)}")
     for kind, configs in json.loads(args.configs or "{}").items():
         wq_splitk.CONFIGS[kind] = [tuple(c) for c in configs]
+    for kind, configs in json.loads(args.gemm_configs or "{}").items():
+        wq_gemm.CONFIGS[kind][wq_gemm.bucket_for(args.m)] = [tuple(c) for c in configs]
     hw = measure_hardware(torch.device("cuda"), torch.bfloat16)
     bw = hw.bandwidth  # bytes read + written per second by a copy: the floor's rate
     console = Console(width=160)

@@ -8,6 +8,7 @@ it with the H200's 3.6, which scripts/setup puts in .venv/triton-3.6)."""
 
 from __future__ import annotations
 
+import itertools
 import os
 
 os.environ.pop("TRITON_INTERPRET", None)  # before triton is imported
@@ -35,11 +36,19 @@ WQ_VARIANTS = [
 
 
 def compile_sm90(
-    kernel, types: dict[str, str], constexprs: dict, num_warps: int, num_stages: int = 3
+    kernel,
+    types: dict[str, str],
+    constexprs: dict,
+    num_warps: int,
+    num_stages: int = 3,
+    aligned: tuple[str, ...] = (),
 ) -> bytes:
-    """The cubin of `kernel` for sm_90 with these argument types and constexprs."""
+    """The cubin of `kernel` for sm_90 with these argument types and constexprs; `aligned`
+    arguments are taken as multiples of 16 (as Triton specializes a launch whose pointers and
+    integers are: the loads then vectorize and pipeline as they will on the device)."""
     signature = {**types, **{name: "constexpr" for name in constexprs}}
-    source = ASTSource(fn=kernel, signature=signature, constexprs=constexprs)
+    attrs = {(kernel.arg_names.index(a),): [["tt.divisibility", 16]] for a in aligned}
+    source = ASTSource(fn=kernel, signature=signature, constexprs=constexprs, attrs=attrs)
     options = dict(
         num_warps=num_warps, num_stages=num_stages, launch_pdl=constexprs.get("PDL", False)
     )
@@ -78,29 +87,30 @@ def main() -> None:
     print(f"variants: {len(WQ_VARIANTS) + 4 + compile_wq_gemm()}")
 
 
+ALIGNED = ("x_ptr", "w_ptr", "s_ptr", "code_ptr", "bias_ptr", "out_ptr", "N", "K", "k_per_split",
+           "stride_xm", "stride_wn")  # fmt: skip
+
+
 def compile_wq_gemm() -> int:
-    """The decode-batch GEMM (tensor cores, pipelined loads), int8 and int4, one pass and split
-    K, at a config of each row bucket; returns how many variants."""
+    """The decode-batch GEMM (tensor cores), int8 and int4, one pass and split K, in-step and
+    loading ahead, at three configs of each row bucket; returns how many variants."""
     from engine.kernels.wq_gemm import CONFIGS, _sum_splits_kernel, _wq_gemm_kernel
 
     count = 0
-    for bucket, configs in CONFIGS.items():
-        block_n, block_m, block_k, warps, stages = configs[0]
-        for what, q_type, is_int4 in (("int8", "*i8", False), ("int4", "*u8", True)):
-            types = {"x_ptr": "*bf16", "w_ptr": q_type, "s_ptr": "*fp32", "code_ptr": "*fp32",
-                     "bias_ptr": "*bf16", "out_ptr": "*fp32", "M": "i32", "N": "i32",
-                     "K": "i32", "k_per_split": "i32", "stride_xm": "i32", "stride_wn": "i32",
+    for what, bucket in itertools.product(("int8", "int4"), CONFIGS["int8"]):
+        for config in CONFIGS[what][bucket][:2] + CONFIGS[what][bucket][-1:]:
+            block_n, block_m, block_k, warps, stages, ahead = config
+            types = {"x_ptr": "*bf16", "w_ptr": "*u8" if what == "int4" else "*i8",
+                     "s_ptr": "*fp32", "code_ptr": "*fp32", "bias_ptr": "*bf16",
+                     "out_ptr": "*fp32", "M": "i32", "N": "i32", "K": "i32",
+                     "k_per_split": "i32", "stride_xm": "i32", "stride_wn": "i32",
                      "stride_sn": "i32"}  # fmt: skip
-            consts = dict(
-                IS_INT4=is_int4,
-                SPLIT_K=1 + (bucket <= 64),
-                HAS_BIAS=True,
-                BLOCK_N=block_n,
-                BLOCK_M=block_m,
-                BLOCK_K=64 if is_int4 else block_k,
-            )
-            cubin = compile_sm90(_wq_gemm_kernel, types, consts, warps, stages)
-            print(f"ok wq_gemm {what} {configs[0]}: {len(cubin)} bytes")
+            consts = dict(IS_INT4=what == "int4", SPLIT_K=1 + (bucket <= 64), HAS_BIAS=True,
+                          BLOCK_N=block_n, BLOCK_M=block_m,
+                          BLOCK_K=64 if what == "int4" else block_k, AHEAD=bool(ahead),
+                          EVEN_K=True)  # fmt: skip
+            cubin = compile_sm90(_wq_gemm_kernel, types, consts, warps, stages, ALIGNED)
+            print(f"ok wq_gemm {what} {config}: {len(cubin)} bytes")
             count += 1
     types = {"part_ptr": "*fp32", "bias_ptr": "*bf16", "out_ptr": "*bf16", "MN": "i32", "N": "i32"}
     consts = dict(SPLIT_K=4, HAS_BIAS=True, BLOCK=1024)

@@ -14,7 +14,8 @@ from tests.triton_modules import HAS_CUDA, import_kernel_modules
 
 (_gemm,) = import_kernel_modules([("wq_gemm", "_wq_gemm_kernel")])
 DEVICE = "cuda" if HAS_CUDA else "cpu"
-SMALL = (16, 16, 32, 4, 1)  # BLOCK_N, BLOCK_M, BLOCK_K, warps, stages: the interpreter's tile
+SMALL = (16, 16, 32, 4, 1, 0)  # BLOCK_N, BLOCK_M, BLOCK_K, warps, stages, ahead
+AHEAD = (16, 16, 32, 4, 1, 1)  # the next K-step's tiles loaded before this one's products
 
 
 @pytest.fixture(autouse=True)
@@ -53,14 +54,15 @@ CASES = [
 ]
 
 
+@pytest.mark.parametrize("config", [SMALL, AHEAD], ids=["in-step", "ahead"])
 @pytest.mark.parametrize("kind,m,n,k,group,quant_type,bias,sms", CASES)
-def test_gemm_matches_reference(kind, m, n, k, group, quant_type, bias, sms):
+def test_gemm_matches_reference(kind, m, n, k, group, quant_type, bias, sms, config):
     layer = _layer(kind, n, k, group, quant_type or "nf4", bias)
     x = _x(m, k)
-    block_k = group if kind == "int4" else SMALL[2]
-    split = _gemm.split_for(m, n, k, SMALL, block_k, sms)
+    block_k = group if kind == "int4" else config[2]
+    split = _gemm.split_for(m, n, k, config, block_k, sms)
     assert (split > 1) == (sms == 64)  # both the one-pass and the summed-partials epilogues
-    _assert_matches(_gemm.wq_gemm(x, *layer, SMALL, num_sms=sms), x, layer)
+    _assert_matches(_gemm.wq_gemm(x, *layer, config, num_sms=sms), x, layer)
 
 
 def test_a_planted_error_fails_the_comparison():
@@ -139,7 +141,7 @@ def test_choose_keeps_a_config_only_when_right_and_faster(
 
     monkeypatch.setattr(_gemm, "wq_gemm", spy)
     monkeypatch.setattr(_gemm, "_choice", {})
-    monkeypatch.setattr(_gemm, "CONFIGS", {32: [SMALL]})
+    monkeypatch.setattr(_gemm, "CONFIGS", {"int8": {32: []}, "int4": {32: [SMALL]}})
     monkeypatch.setattr(timing, "graph_seconds", seconds)
     _gemm.choose([layer] * 2, torch.float16, max_rows=24)
     assert _gemm._choice == {_gemm._key(layer, torch.float16, 32): SMALL if kept else None}
@@ -154,7 +156,7 @@ def test_llama3_shapes_every_config_gpu(kind, m):
     for n, k in [(6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336)]:
         layer = _layer(kind, n, k, 64, dtype=dtype)
         x = _x(m, k, dtype)
-        for config in _gemm.CONFIGS[_gemm.bucket_for(m)]:
+        for config in _gemm.CONFIGS[kind][_gemm.bucket_for(m)]:
             _assert_matches(_gemm.wq_gemm(x, *layer, config), x, layer)
 
 

@@ -35,43 +35,89 @@ MAX_ROWS = 256
 
 
 @triton.jit
+def _load_step(
+    k0, w_rows, x_rows, s_rows, n_mask, m_mask, k_end,
+    IS_INT4: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
+):  # fmt: skip
+    """The raw tiles of the K-step at k0: (weights, x's two halves, the int4 group's scales).
+    int8: [BLOCK_N, BLOCK_K] int8 and x [BLOCK_M, BLOCK_K] (twice); int4: [BLOCK_N, BLOCK_K / 2]
+    bytes (column 2j in byte j's high nibble, 2j + 1 in its low one), x's even and odd columns
+    [BLOCK_M, BLOCK_K / 2] and the scales [BLOCK_N]. Past k_end (the step AHEAD loads after
+    the last) whole tiles read the last tile again instead of masking: a mask along K whose
+    bound the compiler cannot see as a multiple of 16 splits the loads into single bytes."""
+    if IS_INT4 or EVEN_K:
+        k0 = tl.minimum(k0, k_end - BLOCK_K)
+    if IS_INT4:
+        HALF: tl.constexpr = BLOCK_K // 2
+        offs_j = k0 // 2 + tl.arange(0, HALF)
+        w = tl.load(w_rows + offs_j[None, :], mask=n_mask[:, None], other=0)
+        s = tl.load(s_rows + k0 // BLOCK_K, mask=n_mask, other=0.0)
+        xa = tl.load(x_rows + 2 * offs_j[None, :], mask=m_mask[:, None], other=0.0)
+        xb = tl.load(x_rows + 2 * offs_j[None, :] + 1, mask=m_mask[:, None], other=0.0)
+    else:
+        offs_k = k0 + tl.arange(0, BLOCK_K)
+        if EVEN_K:
+            w = tl.load(w_rows + offs_k[None, :], mask=n_mask[:, None], other=0)
+            xa = tl.load(x_rows + offs_k[None, :], mask=m_mask[:, None], other=0.0)
+        else:
+            k_mask = offs_k[None, :] < k_end
+            w = tl.load(w_rows + offs_k[None, :], mask=n_mask[:, None] & k_mask, other=0)
+            xa = tl.load(x_rows + offs_k[None, :], mask=m_mask[:, None] & k_mask, other=0.0)
+        xb, s = xa, n_mask  # unused
+    return w, xa, xb, s
+
+
+@triton.jit
+def _multiply_step(acc, w, xa, xb, s, code_ptr, IS_INT4: tl.constexpr):
+    """acc [BLOCK_N, BLOCK_M] += the step's widened weights @ x.T."""
+    dtype = xa.dtype
+    if IS_INT4:  # both codes of a byte looked up, times the group's scale, rounded once
+        packed = w.to(tl.int32)
+        w_hi = (tl.load(code_ptr + (packed >> 4)) * s[:, None]).to(dtype)
+        w_lo = (tl.load(code_ptr + (packed & 0xF)) * s[:, None]).to(dtype)
+        acc = tl.dot(w_hi, tl.trans(xa), acc)
+        acc = tl.dot(w_lo, tl.trans(xb), acc)
+    else:
+        acc = tl.dot(w.to(dtype), tl.trans(xa), acc)  # int8 is exact in 16 bits
+    return acc
+
+
+@triton.jit
 def _wq_gemm_kernel(
     x_ptr, w_ptr, s_ptr, code_ptr, bias_ptr, out_ptr,
     M, N, K, k_per_split, stride_xm, stride_wn, stride_sn,
     IS_INT4: tl.constexpr, SPLIT_K: tl.constexpr, HAS_BIAS: tl.constexpr,
-    BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, AHEAD: tl.constexpr,
+    EVEN_K: tl.constexpr,
 ):  # fmt: skip
     # Program (n, split, m) sums K-range `split` for an [BLOCK_N, BLOCK_M] tile of out.T; with
-    # SPLIT_K > 1 it writes fp32 partials out[split, m, n], else the output itself.
+    # SPLIT_K > 1 it writes fp32 partials out[split, m, n], else the output itself. AHEAD loads
+    # the next K-step's tiles into registers before this step's products (Triton's own
+    # pipelining leaves the int8 tile, which feeds the tensor cores from registers, unpipelined,
+    # and turns int4's table lookups into asynchronous copies).
     pid_n, pid_k, pid_m = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    dtype = x_ptr.dtype.element_ty
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     n_mask, m_mask = offs_n < N, offs_m < M
     w_rows = w_ptr + offs_n.to(tl.int64)[:, None] * stride_wn  # [BLOCK_N, 1]
     x_rows = x_ptr + offs_m.to(tl.int64)[:, None] * stride_xm  # [BLOCK_M, 1]
+    s_rows = s_ptr + offs_n * stride_sn  # [BLOCK_N]
     k_start = pid_k * k_per_split
     k_end = tl.minimum(K, k_start + k_per_split)
     acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
-    for k0 in range(k_start, k_end, BLOCK_K):
-        if IS_INT4:  # byte j: column 2j in the high nibble, 2j + 1 in the low one
-            HALF: tl.constexpr = BLOCK_K // 2
-            offs_j = k0 // 2 + tl.arange(0, HALF)
-            packed = tl.load(w_rows + offs_j[None, :], mask=n_mask[:, None], other=0)
-            packed = packed.to(tl.int32)  # [BLOCK_N, HALF]
-            scale = tl.load(s_ptr + offs_n * stride_sn + k0 // BLOCK_K, mask=n_mask, other=0.0)
-            w_hi = (tl.load(code_ptr + (packed >> 4)) * scale[:, None]).to(dtype)
-            w_lo = (tl.load(code_ptr + (packed & 0xF)) * scale[:, None]).to(dtype)
-            x_even = tl.load(x_rows + 2 * offs_j[None, :], mask=m_mask[:, None], other=0.0)
-            x_odd = tl.load(x_rows + 2 * offs_j[None, :] + 1, mask=m_mask[:, None], other=0.0)
-            acc = tl.dot(w_hi, tl.trans(x_even), acc)
-            acc = tl.dot(w_lo, tl.trans(x_odd), acc)
-        else:
-            offs_k = k0 + tl.arange(0, BLOCK_K)
-            k_mask = offs_k < k_end
-            w = tl.load(w_rows + offs_k[None, :], mask=n_mask[:, None] & k_mask[None, :], other=0)
-            x = tl.load(x_rows + offs_k[None, :], mask=m_mask[:, None] & k_mask[None, :], other=0.0)
-            acc = tl.dot(w.to(dtype), tl.trans(x), acc)  # int8 is exact in 16 bits
+    rows = (w_rows, x_rows, s_rows, n_mask, m_mask, k_end)
+    if AHEAD:
+        w, xa, xb, s = _load_step(k_start, *rows, IS_INT4, BLOCK_K, EVEN_K)
+        for k0 in range(k_start, k_end, BLOCK_K):
+            w_next, xa_next, xb_next, s_next = _load_step(
+                k0 + BLOCK_K, *rows, IS_INT4, BLOCK_K, EVEN_K
+            )
+            acc = _multiply_step(acc, w, xa, xb, s, code_ptr, IS_INT4)
+            w, xa, xb, s = w_next, xa_next, xb_next, s_next
+    else:
+        for k0 in range(k_start, k_end, BLOCK_K):
+            w, xa, xb, s = _load_step(k0, *rows, IS_INT4, BLOCK_K, EVEN_K)
+            acc = _multiply_step(acc, w, xa, xb, s, code_ptr, IS_INT4)
     if not IS_INT4:
         acc *= tl.load(s_ptr + offs_n * stride_sn, mask=n_mask, other=0.0)[:, None]
     mask = n_mask[:, None] & m_mask[None, :]
@@ -115,14 +161,14 @@ def wq_gemm(
     code: torch.Tensor | None,  # fp32 [16] (int4)
     bias: torch.Tensor | None,  # [N]
     group_size: int,
-    config: tuple,  # (BLOCK_N, BLOCK_M, BLOCK_K, num_warps, num_stages); int4: BLOCK_K = group
+    config: tuple,  # (BLOCK_N, BLOCK_M, BLOCK_K, warps, stages, ahead); int4: BLOCK_K = group
     num_sms: int | None = None,
 ) -> torch.Tensor:  # [M, N] in x's dtype
     """x @ dequant(qweight).T + bias; the caller checked the layer with supports()."""
     is_int4 = qweight.dtype == torch.uint8
     m, k = x.shape
     n = qweight.shape[0]
-    block_n, block_m, block_k, warps, stages = config
+    block_n, block_m, block_k, warps, stages, ahead = config
     block_k = group_size if is_int4 else block_k
     split = split_for(m, n, k, config, block_k, num_sms_for(x, num_sms))
     k_per_split = cdiv(cdiv(k, split), block_k) * block_k
@@ -134,7 +180,8 @@ def wq_gemm(
         x, qweight, scales, code if is_int4 else scales, bias if bias is not None else scales,
         part, m, n, k, k_per_split, x.stride(0), qweight.stride(0), scales.stride(0),
         IS_INT4=is_int4, SPLIT_K=split, HAS_BIAS=bias is not None,
-        BLOCK_N=block_n, BLOCK_M=block_m, BLOCK_K=block_k, num_warps=warps, num_stages=stages,
+        BLOCK_N=block_n, BLOCK_M=block_m, BLOCK_K=block_k, AHEAD=bool(ahead),
+        EVEN_K=k % block_k == 0, num_warps=warps, num_stages=stages,
     )  # fmt: skip
     if split > 1:
         _sum_splits_kernel[(cdiv(m * n, 1024),)](
@@ -158,13 +205,28 @@ def supports(qweight: torch.Tensor, scales: torch.Tensor, x: torch.Tensor, group
     return qweight.dtype == torch.int8 and x.shape[1] == qweight.shape[1]
 
 
-# Row bucket -> candidate (BLOCK_N, BLOCK_M, BLOCK_K, num_warps, num_stages); a batch of M rows
-# runs the config chosen for the smallest bucket >= M. int4 ignores BLOCK_K (the group).
+# kind -> row bucket -> candidate (BLOCK_N, BLOCK_M, BLOCK_K, num_warps, num_stages, ahead); a
+# batch of M rows runs the config chosen for the smallest bucket >= M. int4 ignores BLOCK_K
+# (the group) and takes one stage (Triton's pipelining made its table lookups asynchronous
+# copies: 2% of the copy bandwidth, H200, 2026-11-30).
 CONFIGS = {
-    32: [(64, 32, 128, 4, 4), (128, 32, 128, 4, 3), (128, 32, 64, 4, 4), (64, 32, 256, 4, 3)],
-    64: [(64, 64, 128, 4, 4), (128, 64, 128, 8, 3), (128, 64, 64, 4, 4)],
-    128: [(128, 128, 64, 8, 3), (64, 128, 128, 4, 3), (128, 64, 128, 4, 3)],
-    256: [(128, 128, 64, 8, 3), (128, 256, 64, 8, 3)],
+    "int8": {
+        32: [(64, 32, 128, 4, 4, 0), (64, 32, 128, 4, 1, 1), (64, 32, 256, 4, 1, 1),
+             (128, 32, 128, 4, 1, 1)],
+        64: [(128, 64, 128, 8, 3, 0), (64, 64, 128, 4, 4, 0), (64, 64, 128, 4, 1, 1),
+             (128, 64, 128, 8, 1, 1)],
+        128: [(64, 128, 128, 4, 3, 0), (128, 128, 64, 8, 3, 0), (64, 128, 128, 4, 1, 1),
+              (128, 128, 128, 8, 1, 1)],
+        256: [(64, 128, 128, 4, 3, 0), (128, 256, 64, 8, 3, 0), (64, 128, 128, 4, 1, 1)],
+    },
+    "int4": {
+        32: [(64, 32, 0, 4, 1, 0), (128, 32, 0, 4, 1, 0), (64, 32, 0, 4, 1, 1),
+             (128, 32, 0, 4, 1, 1)],
+        64: [(64, 64, 0, 4, 1, 0), (128, 64, 0, 4, 1, 0), (64, 64, 0, 4, 1, 1),
+             (128, 64, 0, 8, 1, 1)],
+        128: [(64, 128, 0, 4, 1, 0), (128, 128, 0, 8, 1, 0), (64, 128, 0, 4, 1, 1)],
+        256: [(64, 128, 0, 4, 1, 0), (128, 128, 0, 8, 1, 0), (64, 128, 0, 4, 1, 1)],
+    },
 }  # fmt: skip
 Layer = tuple  # (qweight, scales, code or None, bias or None, group_size), as in wq_choice
 _choice: dict[tuple, tuple | None] = {}
@@ -174,7 +236,7 @@ dequantize + cuBLAS (and the other configs), or None where dequantize + cuBLAS w
 
 def bucket_for(rows: int) -> int | None:
     """The smallest row bucket holding `rows`; None past MAX_ROWS."""
-    return next((b for b in sorted(CONFIGS) if rows <= b), None)
+    return next((b for b in sorted(CONFIGS["int8"]) if rows <= b), None)
 
 
 def _key(layer: Layer, dtype: torch.dtype, bucket: int | None) -> tuple:
@@ -195,7 +257,7 @@ def choose(layers: list[Layer], dtype: torch.dtype, max_rows: int, timed: int = 
     from engine.timing import fastest_config
 
     last = bucket_for(min(max_rows, MAX_ROWS))
-    for bucket in [b for b in sorted(CONFIGS) if b <= last]:
+    for bucket in [b for b in sorted(CONFIGS["int8"]) if b <= last]:
         keyed = by_shape(layers, lambda layer, bucket=bucket: _key(layer, dtype, bucket))
         for key, same in keyed.items():
             if key in _choice:
@@ -213,7 +275,8 @@ def choose(layers: list[Layer], dtype: torch.dtype, max_rows: int, timed: int = 
                     return F.linear(x, weight_for(*layer[:3], layer[4], x.dtype), layer[3])
                 return wq_gemm(x, *layer, cfg)
 
-            _choice[key] = fastest_config([None, *CONFIGS[bucket]], call, same[:timed], ref)
+            configs = CONFIGS["int4" if code is not None else "int8"][bucket]
+            _choice[key] = fastest_config([None, *configs], call, same[:timed], ref)
     torch.cuda.empty_cache()
 
 
