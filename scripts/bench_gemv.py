@@ -116,7 +116,7 @@ def _batched(kind: str, x: torch.Tensor, layers: list, nbytes: int, ref: torch.T
         return F.linear(x, dequant.dequantize(*layer[:3], layer[4], x.dtype), layer[3])
 
     yield f"{kind} dequant+cublas", nbytes, per_call_us(deq, layers), _err(deq, layers, ref)
-    for cfg in wq_gemm.CONFIGS[wq_gemm.bucket_for(x.shape[0])]:
+    for cfg in wq_gemm.CONFIGS[kind][wq_gemm.bucket_for(x.shape[0])]:
 
         def call(layer, cfg=cfg):
             return wq_gemm.wq_gemm(x, *layer, cfg)
