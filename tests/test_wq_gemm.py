@@ -14,8 +14,9 @@ from tests.triton_modules import HAS_CUDA, import_kernel_modules
 
 (_gemm,) = import_kernel_modules([("wq_gemm", "_wq_gemm_kernel")])
 DEVICE = "cuda" if HAS_CUDA else "cpu"
-SMALL = (16, 16, 32, 4, 1, 0)  # BLOCK_N, BLOCK_M, BLOCK_K, warps, stages, ahead
+SMALL = (16, 16, 32, 4, 1, 0)  # BLOCK_N, BLOCK_M, BLOCK_K (int4: groups), warps, stages, ahead
 AHEAD = (16, 16, 32, 4, 1, 1)  # the next K-step's tiles loaded before this one's products
+GROUPS = (16, 16, 2, 4, 1, 1)  # int4: two scale groups a K-step (int8: 2-wide, never used)
 
 
 @pytest.fixture(autouse=True)
@@ -54,9 +55,11 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize("config", [SMALL, AHEAD], ids=["in-step", "ahead"])
+@pytest.mark.parametrize("config", [SMALL, AHEAD, GROUPS], ids=["in-step", "ahead", "groups"])
 @pytest.mark.parametrize("kind,m,n,k,group,quant_type,bias,sms", CASES)
 def test_gemm_matches_reference(kind, m, n, k, group, quant_type, bias, sms, config):
+    if kind == "int8" and config is GROUPS:
+        pytest.skip("int4 only")
     layer = _layer(kind, n, k, group, quant_type or "nf4", bias)
     x = _x(m, k)
     block_k = group if kind == "int4" else config[2]

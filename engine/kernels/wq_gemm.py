@@ -12,13 +12,14 @@ The product is computed transposed, acc[BLOCK_N, BLOCK_M] = W_tile @ x_tile.T: t
 the weight tile, widened in registers, is the operand that may stay there.
 - int8: the tile is widened to x's 16-bit type (exact for every int8); the row scale multiplies
   the fp32 sum once, in the epilogue.
-- int4: one K-tile is one scale group (BLOCK_K = group); both codes of a byte are looked up in
-  the 16-entry table (in L1) and multiplied by the group's scale in fp32, rounded once to x's
+- int4: a K-step is one or more whole scale groups; both codes of a byte are looked up in the
+  16-entry table (in L1) and multiplied by their group's scale in fp32, rounded once to x's
   type: the weights quant.dequantize_to gives, so only the summation order differs from the
-  dequantize-then-cuBLAS path. x's even and odd columns come from two strided loads.
+  dequantize-then-cuBLAS path. The two codes' values are interleaved in registers (tl.join),
+  so x is read in its own order, 16 bytes a load.
 Programs split K (SPLIT_K) when the tiles alone give too few programs; a second kernel sums the
 fp32 partials. Which config, and whether at all (against dequantize + cuBLAS), is timed per
-weight shape and row bucket at start-up (wq_gemm_choice.py).
+weight shape and row bucket at start-up (choose(), below).
 """
 
 from __future__ import annotations
@@ -37,48 +38,50 @@ MAX_ROWS = 256
 @triton.jit
 def _load_step(
     k0, w_rows, x_rows, s_rows, n_mask, m_mask, k_end,
-    IS_INT4: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
+    IS_INT4: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, GROUP: tl.constexpr,
 ):  # fmt: skip
-    """The raw tiles of the K-step at k0: (weights, x's two halves, the int4 group's scales).
-    int8: [BLOCK_N, BLOCK_K] int8 and x [BLOCK_M, BLOCK_K] (twice); int4: [BLOCK_N, BLOCK_K / 2]
-    bytes (column 2j in byte j's high nibble, 2j + 1 in its low one), x's even and odd columns
-    [BLOCK_M, BLOCK_K / 2] and the scales [BLOCK_N]. Past k_end (the step AHEAD loads after
-    the last) whole tiles read the last tile again instead of masking: a mask along K whose
-    bound the compiler cannot see as a multiple of 16 splits the loads into single bytes."""
+    """The raw tiles of the K-step at k0: (weights, x [BLOCK_M, BLOCK_K], the int4 groups'
+    scales [BLOCK_N, BLOCK_K / GROUP]); the weights int8 [BLOCK_N, BLOCK_K], or int4's bytes
+    [BLOCK_N, BLOCK_K / 2] (column 2j in byte j's high nibble, 2j + 1 in its low one). Past
+    k_end (the step AHEAD loads after the last) whole tiles read the last tile again instead
+    of masking: a mask along K whose bound the compiler cannot see as a multiple of 16 splits
+    the loads into single bytes."""
     if IS_INT4 or EVEN_K:
         k0 = tl.minimum(k0, k_end - BLOCK_K)
+    offs_k = k0 + tl.arange(0, BLOCK_K)
     if IS_INT4:
-        HALF: tl.constexpr = BLOCK_K // 2
-        offs_j = k0 // 2 + tl.arange(0, HALF)
+        offs_j = k0 // 2 + tl.arange(0, BLOCK_K // 2)
         w = tl.load(w_rows + offs_j[None, :], mask=n_mask[:, None], other=0)
-        s = tl.load(s_rows + k0 // BLOCK_K, mask=n_mask, other=0.0)
-        xa = tl.load(x_rows + 2 * offs_j[None, :], mask=m_mask[:, None], other=0.0)
-        xb = tl.load(x_rows + 2 * offs_j[None, :] + 1, mask=m_mask[:, None], other=0.0)
+        groups = k0 // GROUP + tl.arange(0, BLOCK_K // GROUP)
+        s = tl.load(s_rows[:, None] + groups[None, :], mask=n_mask[:, None], other=0.0)
+        x = tl.load(x_rows + offs_k[None, :], mask=m_mask[:, None], other=0.0)
+    elif EVEN_K:
+        w = tl.load(w_rows + offs_k[None, :], mask=n_mask[:, None], other=0)
+        x = tl.load(x_rows + offs_k[None, :], mask=m_mask[:, None], other=0.0)
+        s = n_mask  # unused
     else:
-        offs_k = k0 + tl.arange(0, BLOCK_K)
-        if EVEN_K:
-            w = tl.load(w_rows + offs_k[None, :], mask=n_mask[:, None], other=0)
-            xa = tl.load(x_rows + offs_k[None, :], mask=m_mask[:, None], other=0.0)
-        else:
-            k_mask = offs_k[None, :] < k_end
-            w = tl.load(w_rows + offs_k[None, :], mask=n_mask[:, None] & k_mask, other=0)
-            xa = tl.load(x_rows + offs_k[None, :], mask=m_mask[:, None] & k_mask, other=0.0)
-        xb, s = xa, n_mask  # unused
-    return w, xa, xb, s
+        k_mask = offs_k[None, :] < k_end
+        w = tl.load(w_rows + offs_k[None, :], mask=n_mask[:, None] & k_mask, other=0)
+        x = tl.load(x_rows + offs_k[None, :], mask=m_mask[:, None] & k_mask, other=0.0)
+        s = n_mask  # unused
+    return w, x, s
 
 
 @triton.jit
-def _multiply_step(acc, w, xa, xb, s, code_ptr, IS_INT4: tl.constexpr):
+def _multiply_step(acc, w, x, s, code_ptr, IS_INT4: tl.constexpr, GROUP: tl.constexpr):
     """acc [BLOCK_N, BLOCK_M] += the step's widened weights @ x.T."""
-    dtype = xa.dtype
     if IS_INT4:  # both codes of a byte looked up, times the group's scale, rounded once
         packed = w.to(tl.int32)
-        w_hi = (tl.load(code_ptr + (packed >> 4)) * s[:, None]).to(dtype)
-        w_lo = (tl.load(code_ptr + (packed & 0xF)) * s[:, None]).to(dtype)
-        acc = tl.dot(w_hi, tl.trans(xa), acc)
-        acc = tl.dot(w_lo, tl.trans(xb), acc)
+        w = tl.join(tl.load(code_ptr + (packed >> 4)), tl.load(code_ptr + (packed & 0xF)))
+        rows: tl.constexpr = w.shape[0]
+        if s.shape[1] == 1:
+            w = w * s[:, :, None]  # [BLOCK_N, BLOCK_K / 2, 2]
+        else:
+            w = tl.reshape(w, (rows, s.shape[1], GROUP)) * s[:, :, None]
+        w = tl.reshape(w, (rows, 2 * packed.shape[1])).to(x.dtype)
+        acc = tl.dot(w, tl.trans(x), acc)
     else:
-        acc = tl.dot(w.to(dtype), tl.trans(xa), acc)  # int8 is exact in 16 bits
+        acc = tl.dot(w.to(x.dtype), tl.trans(x), acc)  # int8 is exact in 16 bits
     return acc
 
 
@@ -88,7 +91,7 @@ def _wq_gemm_kernel(
     M, N, K, k_per_split, stride_xm, stride_wn, stride_sn,
     IS_INT4: tl.constexpr, SPLIT_K: tl.constexpr, HAS_BIAS: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, AHEAD: tl.constexpr,
-    EVEN_K: tl.constexpr,
+    EVEN_K: tl.constexpr, GROUP: tl.constexpr,
 ):  # fmt: skip
     # Program (n, split, m) sums K-range `split` for an [BLOCK_N, BLOCK_M] tile of out.T; with
     # SPLIT_K > 1 it writes fp32 partials out[split, m, n], else the output itself. AHEAD loads
@@ -107,17 +110,17 @@ def _wq_gemm_kernel(
     acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
     rows = (w_rows, x_rows, s_rows, n_mask, m_mask, k_end)
     if AHEAD:
-        w, xa, xb, s = _load_step(k_start, *rows, IS_INT4, BLOCK_K, EVEN_K)
+        w, x, s = _load_step(k_start, *rows, IS_INT4, BLOCK_K, EVEN_K, GROUP)
         for k0 in range(k_start, k_end, BLOCK_K):
-            w_next, xa_next, xb_next, s_next = _load_step(
-                k0 + BLOCK_K, *rows, IS_INT4, BLOCK_K, EVEN_K
+            w_next, x_next, s_next = _load_step(
+                k0 + BLOCK_K, *rows, IS_INT4, BLOCK_K, EVEN_K, GROUP
             )
-            acc = _multiply_step(acc, w, xa, xb, s, code_ptr, IS_INT4)
-            w, xa, xb, s = w_next, xa_next, xb_next, s_next
+            acc = _multiply_step(acc, w, x, s, code_ptr, IS_INT4, GROUP)
+            w, x, s = w_next, x_next, s_next
     else:
         for k0 in range(k_start, k_end, BLOCK_K):
-            w, xa, xb, s = _load_step(k0, *rows, IS_INT4, BLOCK_K, EVEN_K)
-            acc = _multiply_step(acc, w, xa, xb, s, code_ptr, IS_INT4)
+            w, x, s = _load_step(k0, *rows, IS_INT4, BLOCK_K, EVEN_K, GROUP)
+            acc = _multiply_step(acc, w, x, s, code_ptr, IS_INT4, GROUP)
     if not IS_INT4:
         acc *= tl.load(s_ptr + offs_n * stride_sn, mask=n_mask, other=0.0)[:, None]
     mask = n_mask[:, None] & m_mask[None, :]
@@ -161,7 +164,7 @@ def wq_gemm(
     code: torch.Tensor | None,  # fp32 [16] (int4)
     bias: torch.Tensor | None,  # [N]
     group_size: int,
-    config: tuple,  # (BLOCK_N, BLOCK_M, BLOCK_K, warps, stages, ahead); int4: BLOCK_K = group
+    config: tuple,  # (BLOCK_N, BLOCK_M, BLOCK_K or int4's groups a step, warps, stages, ahead)
     num_sms: int | None = None,
 ) -> torch.Tensor:  # [M, N] in x's dtype
     """x @ dequant(qweight).T + bias; the caller checked the layer with supports()."""
@@ -169,7 +172,8 @@ def wq_gemm(
     m, k = x.shape
     n = qweight.shape[0]
     block_n, block_m, block_k, warps, stages, ahead = config
-    block_k = group_size if is_int4 else block_k
+    if is_int4:  # whole groups a step, and whole steps (a ragged int4 tile is not masked)
+        block_k = group_size * block_k if k % (group_size * block_k) == 0 else group_size
     split = split_for(m, n, k, config, block_k, num_sms_for(x, num_sms))
     k_per_split = cdiv(cdiv(k, split), block_k) * block_k
     split = cdiv(k, k_per_split)
@@ -181,7 +185,8 @@ def wq_gemm(
         part, m, n, k, k_per_split, x.stride(0), qweight.stride(0), scales.stride(0),
         IS_INT4=is_int4, SPLIT_K=split, HAS_BIAS=bias is not None,
         BLOCK_N=block_n, BLOCK_M=block_m, BLOCK_K=block_k, AHEAD=bool(ahead),
-        EVEN_K=k % block_k == 0, num_warps=warps, num_stages=stages,
+        EVEN_K=k % block_k == 0, GROUP=group_size if is_int4 else 1, num_warps=warps,
+        num_stages=stages,
     )  # fmt: skip
     if split > 1:
         _sum_splits_kernel[(cdiv(m * n, 1024),)](
@@ -206,26 +211,24 @@ def supports(qweight: torch.Tensor, scales: torch.Tensor, x: torch.Tensor, group
 
 
 # kind -> row bucket -> candidate (BLOCK_N, BLOCK_M, BLOCK_K, num_warps, num_stages, ahead); a
-# batch of M rows runs the config chosen for the smallest bucket >= M. int4 ignores BLOCK_K
-# (the group) and takes one stage (Triton's pipelining made its table lookups asynchronous
-# copies: 2% of the copy bandwidth, H200, 2026-11-30).
+# batch of M rows runs the config chosen for the smallest bucket >= M. int4's third field is
+# scale groups a K-step, and it takes one stage (Triton's pipelining turned its table lookups
+# into asynchronous copies: 2% of the copy bandwidth, H200, 2026-11-30). int8, H200 (bench_gemv
+# --m 32 / 128): (64, 32, 128, 4, 4) and (64, 128, 128, 4, 3) best on every shape; loading
+# ahead in registers lost to Triton's pipelining.
 CONFIGS = {
     "int8": {
-        32: [(64, 32, 128, 4, 4, 0), (64, 32, 128, 4, 1, 1), (64, 32, 256, 4, 1, 1),
-             (128, 32, 128, 4, 1, 1)],
-        64: [(128, 64, 128, 8, 3, 0), (64, 64, 128, 4, 4, 0), (64, 64, 128, 4, 1, 1),
-             (128, 64, 128, 8, 1, 1)],
-        128: [(64, 128, 128, 4, 3, 0), (128, 128, 64, 8, 3, 0), (64, 128, 128, 4, 1, 1),
-              (128, 128, 128, 8, 1, 1)],
-        256: [(64, 128, 128, 4, 3, 0), (128, 256, 64, 8, 3, 0), (64, 128, 128, 4, 1, 1)],
+        32: [(64, 32, 128, 4, 4, 0), (64, 32, 256, 4, 3, 0), (128, 32, 128, 8, 4, 0)],
+        64: [(64, 64, 128, 4, 4, 0), (64, 64, 128, 4, 3, 0), (128, 64, 128, 8, 3, 0)],
+        128: [(64, 128, 128, 4, 3, 0), (128, 128, 64, 8, 3, 0)],
+        256: [(64, 128, 128, 4, 3, 0), (128, 128, 64, 8, 3, 0)],
     },
     "int4": {
-        32: [(64, 32, 0, 4, 1, 0), (128, 32, 0, 4, 1, 0), (64, 32, 0, 4, 1, 1),
-             (128, 32, 0, 4, 1, 1)],
-        64: [(64, 64, 0, 4, 1, 0), (128, 64, 0, 4, 1, 0), (64, 64, 0, 4, 1, 1),
-             (128, 64, 0, 8, 1, 1)],
-        128: [(64, 128, 0, 4, 1, 0), (128, 128, 0, 8, 1, 0), (64, 128, 0, 4, 1, 1)],
-        256: [(64, 128, 0, 4, 1, 0), (128, 128, 0, 8, 1, 0), (64, 128, 0, 4, 1, 1)],
+        32: [(128, 32, 2, 8, 1, 1), (256, 32, 1, 8, 1, 0), (128, 32, 1, 8, 1, 1),
+             (64, 32, 2, 4, 1, 1)],
+        64: [(128, 64, 2, 8, 1, 1), (256, 64, 1, 8, 1, 0), (64, 64, 2, 4, 1, 1)],
+        128: [(128, 128, 2, 8, 1, 1), (256, 128, 1, 8, 1, 0)],
+        256: [(128, 128, 2, 8, 1, 1), (256, 128, 1, 8, 1, 0)],
     },
 }  # fmt: skip
 Layer = tuple  # (qweight, scales, code or None, bias or None, group_size), as in wq_choice
