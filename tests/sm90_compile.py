@@ -107,8 +107,8 @@ def compile_wq_gemm() -> int:
                      "stride_sn": "i32"}  # fmt: skip
             consts = dict(IS_INT4=what == "int4", SPLIT_K=1 + (bucket <= 64), HAS_BIAS=True,
                           BLOCK_N=block_n, BLOCK_M=block_m,
-                          BLOCK_K=64 if what == "int4" else block_k, AHEAD=bool(ahead),
-                          EVEN_K=True)  # fmt: skip
+                          BLOCK_K=64 * block_k if what == "int4" else block_k, AHEAD=bool(ahead),
+                          EVEN_K=True, GROUP=64)  # fmt: skip
             cubin = compile_sm90(_wq_gemm_kernel, types, consts, warps, stages, ALIGNED)
             print(f"ok wq_gemm {what} {config}: {len(cubin)} bytes")
             count += 1
