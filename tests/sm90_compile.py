@@ -99,16 +99,18 @@ def compile_wq_gemm() -> int:
     count = 0
     for what, bucket in itertools.product(("int8", "int4"), CONFIGS["int8"]):
         for config in CONFIGS[what][bucket][:2] + CONFIGS[what][bucket][-1:]:
-            block_n, block_m, block_k, warps, stages, ahead = config
-            types = {"x_ptr": "*bf16", "w_ptr": "*u8" if what == "int4" else "*i8",
-                     "s_ptr": "*fp32", "code_ptr": "*fp32", "bias_ptr": "*bf16",
+            block_n, block_m, block_k, warps, stages, ahead, *words = config
+            words = bool(words and words[0])
+            w_type = ("*i32" if words else "*u8") if what == "int4" else "*i8"
+            types = {"x_ptr": "*bf16", "w_ptr": w_type, "s_ptr": "*fp32",
+                     "code_ptr": "*i32" if words else "*fp32", "bias_ptr": "*bf16",
                      "out_ptr": "*fp32", "M": "i32", "N": "i32", "K": "i32",
                      "k_per_split": "i32", "stride_xm": "i32", "stride_wn": "i32",
                      "stride_sn": "i32"}  # fmt: skip
             consts = dict(IS_INT4=what == "int4", SPLIT_K=1 + (bucket <= 64), HAS_BIAS=True,
                           BLOCK_N=block_n, BLOCK_M=block_m,
-                          BLOCK_K=64 * block_k if what == "int4" else block_k, AHEAD=bool(ahead),
-                          EVEN_K=True, GROUP=64)  # fmt: skip
+                          BLOCK_K=64 * block_k if what == "int4" else block_k,
+                          AHEAD=bool(ahead), EVEN_K=True, GROUP=64, WORDS=words)  # fmt: skip
             cubin = compile_sm90(_wq_gemm_kernel, types, consts, warps, stages, ALIGNED)
             print(f"ok wq_gemm {what} {config}: {len(cubin)} bytes")
             count += 1

@@ -93,8 +93,8 @@ def test_supports_what_it_reads():
 
 
 def test_bucket_for():
-    assert [_gemm.bucket_for(m) for m in (17, 32, 33, 64, 100, 256, 257)] == [
-        32, 32, 64, 64, 128, 256, None,
+    assert [_gemm.bucket_for(m) for m in (2, 16, 17, 32, 33, 64, 100, 256, 257)] == [
+        16, 16, 32, 32, 64, 64, 128, 256, None,
     ]  # fmt: skip
 
 
@@ -144,16 +144,19 @@ def test_choose_keeps_a_config_only_when_right_and_faster(
 
     monkeypatch.setattr(_gemm, "wq_gemm", spy)
     monkeypatch.setattr(_gemm, "_choice", {})
-    monkeypatch.setattr(_gemm, "CONFIGS", {"int8": {32: []}, "int4": {32: [SMALL]}})
+    monkeypatch.setattr(
+        _gemm, "CONFIGS", {"int8": {16: [], 32: []}, "int4": {16: [SMALL], 32: [SMALL]}}
+    )
     monkeypatch.setattr(timing, "graph_seconds", seconds)
     _gemm.choose([layer] * 2, torch.float16, max_rows=24)
-    assert _gemm._choice == {_gemm._key(layer, torch.float16, 32): SMALL if kept else None}
+    chosen = SMALL if kept else None
+    assert _gemm._choice == {_gemm._key(layer, torch.float16, b): chosen for b in (16, 32)}
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
 @pytest.mark.parametrize("kind", ["int8", "int4"])
-@pytest.mark.parametrize("m", [17, 64, 200])
+@pytest.mark.parametrize("m", [9, 17, 64, 200])
 def test_llama3_shapes_every_config_gpu(kind, m):
     dtype = torch.bfloat16
     for n, k in [(6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336)]:
@@ -167,7 +170,7 @@ def test_llama3_shapes_every_config_gpu(kind, m):
 @pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
 @pytest.mark.parametrize("kind", ["int8", "int4"])
 def test_choice_and_batched_linear_gpu(kind, monkeypatch):
-    """gate_up at 32 and 64 rows: the choice made (either way, printed) and a QuantLinear of
+    """gate_up at 8, 32 and 64 rows: the choice made (either way, printed) and a QuantLinear of
     that many rows, whichever path it takes, matching the reference."""
     from engine.models.quant import QuantLinear, WeightQuant
 
@@ -180,8 +183,27 @@ def test_choice_and_batched_linear_gpu(kind, monkeypatch):
     linear.scales.copy_(s)
     if code is not None:
         linear.code.copy_(code)
-    for m in (32, 64):
+    for m in (8, 32, 64):
         x = _x(m, 4096, dtype)
         _assert_matches(linear(x), x, (q, s, code, None, group))
-        chosen = _gemm._choice[_gemm._key((q, s, code, None, group), dtype, m)]
+        chosen = _gemm._choice[_gemm._key((q, s, code, None, group), dtype, _gemm.bucket_for(m))]
         print(f"{kind} gate_up {m} rows: {chosen or 'dequantize + cuBLAS'}")
+
+
+@pytest.mark.skipif(HAS_CUDA, reason="the interpreter's stand-in for the PTX decode")
+@pytest.mark.parametrize("kind,m,n,k,group,quant_type,bias,sms", CASES[2:])
+def test_int4_words_path_in_the_interpreter(
+    monkeypatch, kind, m, n, k, group, quant_type, bias, sms
+):
+    """The int4 words path's plumbing (the int32 view, the table registers, the eight decoded
+    codes put back in k order, several groups a step) with the PTX decode emulated
+    (tests/ptx_emulation.py, imported now: under the interpreter flag this fixture set)."""
+    import importlib
+
+    emulation = importlib.reload(importlib.import_module("tests.ptx_emulation"))
+    monkeypatch.setattr(_gemm, "interpreting", lambda: False)
+    monkeypatch.setattr(_gemm, "codes8_to_f32", emulation.codes8_to_f32)
+    layer = _layer(kind, n, k, group, quant_type, bias)
+    x = _x(m, k)
+    for config in [(*GROUPS, 1), (*SMALL, 1)]:
+        _assert_matches(_gemm.wq_gemm(x, *layer, config, num_sms=sms), x, layer)

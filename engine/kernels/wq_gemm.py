@@ -1,22 +1,24 @@
-"""Triton GEMM for decode batches (17-256 rows) with weight-only quantized weights, dequantizing
+"""Triton GEMM for decode batches (2-256 rows) with weight-only quantized weights, dequantizing
 in the kernel: out[M, N] = x[M, K] @ dequant(W).T (+ bias), layouts as engine/kernels/wq_gemv.py.
 
-Without it a batch dequantizes every weight to 16 bits and calls cuBLAS, in every decode step:
-int8 reads 1 byte a weight, writes 2 and cuBLAS reads those 2 again (5 bytes of traffic a
-weight); int4 about 4.5. Here each weight is read once in its packed form (1 byte int8, half a
-byte int4 plus its group's scale) and widened in registers, so a decode batch should cost
-little more than a batch-1 step.
+Without it a batch of more than 16 rows dequantizes every weight to 16 bits and calls cuBLAS,
+in every decode step: int8 reads 1 byte a weight, writes 2 and cuBLAS reads those 2 again (5
+bytes of traffic a weight); int4 about 4.5. (2-16 rows take wq_gemv's tl.dot kernel.) Here
+each weight is read once in its packed form (1 byte int8, half a byte int4 plus its group's
+scale) and widened in registers, so a decode batch should cost little more than a batch-1
+step.
 
 The product is computed transposed, acc[BLOCK_N, BLOCK_M] = W_tile @ x_tile.T: the weight rows
 (thousands) fill the tensor-core instruction's M side and the few batch rows its N side, and
 the weight tile, widened in registers, is the operand that may stay there.
 - int8: the tile is widened to x's 16-bit type (exact for every int8); the row scale multiplies
   the fp32 sum once, in the epilogue.
-- int4: a K-step is one or more whole scale groups; both codes of a byte are looked up in the
-  16-entry table (in L1) and multiplied by their group's scale in fp32, rounded once to x's
-  type: the weights quant.dequantize_to gives, so only the summation order differs from the
-  dequantize-then-cuBLAS path. The two codes' values are interleaved in registers (tl.join),
-  so x is read in its own order, 16 bytes a load.
+- int4: a K-step is one or more whole scale groups. Each code's table value is multiplied by
+  its group's scale in fp32 and rounded once to x's type. The value comes from the 16-entry
+  table in L1 (the weights quant.dequantize_to gives), or on CUDA, where a config asks for
+  words, from int32 words of eight codes decoded in registers against the table in fp16
+  (ptx_decode.codes8_to_f32: up to 2.6e-4 of a value off for NF4). The decoded values are put
+  back in k order in registers (tl.join), so x is read in its own order, 16 bytes a load.
 Programs split K (SPLIT_K) when the tiles alone give too few programs; a second kernel sums the
 fp32 partials. Which config, and whether at all (against dequantize + cuBLAS), is timed per
 weight shape and row bucket at start-up (choose(), below).
@@ -28,8 +30,10 @@ import torch
 import triton
 import triton.language as tl
 
+from engine.kernels import interpreting
 from engine.kernels.gemv import num_sms_for
 from engine.kernels.launch_math import cdiv
+from engine.kernels.ptx_decode import codes8_to_f32, table_words
 
 MAX_ROWS = 256
 """The most rows this kernel is timed for; more (prefill) dequantize and use cuBLAS."""
@@ -39,6 +43,7 @@ MAX_ROWS = 256
 def _load_step(
     k0, w_rows, x_rows, s_rows, n_mask, m_mask, k_end,
     IS_INT4: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, GROUP: tl.constexpr,
+    WORDS: tl.constexpr,
 ):  # fmt: skip
     """The raw tiles of the K-step at k0: (weights, x [BLOCK_M, BLOCK_K], the int4 groups'
     scales [BLOCK_N, BLOCK_K / GROUP]); the weights int8 [BLOCK_N, BLOCK_K], or int4's bytes
@@ -49,7 +54,13 @@ def _load_step(
     if IS_INT4 or EVEN_K:
         k0 = tl.minimum(k0, k_end - BLOCK_K)
     offs_k = k0 + tl.arange(0, BLOCK_K)
-    if IS_INT4:
+    if IS_INT4 and WORDS:  # int32 words of eight codes
+        offs_e = k0 // 8 + tl.arange(0, BLOCK_K // 8)
+        w = tl.load(w_rows + offs_e[None, :], mask=n_mask[:, None], other=0)
+        groups = k0 // GROUP + tl.arange(0, BLOCK_K // GROUP)
+        s = tl.load(s_rows[:, None] + groups[None, :], mask=n_mask[:, None], other=0.0)
+        x = tl.load(x_rows + offs_k[None, :], mask=m_mask[:, None], other=0.0)
+    elif IS_INT4:
         offs_j = k0 // 2 + tl.arange(0, BLOCK_K // 2)
         w = tl.load(w_rows + offs_j[None, :], mask=n_mask[:, None], other=0)
         groups = k0 // GROUP + tl.arange(0, BLOCK_K // GROUP)
@@ -68,21 +79,37 @@ def _load_step(
 
 
 @triton.jit
-def _multiply_step(acc, w, x, s, code_ptr, IS_INT4: tl.constexpr, GROUP: tl.constexpr):
+def _multiply_step(acc, w, x, s, code_ptr, IS_INT4: tl.constexpr, GROUP: tl.constexpr,
+                   WORDS: tl.constexpr):  # fmt: skip
     """acc [BLOCK_N, BLOCK_M] += the step's widened weights @ x.T."""
-    if IS_INT4:  # both codes of a byte looked up, times the group's scale, rounded once
-        packed = w.to(tl.int32)
-        w = tl.join(tl.load(code_ptr + (packed >> 4)), tl.load(code_ptr + (packed & 0xF)))
+    if IS_INT4:  # each code's table value times its group's scale in fp32, rounded once
+        if WORDS:  # in registers: 8 x [BLOCK_N, BLOCK_K / 8], codes k = 0..7 of each word
+            w = _decode_words(w, code_ptr)
+        else:  # from the table in L1: both codes of each byte
+            packed = w.to(tl.int32)
+            w = tl.join(tl.load(code_ptr + (packed >> 4)), tl.load(code_ptr + (packed & 0xF)))
         rows: tl.constexpr = w.shape[0]
-        if s.shape[1] == 1:
-            w = w * s[:, :, None]  # [BLOCK_N, BLOCK_K / 2, 2]
-        else:
-            w = tl.reshape(w, (rows, s.shape[1], GROUP)) * s[:, :, None]
-        w = tl.reshape(w, (rows, 2 * packed.shape[1])).to(x.dtype)
+        cols: tl.constexpr = x.shape[1]
+        w = tl.reshape(w, (rows, s.shape[1], GROUP)) * s[:, :, None]
+        w = tl.reshape(w, (rows, cols)).to(x.dtype)
         acc = tl.dot(w, tl.trans(x), acc)
     else:
         acc = tl.dot(w.to(x.dtype), tl.trans(x), acc)  # int8 is exact in 16 bits
     return acc
+
+
+@triton.jit
+def _decode_words(words, table_ptr):
+    """[BLOCK_N, W] int32 words of eight codes -> their table values [BLOCK_N, W, 2, 2, 2] fp32
+    in k order (ptx_decode.codes8_to_f32, the table's eight registers at table_ptr)."""
+    c0, c1, c2, c3, c4, c5, c6, c7 = codes8_to_f32(
+        words, tl.load(table_ptr), tl.load(table_ptr + 1), tl.load(table_ptr + 2),
+        tl.load(table_ptr + 3), tl.load(table_ptr + 4), tl.load(table_ptr + 5),
+        tl.load(table_ptr + 6), tl.load(table_ptr + 7),
+    )  # fmt: skip
+    # a join adds the last axis, so the first joins pick k's high bit: [.., p, q, r] = c[4p+2q+r]
+    even = tl.join(tl.join(c0, c4), tl.join(c2, c6))
+    return tl.join(even, tl.join(tl.join(c1, c5), tl.join(c3, c7)))
 
 
 @triton.jit
@@ -91,7 +118,7 @@ def _wq_gemm_kernel(
     M, N, K, k_per_split, stride_xm, stride_wn, stride_sn,
     IS_INT4: tl.constexpr, SPLIT_K: tl.constexpr, HAS_BIAS: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, AHEAD: tl.constexpr,
-    EVEN_K: tl.constexpr, GROUP: tl.constexpr,
+    EVEN_K: tl.constexpr, GROUP: tl.constexpr, WORDS: tl.constexpr,
 ):  # fmt: skip
     # Program (n, split, m) sums K-range `split` for an [BLOCK_N, BLOCK_M] tile of out.T; with
     # SPLIT_K > 1 it writes fp32 partials out[split, m, n], else the output itself. AHEAD loads
@@ -110,17 +137,17 @@ def _wq_gemm_kernel(
     acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
     rows = (w_rows, x_rows, s_rows, n_mask, m_mask, k_end)
     if AHEAD:
-        w, x, s = _load_step(k_start, *rows, IS_INT4, BLOCK_K, EVEN_K, GROUP)
+        w, x, s = _load_step(k_start, *rows, IS_INT4, BLOCK_K, EVEN_K, GROUP, WORDS)
         for k0 in range(k_start, k_end, BLOCK_K):
             w_next, x_next, s_next = _load_step(
-                k0 + BLOCK_K, *rows, IS_INT4, BLOCK_K, EVEN_K, GROUP
+                k0 + BLOCK_K, *rows, IS_INT4, BLOCK_K, EVEN_K, GROUP, WORDS
             )
-            acc = _multiply_step(acc, w, x, s, code_ptr, IS_INT4, GROUP)
+            acc = _multiply_step(acc, w, x, s, code_ptr, IS_INT4, GROUP, WORDS)
             w, x, s = w_next, x_next, s_next
     else:
         for k0 in range(k_start, k_end, BLOCK_K):
-            w, x, s = _load_step(k0, *rows, IS_INT4, BLOCK_K, EVEN_K, GROUP)
-            acc = _multiply_step(acc, w, x, s, code_ptr, IS_INT4, GROUP)
+            w, x, s = _load_step(k0, *rows, IS_INT4, BLOCK_K, EVEN_K, GROUP, WORDS)
+            acc = _multiply_step(acc, w, x, s, code_ptr, IS_INT4, GROUP, WORDS)
     if not IS_INT4:
         acc *= tl.load(s_ptr + offs_n * stride_sn, mask=n_mask, other=0.0)[:, None]
     mask = n_mask[:, None] & m_mask[None, :]
@@ -164,16 +191,22 @@ def wq_gemm(
     code: torch.Tensor | None,  # fp32 [16] (int4)
     bias: torch.Tensor | None,  # [N]
     group_size: int,
-    config: tuple,  # (BLOCK_N, BLOCK_M, BLOCK_K or int4's groups a step, warps, stages, ahead)
+    config: tuple,  # (BLOCK_N, BLOCK_M, BLOCK_K or int4's groups, warps, stages, ahead[, words])
     num_sms: int | None = None,
 ) -> torch.Tensor:  # [M, N] in x's dtype
     """x @ dequant(qweight).T + bias; the caller checked the layer with supports()."""
     is_int4 = qweight.dtype == torch.uint8
     m, k = x.shape
     n = qweight.shape[0]
-    block_n, block_m, block_k, warps, stages, ahead = config
+    block_n, block_m, block_k, warps, stages, ahead, *words = config
+    w, table = qweight, code if is_int4 else scales
     if is_int4:  # whole groups a step, and whole steps (a ragged int4 tile is not masked)
         block_k = group_size * block_k if k % (group_size * block_k) == 0 else group_size
+        # int4 words decode in registers (CUDA; the table's registers are read before any
+        # capture: None sends the call to the table loads)
+        lut = table_words(code) if words and words[0] and not interpreting() else None
+        if lut is not None and qweight.stride(0) % 4 == 0 and qweight.storage_offset() % 4 == 0:
+            w, table = qweight.view(torch.int32), lut
     split = split_for(m, n, k, config, block_k, num_sms_for(x, num_sms))
     k_per_split = cdiv(cdiv(k, split), block_k) * block_k
     split = cdiv(k, k_per_split)
@@ -181,12 +214,12 @@ def wq_gemm(
     part = torch.empty(split, m, n, dtype=torch.float32, device=x.device) if split > 1 else out
     grid = (cdiv(n, block_n), split, cdiv(m, block_m))
     _wq_gemm_kernel[grid](
-        x, qweight, scales, code if is_int4 else scales, bias if bias is not None else scales,
-        part, m, n, k, k_per_split, x.stride(0), qweight.stride(0), scales.stride(0),
+        x, w, scales, table, bias if bias is not None else scales,
+        part, m, n, k, k_per_split, x.stride(0), w.stride(0), scales.stride(0),
         IS_INT4=is_int4, SPLIT_K=split, HAS_BIAS=bias is not None,
         BLOCK_N=block_n, BLOCK_M=block_m, BLOCK_K=block_k, AHEAD=bool(ahead),
-        EVEN_K=k % block_k == 0, GROUP=group_size if is_int4 else 1, num_warps=warps,
-        num_stages=stages,
+        EVEN_K=k % block_k == 0, GROUP=group_size if is_int4 else 1,
+        WORDS=w.dtype == torch.int32, num_warps=warps, num_stages=stages,
     )  # fmt: skip
     if split > 1:
         _sum_splits_kernel[(cdiv(m * n, 1024),)](
@@ -210,25 +243,30 @@ def supports(qweight: torch.Tensor, scales: torch.Tensor, x: torch.Tensor, group
     return qweight.dtype == torch.int8 and x.shape[1] == qweight.shape[1]
 
 
-# kind -> row bucket -> candidate (BLOCK_N, BLOCK_M, BLOCK_K, num_warps, num_stages, ahead); a
-# batch of M rows runs the config chosen for the smallest bucket >= M. int4's third field is
-# scale groups a K-step, and it takes one stage (Triton's pipelining turned its table lookups
-# into asynchronous copies: 2% of the copy bandwidth, H200, 2026-11-30). int8, H200 (bench_gemv
-# --m 32 / 128): (64, 32, 128, 4, 4) and (64, 128, 128, 4, 3) best on every shape; loading
-# ahead in registers lost to Triton's pipelining.
+# kind -> row bucket -> candidate (BLOCK_N, BLOCK_M, BLOCK_K, num_warps, num_stages, ahead[,
+# words]); a batch of M rows runs the config chosen for the smallest bucket >= M. int4's third
+# field is scale groups a K-step; with words (CUDA) its codes decode in registers
+# (ptx_decode.codes8_to_f32) and Triton pipelines the loads; without, the table loads in L1
+# take one stage (Triton's pipelining turned them into asynchronous copies: 2% of the copy
+# bandwidth, H200, 2026-11-30). int8, H200 (bench_gemv --m 32 / 128): (64, 32, 128, 4, 4) and
+# (64, 128, 128, 4, 3) best on every shape; loading ahead in registers lost to Triton's
+# pipelining. int4 table loads, m 32: (64, 32, 2, 4, 1, 1) best, 12% of the copy bandwidth.
 CONFIGS = {
     "int8": {
+        16: [(64, 16, 128, 4, 4, 0), (64, 16, 256, 4, 3, 0), (128, 16, 128, 8, 4, 0)],
         32: [(64, 32, 128, 4, 4, 0), (64, 32, 256, 4, 3, 0), (128, 32, 128, 8, 4, 0)],
         64: [(64, 64, 128, 4, 4, 0), (64, 64, 128, 4, 3, 0), (128, 64, 128, 8, 3, 0)],
         128: [(64, 128, 128, 4, 3, 0), (128, 128, 64, 8, 3, 0)],
         256: [(64, 128, 128, 4, 3, 0), (128, 128, 64, 8, 3, 0)],
     },
     "int4": {
-        32: [(128, 32, 2, 8, 1, 1), (256, 32, 1, 8, 1, 0), (128, 32, 1, 8, 1, 1),
-             (64, 32, 2, 4, 1, 1)],
-        64: [(128, 64, 2, 8, 1, 1), (256, 64, 1, 8, 1, 0), (64, 64, 2, 4, 1, 1)],
-        128: [(128, 128, 2, 8, 1, 1), (256, 128, 1, 8, 1, 0)],
-        256: [(128, 128, 2, 8, 1, 1), (256, 128, 1, 8, 1, 0)],
+        16: [(64, 16, 2, 4, 3, 0, 1), (128, 16, 2, 8, 3, 0, 1), (64, 16, 1, 4, 4, 0, 1)],
+        32: [(64, 32, 2, 4, 3, 0, 1), (128, 32, 2, 8, 3, 0, 1), (64, 32, 1, 4, 4, 0, 1),
+             (128, 32, 2, 8, 4, 0, 1), (64, 32, 2, 4, 1, 1)],
+        64: [(64, 64, 2, 4, 3, 0, 1), (128, 64, 2, 8, 3, 0, 1), (64, 64, 1, 4, 4, 0, 1),
+             (128, 64, 2, 8, 1, 1)],
+        128: [(128, 128, 2, 8, 3, 0, 1), (128, 128, 1, 8, 3, 0, 1), (128, 128, 2, 8, 1, 1)],
+        256: [(128, 128, 2, 8, 3, 0, 1), (128, 128, 1, 8, 3, 0, 1), (128, 128, 2, 8, 1, 1)],
     },
 }  # fmt: skip
 Layer = tuple  # (qweight, scales, code or None, bias or None, group_size), as in wq_choice
@@ -249,14 +287,12 @@ def _key(layer: Layer, dtype: torch.dtype, bucket: int | None) -> tuple:
 
 def choose(layers: list[Layer], dtype: torch.dtype, max_rows: int, timed: int = 8) -> None:
     """Per weight shape of `layers` and row bucket up to max_rows' (CUDA, before capture): time
-    each config and dequantize + cuBLAS at the bucket's rows, each over up to `timed` of that
-    shape's weights in a CUDA graph, and keep the fastest that matches the reference (None:
-    dequantize + cuBLAS)."""
-    import torch.nn.functional as F
-
-    from engine.kernels.dequant import weight_for
+    each config and the path without this kernel (quant.linear_without_gemm: dequantize +
+    cuBLAS, or wq_gemv's kernel up to 16 rows) at the bucket's rows, each over up to `timed`
+    of that shape's weights in a CUDA graph, and keep the fastest that matches the reference
+    (None: the path without it)."""
     from engine.kernels.wq_choice import by_shape
-    from engine.models.quant import wq_matmul_ref
+    from engine.models.quant import linear_without_gemm, wq_matmul_ref
     from engine.timing import fastest_config
 
     last = bucket_for(min(max_rows, MAX_ROWS))
@@ -272,10 +308,13 @@ def choose(layers: list[Layer], dtype: torch.dtype, max_rows: int, timed: int = 
             if not supports(q, s, x, group):
                 continue
             ref = wq_matmul_ref(x, q, s, code, bias, group).float()
+            for layer in same:  # int4 words' table registers, read now, not in a capture
+                if layer[2] is not None:
+                    table_words(layer[2])
 
             def call(cfg, layer, x=x):
                 if cfg is None:
-                    return F.linear(x, weight_for(*layer[:3], layer[4], x.dtype), layer[3])
+                    return linear_without_gemm(x, layer)
                 return wq_gemm(x, *layer, cfg)
 
             configs = CONFIGS["int4" if code is not None else "int8"][bucket]

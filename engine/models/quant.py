@@ -132,6 +132,25 @@ DEQUANT_MIN_ROWS = 16
 """Above this many rows a CUDA quantized linear dequantizes to 16 bits and calls cuBLAS."""
 
 
+def linear_without_gemm(x: torch.Tensor, layer: tuple) -> torch.Tensor:
+    """x @ dequant(W).T + bias for layer (qweight, scales, code, bias, group_size) where the
+    decode-batch GEMM (engine/kernels/wq_gemm.py) is not used: many rows (prefill) dequantize
+    once and let cuBLAS run the GEMM (the tl.dot path measured far slower there, H200); fewer
+    take the Triton kernel of wq_gemv (one row: the split-K GEMV); off CUDA the reference."""
+    qweight, scales, code, bias, group_size = layer
+    if x.is_cuda and x.numel() // x.shape[-1] > DEQUANT_MIN_ROWS:
+        if _kernel_enabled():
+            from engine.kernels.dequant import weight_for
+
+            return F.linear(x, weight_for(qweight, scales, code, group_size, x.dtype), bias)
+        return F.linear(x, dequantize_to(qweight, scales, code, group_size, x.dtype), bias)
+    if x.is_cuda and _kernel_enabled():
+        from engine.kernels.wq_gemv import wq_matmul
+
+        return wq_matmul(x, *layer)
+    return wq_matmul_ref(x, *layer)
+
+
 class QuantLinear(nn.Module):
     """A linear layer with int8 or int4 weights; `bias` stays in the activation dtype."""
 
@@ -196,24 +215,16 @@ class QuantLinear(nn.Module):
         return dequantize_to(*layer)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        args = (x, self.qweight, self.scales, self.code, self.bias, self.group_size)
-        if x.is_cuda and x.numel() // x.shape[-1] > DEQUANT_MIN_ROWS:
+        layer = (self.qweight, self.scales, self.code, self.bias, self.group_size)
+        if x.is_cuda and x.numel() > x.shape[-1] and _kernel_enabled():
             # Decode batches: the dequantizing GEMM where start-up timing kept it for this
-            # shape and row bucket. Else (prefill, or where it lost) dequantize once and let
-            # cuBLAS run the GEMM (the tl.dot path measured far slower for prefill, H200).
-            if _kernel_enabled():
-                from engine.kernels.wq_gemm import gemm_for
+            # shape and row bucket
+            from engine.kernels.wq_gemm import gemm_for
 
-                layer = (self.qweight, self.scales, self.code, self.bias, self.group_size)
-                out = gemm_for(x, layer)
-                if out is not None:
-                    return out
-            return F.linear(x, self.dequantized(x.dtype), self.bias)
-        if x.is_cuda and _kernel_enabled():
-            from engine.kernels.wq_gemv import wq_matmul
-
-            return wq_matmul(*args)
-        return wq_matmul_ref(*args)
+            out = gemm_for(x, layer)
+            if out is not None:
+                return out
+        return linear_without_gemm(x, layer)
 
     def silu_mul_forward(self, x: torch.Tensor) -> torch.Tensor:
         """silu_and_mul(self(x)) for a gate-and-up projection: one fused kernel at batch 1
@@ -250,7 +261,7 @@ def choose_quant_linears(model: nn.Module, dtype: torch.dtype, max_rows: int = 1
         from engine.kernels.wq_choice import choose_configs, choose_silu
 
         dequant.choose([layer for _, layer in named], dtype)
-        if max_rows > DEQUANT_MIN_ROWS:
+        if max_rows > 1:
             from engine.kernels import wq_gemm
 
             wq_gemm.choose([layer for _, layer in named], dtype, max_rows)
