@@ -248,9 +248,11 @@ def supports(qweight: torch.Tensor, scales: torch.Tensor, x: torch.Tensor, group
 # field is scale groups a K-step; with words (CUDA) its codes decode in registers
 # (ptx_decode.codes8_to_f32) and Triton pipelines the loads; without, the table loads in L1
 # take one stage (Triton's pipelining turned them into asynchronous copies: 2% of the copy
-# bandwidth, H200, 2026-11-30). int8, H200 (bench_gemv --m 32 / 128): (64, 32, 128, 4, 4) and
-# (64, 128, 128, 4, 3) best on every shape; loading ahead in registers lost to Triton's
-# pipelining. int4 table loads, m 32: (64, 32, 2, 4, 1, 1) best, 12% of the copy bandwidth.
+# bandwidth). H200, 2026-11-30, bench_gemv --m 32 / --m 128, weight time of a decode step:
+# int8 (64, 32, 128, 4, 4) 3.59 ms and (64, 128, 128, 4, 3) 5.58 ms, best on every shape
+# (dequantize + cuBLAS 9.56 / 10.07; loading ahead in registers lost to Triton's pipelining);
+# int4 words (64, 32, 2, 4, 3) 4.60 ms (table loads at best 7.72, dequantize + cuBLAS 15.00),
+# (128, 128, 1, 8, 3) 8.27 ms at 128 rows (15.46).
 CONFIGS = {
     "int8": {
         16: [(64, 16, 128, 4, 4, 0), (64, 16, 256, 4, 3, 0), (128, 16, 128, 8, 4, 0)],
@@ -261,12 +263,10 @@ CONFIGS = {
     },
     "int4": {
         16: [(64, 16, 2, 4, 3, 0, 1), (128, 16, 2, 8, 3, 0, 1), (64, 16, 1, 4, 4, 0, 1)],
-        32: [(64, 32, 2, 4, 3, 0, 1), (128, 32, 2, 8, 3, 0, 1), (64, 32, 1, 4, 4, 0, 1),
-             (128, 32, 2, 8, 4, 0, 1), (64, 32, 2, 4, 1, 1)],
-        64: [(64, 64, 2, 4, 3, 0, 1), (128, 64, 2, 8, 3, 0, 1), (64, 64, 1, 4, 4, 0, 1),
-             (128, 64, 2, 8, 1, 1)],
-        128: [(128, 128, 2, 8, 3, 0, 1), (128, 128, 1, 8, 3, 0, 1), (128, 128, 2, 8, 1, 1)],
-        256: [(128, 128, 2, 8, 3, 0, 1), (128, 128, 1, 8, 3, 0, 1), (128, 128, 2, 8, 1, 1)],
+        32: [(64, 32, 2, 4, 3, 0, 1), (64, 32, 1, 4, 4, 0, 1), (128, 32, 2, 8, 3, 0, 1)],
+        64: [(64, 64, 2, 4, 3, 0, 1), (128, 64, 2, 8, 3, 0, 1), (64, 64, 1, 4, 4, 0, 1)],
+        128: [(64, 128, 1, 4, 3, 0, 1), (64, 128, 2, 4, 3, 0, 1), (128, 128, 1, 8, 3, 0, 1)],
+        256: [(64, 128, 1, 4, 3, 0, 1), (64, 128, 2, 4, 3, 0, 1), (128, 128, 1, 8, 3, 0, 1)],
     },
 }  # fmt: skip
 Layer = tuple  # (qweight, scales, code or None, bias or None, group_size), as in wq_choice
