@@ -187,7 +187,7 @@ def test_choice_and_batched_linear_gpu(kind, monkeypatch):
         x = _x(m, 4096, dtype)
         _assert_matches(linear(x), x, (q, s, code, None, group))
         chosen = _gemm._choice[_gemm._key((q, s, code, None, group), dtype, _gemm.bucket_for(m))]
-        print(f"{kind} gate_up {m} rows: {chosen or 'dequantize + cuBLAS'}")
+        print(f"{kind} gate_up {m} rows: {chosen or 'the path without the GEMM'}")
 
 
 @pytest.mark.skipif(HAS_CUDA, reason="the interpreter's stand-in for the PTX decode")
