@@ -46,27 +46,23 @@ def _load_step(
     WORDS: tl.constexpr,
 ):  # fmt: skip
     """The raw tiles of the K-step at k0: (weights, x [BLOCK_M, BLOCK_K], the int4 groups'
-    scales [BLOCK_N, BLOCK_K / GROUP]); the weights int8 [BLOCK_N, BLOCK_K], or int4's bytes
-    [BLOCK_N, BLOCK_K / 2] (column 2j in byte j's high nibble, 2j + 1 in its low one). Past
-    k_end (the step AHEAD loads after the last) whole tiles read the last tile again instead
-    of masking: a mask along K whose bound the compiler cannot see as a multiple of 16 splits
-    the loads into single bytes."""
+    scales [BLOCK_N, BLOCK_K / GROUP]); the weights int8 [BLOCK_N, BLOCK_K], or int4's int32
+    words [BLOCK_N, BLOCK_K / 8] (WORDS) or bytes [BLOCK_N, BLOCK_K / 2] (column 2j in byte
+    j's high nibble, 2j + 1 in its low one). With whole tiles, a step at or past k_end (the one
+    AHEAD loads after the last) reads the last tile again, unmasked."""
     if IS_INT4 or EVEN_K:
         k0 = tl.minimum(k0, k_end - BLOCK_K)
     offs_k = k0 + tl.arange(0, BLOCK_K)
-    if IS_INT4 and WORDS:  # int32 words of eight codes
-        offs_e = k0 // 8 + tl.arange(0, BLOCK_K // 8)
-        w = tl.load(w_rows + offs_e[None, :], mask=n_mask[:, None], other=0)
+    if IS_INT4:
+        if WORDS:
+            offs_w = k0 // 8 + tl.arange(0, BLOCK_K // 8)
+        else:
+            offs_w = k0 // 2 + tl.arange(0, BLOCK_K // 2)
+        w = tl.load(w_rows + offs_w[None, :], mask=n_mask[:, None], other=0)
         groups = k0 // GROUP + tl.arange(0, BLOCK_K // GROUP)
         s = tl.load(s_rows[:, None] + groups[None, :], mask=n_mask[:, None], other=0.0)
         x = tl.load(x_rows + offs_k[None, :], mask=m_mask[:, None], other=0.0)
-    elif IS_INT4:
-        offs_j = k0 // 2 + tl.arange(0, BLOCK_K // 2)
-        w = tl.load(w_rows + offs_j[None, :], mask=n_mask[:, None], other=0)
-        groups = k0 // GROUP + tl.arange(0, BLOCK_K // GROUP)
-        s = tl.load(s_rows[:, None] + groups[None, :], mask=n_mask[:, None], other=0.0)
-        x = tl.load(x_rows + offs_k[None, :], mask=m_mask[:, None], other=0.0)
-    elif EVEN_K:
+    elif EVEN_K:  # whole tiles: no mask along K
         w = tl.load(w_rows + offs_k[None, :], mask=n_mask[:, None], other=0)
         x = tl.load(x_rows + offs_k[None, :], mask=m_mask[:, None], other=0.0)
         s = n_mask  # unused
@@ -122,9 +118,8 @@ def _wq_gemm_kernel(
 ):  # fmt: skip
     # Program (n, split, m) sums K-range `split` for an [BLOCK_N, BLOCK_M] tile of out.T; with
     # SPLIT_K > 1 it writes fp32 partials out[split, m, n], else the output itself. AHEAD loads
-    # the next K-step's tiles into registers before this step's products (Triton's own
-    # pipelining leaves the int8 tile, which feeds the tensor cores from registers, unpipelined,
-    # and turns int4's table lookups into asynchronous copies).
+    # the next K-step's tiles into registers before this step's products (for one-stage
+    # configs; Triton's pipelining, num_stages > 1, beat it for int8 on the H200).
     pid_n, pid_k, pid_m = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
