@@ -26,6 +26,8 @@ weight shape and row bucket at start-up (choose(), below).
 
 from __future__ import annotations
 
+import logging
+
 import torch
 import triton
 import triton.language as tl
@@ -35,6 +37,7 @@ from engine.kernels.gemv import num_sms_for
 from engine.kernels.launch_math import cdiv
 from engine.kernels.ptx_decode import codes8_to_f32, table_words
 
+log = logging.getLogger(__name__)
 MAX_ROWS = 256
 """The most rows this kernel is timed for; more (prefill) dequantize and use cuBLAS."""
 
@@ -314,6 +317,10 @@ def choose(layers: list[Layer], dtype: torch.dtype, max_rows: int, timed: int = 
 
             configs = CONFIGS["int4" if code is not None else "int8"][bucket]
             _choice[key] = fastest_config([None, *configs], call, same[:timed], ref)
+            log.info(
+                "wq_gemm %s %s, %d rows: %s", "int4" if code is not None else "int8",
+                (q.shape[0], k), bucket, _choice[key] or "the path without the GEMM",
+            )  # fmt: skip
     torch.cuda.empty_cache()
 
 
