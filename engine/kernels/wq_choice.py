@@ -18,9 +18,20 @@ _choice: dict[tuple, tuple[int, int, int] | None] = {}
 """(kind, N, K, group, has bias, x dtype, device) -> the fastest config (None: none ran)."""
 
 
-def _key(layer: Layer, dtype: torch.dtype) -> tuple:
+def layer_key(layer: Layer, dtype: torch.dtype) -> tuple:
+    """What a kernel choice depends on: the weight's kind and shape, the group, whether there
+    is a bias, x's dtype and the device."""
     q, _, _, bias, group = layer
     return (q.dtype, *q.shape, group, bias is not None, dtype, q.device)
+
+
+def read_tables(layers: list[Layer], *dtypes: torch.dtype) -> None:
+    """Read each int4 layer's table registers (ptx_decode.table_words) in these types now:
+    inside a CUDA graph capture they cannot be read (the kernels then fall back to loads)."""
+    for layer in layers:
+        if layer[2] is not None:
+            for dtype in dtypes:
+                table_words(layer[2], dtype)
 
 
 def by_shape(layers: list[Layer], key: Callable[[Layer], tuple]) -> dict[tuple, list[Layer]]:
@@ -36,17 +47,14 @@ def choose_configs(layers: list[Layer], dtype: torch.dtype) -> None:
     that shape's weights (as a decode step reads them), and keep the fastest."""
     from engine.models.quant import wq_matmul_ref  # the reference, to reject a wrong config
 
-    for key, same in by_shape(layers, lambda layer: _key(layer, dtype)).items():
+    for key, same in by_shape(layers, lambda layer: layer_key(layer, dtype)).items():
         if key in _choice:
             continue
         q, s, code, bias, group = same[0]
         x = _probe_x(q, dtype)
         if not sk.supports(q, x, group):
             continue
-        for layer in same:  # the int4 word path's table registers, read now, not in a capture
-            if layer[2] is not None:
-                table_words(layer[2])
-                table_words(layer[2], dtype)
+        read_tables(same, torch.float16, dtype)
         ref = wq_matmul_ref(x, q, s, code, bias, group).float()
 
         def call(cfg, layer, x=x):
@@ -74,7 +82,7 @@ def choose_silu(layers: list[Layer], dtype: torch.dtype) -> None:
     from engine.kernels.silu_mul import silu_and_mul
 
     choose_configs(layers, dtype)
-    for key, same in by_shape(layers, lambda layer: _key(layer, dtype)).items():
+    for key, same in by_shape(layers, lambda layer: layer_key(layer, dtype)).items():
         config = _choice.get(key)
         if key in _silu or config is None:
             continue
@@ -99,7 +107,7 @@ def silu_config_for(layer: Layer, x: torch.Tensor) -> tuple[int, int, int] | Non
     the two steps won, nothing was timed, or the kernel does not take this call."""
     if not x.is_cuda or not sk.supports(layer[0], x, layer[4]):
         return None
-    return _silu.get(_key(layer, x.dtype))
+    return _silu.get(layer_key(layer, x.dtype))
 
 
 def _kind(qweight: torch.Tensor) -> str:
@@ -112,7 +120,7 @@ def config_for(layer: Layer, x: torch.Tensor) -> tuple[int, int, int] | None:
     split-K kernel does not take this call."""
     if not x.is_cuda or not sk.supports(layer[0], x, layer[4]):
         return None
-    key = _key(layer, x.dtype)
+    key = layer_key(layer, x.dtype)
     if key not in _choice:
         if torch.cuda.is_current_stream_capturing():
             return sk.CONFIGS[_kind(layer[0])][0]

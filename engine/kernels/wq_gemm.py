@@ -36,6 +36,7 @@ from engine.kernels import interpreting
 from engine.kernels.gemv import num_sms_for
 from engine.kernels.launch_math import cdiv
 from engine.kernels.ptx_decode import codes8_to_f32, table_words
+from engine.kernels.wq_choice import by_shape, layer_key, read_tables
 
 log = logging.getLogger(__name__)
 MAX_ROWS = 256
@@ -269,18 +270,19 @@ CONFIGS = {
 }  # fmt: skip
 Layer = tuple  # (qweight, scales, code or None, bias or None, group_size), as in wq_choice
 _choice: dict[tuple, tuple | None] = {}
-"""(weight dtype, shape, group, has bias, x dtype, device, row bucket) -> the config that beat
-dequantize + cuBLAS (and the other configs), or None where dequantize + cuBLAS won."""
+"""(wq_choice.layer_key, row bucket) -> the config that beat the path without this kernel
+(and the other configs), or None where that path won."""
+BUCKETS = tuple(sorted(CONFIGS["int8"]))
+"""Row buckets, the same for both kinds."""
 
 
 def bucket_for(rows: int) -> int | None:
     """The smallest row bucket holding `rows`; None past MAX_ROWS."""
-    return next((b for b in sorted(CONFIGS["int8"]) if rows <= b), None)
+    return next((b for b in BUCKETS if rows <= b), None)
 
 
 def _key(layer: Layer, dtype: torch.dtype, bucket: int | None) -> tuple:
-    q, _, _, bias, group = layer
-    return (q.dtype, *q.shape, group, bias is not None, dtype, q.device, bucket)
+    return (*layer_key(layer, dtype), bucket)
 
 
 def choose(layers: list[Layer], dtype: torch.dtype, max_rows: int, timed: int = 8) -> None:
@@ -289,12 +291,11 @@ def choose(layers: list[Layer], dtype: torch.dtype, max_rows: int, timed: int = 
     cuBLAS, or wq_gemv's kernel up to 16 rows) at the bucket's rows, each over up to `timed`
     of that shape's weights in a CUDA graph, and keep the fastest that matches the reference
     (None: the path without it)."""
-    from engine.kernels.wq_choice import by_shape
     from engine.models.quant import linear_without_gemm, wq_matmul_ref
     from engine.timing import fastest_config
 
     last = bucket_for(min(max_rows, MAX_ROWS))
-    for bucket in [b for b in sorted(CONFIGS["int8"]) if b <= last]:
+    for bucket in [b for b in BUCKETS if b <= last]:
         keyed = by_shape(layers, lambda layer, bucket=bucket: _key(layer, dtype, bucket))
         for key, same in keyed.items():
             if key in _choice:
@@ -306,9 +307,7 @@ def choose(layers: list[Layer], dtype: torch.dtype, max_rows: int, timed: int = 
             if not supports(q, s, x, group):
                 continue
             ref = wq_matmul_ref(x, q, s, code, bias, group).float()
-            for layer in same:  # int4 words' table registers, read now, not in a capture
-                if layer[2] is not None:
-                    table_words(layer[2])
+            read_tables(same, torch.float16)  # int4 words' registers, not in a capture
 
             def call(cfg, layer, x=x):
                 if cfg is None:
@@ -326,7 +325,7 @@ def choose(layers: list[Layer], dtype: torch.dtype, max_rows: int, timed: int = 
 
 def gemm_for(x: torch.Tensor, layer: Layer) -> torch.Tensor | None:
     """x @ dequant(W).T + bias by this kernel where choose() kept a config for the layer's
-    shape and x's row bucket; None (the caller dequantizes) otherwise."""
+    shape and x's row bucket; None (the caller takes quant.linear_without_gemm) otherwise."""
     x2 = x.reshape(-1, x.shape[-1])
     bucket = bucket_for(x2.shape[0])
     config = _choice.get(_key(layer, x.dtype, bucket)) if bucket is not None else None

@@ -129,7 +129,8 @@ def wq_matmul_ref(x, qweight, scales, code=None, bias=None, group_size: int = 64
 
 
 DEQUANT_MIN_ROWS = 16
-"""Above this many rows a CUDA quantized linear dequantizes to 16 bits and calls cuBLAS."""
+"""Above this many rows a CUDA quantized linear without the decode-batch GEMM (prefill, or
+where start-up timing did not keep it) dequantizes to 16 bits and calls cuBLAS."""
 
 
 def linear_without_gemm(x: torch.Tensor, layer: tuple) -> torch.Tensor:
@@ -204,16 +205,6 @@ class QuantLinear(nn.Module):
         """The weight as fp32 [out_features, in_features]."""
         return dequantize_ref(self.qweight, self.scales, self.code, self.group_size)
 
-    def dequantized(self, dtype: torch.dtype) -> torch.Tensor:
-        """The weight in `dtype` for a batched GEMM: dequantize_to's values, computed by the
-        Triton pass (engine/kernels/dequant.py) where choose_quant_linears kept it."""
-        layer = (self.qweight, self.scales, self.code, self.group_size, dtype)
-        if self.qweight.is_cuda and _kernel_enabled():
-            from engine.kernels.dequant import weight_for
-
-            return weight_for(*layer)
-        return dequantize_to(*layer)
-
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         layer = (self.qweight, self.scales, self.code, self.bias, self.group_size)
         if x.is_cuda and x.numel() > x.shape[-1] and _kernel_enabled():
@@ -250,7 +241,7 @@ def choose_quant_linears(model: nn.Module, dtype: torch.dtype, max_rows: int = 1
     """Time the batch-1 split-K kernel's configs for each QuantLinear shape of the model, over
     its own weights, so decode graphs capture the fastest; the Triton dequantization of
     batches against PyTorch's; and, for batches of up to max_rows (decode), the dequantizing
-    GEMM against dequantize + cuBLAS (CUDA only; before capturing)."""
+    GEMM against linear_without_gemm (CUDA only; before capturing)."""
     named = [
         (name, (m.qweight, m.scales, m.code, m.bias, m.group_size))
         for name, m in model.named_modules()
