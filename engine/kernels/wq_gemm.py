@@ -37,6 +37,7 @@ from engine.kernels.gemv import num_sms_for
 from engine.kernels.launch_math import cdiv
 from engine.kernels.ptx_decode import codes8_to_f32, table_words
 from engine.kernels.wq_choice import by_shape, layer_key, read_tables
+from engine.kernels.wq_splitk import as_words
 
 log = logging.getLogger(__name__)
 MAX_ROWS = 256
@@ -204,8 +205,9 @@ def wq_gemm(
         # int4 words decode in registers (CUDA; the table's registers are read before any
         # capture: None sends the call to the table loads)
         lut = table_words(code) if words and words[0] and not interpreting() else None
-        if lut is not None and qweight.stride(0) % 4 == 0 and qweight.storage_offset() % 4 == 0:
-            w, table = qweight.view(torch.int32), lut
+        packed_words = as_words(qweight) if lut is not None else None
+        if packed_words is not None:
+            w, table = packed_words, lut
     split = split_for(m, n, k, config, block_k, num_sms_for(x, num_sms))
     k_per_split = cdiv(cdiv(k, split), block_k) * block_k
     split = cdiv(k, k_per_split)

@@ -258,7 +258,7 @@ def _launch(x, layer, config, out, part, n, grid, k_per_split, silu: bool) -> No
     # int8 always reads words on CUDA; int4 where the config asks (its second field >= 1),
     # the dot form (2) where x is 16-bit
     want_words = x.is_cuda and not interpreting() and (not is_int4 or config[1] >= 1)
-    words = _as_words(qweight) if want_words else None
+    words = as_words(qweight) if want_words else None
     dot = is_int4 and config[1] == 2 and _pairs_ok(x)
     # int4 words read the table as eight registers; None (a table first seen inside a
     # capture) sends this call to the table-load path
@@ -286,7 +286,7 @@ def _pairs_ok(x: torch.Tensor) -> bool:
     return x.dtype in (torch.float16, torch.bfloat16) and x.storage_offset() % 2 == 0
 
 
-def _as_words(qweight: torch.Tensor) -> torch.Tensor | None:
+def as_words(qweight: torch.Tensor) -> torch.Tensor | None:
     """int8 [N, K] or packed int4 [N, K / 2] viewed as int32 words (the kernels' word paths),
     or None where the rows are not whole aligned words."""
     if qweight.shape[1] % 4 or qweight.stride(0) % 4 or qweight.storage_offset() % 4:
