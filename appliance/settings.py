@@ -298,3 +298,29 @@ def _check_type(name: str, value, hint):
         names = " or ".join(t.__name__ for t in allowed)
         raise SettingsError(f"setting {name} must be {names}, got {value!r}")
     return value
+
+
+# --- engine flags for other commands ------------------------------------------------------------
+def add_engine_flags(parser, names) -> None:
+    """Flags for the engine settings `names` (EngineConfig fields), typed from EngineConfig;
+    each defaults to None (= not pinned)."""
+    from engine import config as engine_config
+
+    hints = typing.get_type_hints(engine_config.EngineConfig)
+    choices = {"dtype": engine_config._DTYPES, "kv_cache_dtype": engine_config._KV_DTYPES,
+               "quantization": engine_config._QUANTIZATIONS}  # fmt: skip
+    for name in names:
+        flag = f"--{name.replace('_', '-')}"
+        base = _base_types(hints[name])[0]
+        if base is bool:
+            parser.add_argument(flag, action="store_true", default=None, help="pin this setting")
+        else:
+            parser.add_argument(flag, type=base, choices=choices.get(name), help="pin this setting")
+
+
+def engine_pins(args) -> dict:
+    """The engine settings an argparse namespace pins (not None)."""
+    from engine.config import EngineConfig
+
+    names = {f.name for f in fields(EngineConfig)}
+    return {k: v for k, v in vars(args).items() if k in names and v is not None}
