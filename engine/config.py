@@ -3,16 +3,21 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
-
-_DTYPES = ("auto", "float32", "float16", "bfloat16")
-_KV_DTYPES = ("auto", "float32", "float16", "bfloat16", "int8")
-_QUANTIZATIONS = ("none", "int8", "int4", "auto")
-_LOAD_FORMATS = ("auto", "random")
+from typing import ClassVar
 
 
 @dataclass
 class EngineConfig:
     """Knobs of the engine. CLI flags use the same names with dashes."""
+
+    CHOICES: ClassVar[dict[str, tuple[str, ...]]] = {
+        "dtype": ("auto", "float32", "float16", "bfloat16"),
+        "kv_cache_dtype": ("auto", "float32", "float16", "bfloat16", "int8"),
+        "quantization": ("none", "int8", "int4", "auto"),
+        "load_format": ("auto", "random"),
+    }
+    """The allowed values of each str setting (checked here; `appliance serve` and `profile`
+    offer them as the flags' choices)."""
 
     max_model_len: int | None = None
     """Longest prompt + output in tokens; None = planned (the model's maximum where memory
@@ -80,20 +85,9 @@ class EngineConfig:
             raise ValueError(
                 f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}"
             )
-        if self.dtype not in _DTYPES:
-            raise ValueError(f"dtype must be one of {_DTYPES}, got {self.dtype!r}")
-        if self.kv_cache_dtype not in _KV_DTYPES:
-            raise ValueError(
-                f"kv_cache_dtype must be one of {_KV_DTYPES}, got {self.kv_cache_dtype!r}"
-            )
-        if self.quantization not in _QUANTIZATIONS:
-            raise ValueError(
-                f"quantization must be one of {_QUANTIZATIONS}, got {self.quantization!r}"
-            )
-        if self.load_format not in _LOAD_FORMATS:
-            raise ValueError(
-                f"load_format must be one of {_LOAD_FORMATS}, got {self.load_format!r}"
-            )
+        for name, allowed in self.CHOICES.items():
+            if getattr(self, name) not in allowed:
+                raise ValueError(f"{name} must be one of {allowed}, got {getattr(self, name)!r}")
 
     def budget_prompt_lengths(self, max_tokens: int) -> list[int]:
         """Prompt lengths that, arriving together, fill one step's token budget: one prompt
