@@ -1,4 +1,5 @@
-"""GPU benchmark: DESIGN.md workloads A-D, each against the floor measured in the same run.
+"""GPU benchmark: workloads A-D (docs/performance.md), each against the floor measured in the
+same run.
 
     PYTHONPATH=. python scripts/bench_gpu.py --out DIR [--quick] [--compare-hf]
         [--workloads A,B,C,D] [--eager] [--time-budget 540]
@@ -54,8 +55,9 @@ from scripts.bench_presets import (  # noqa: E402
 
 BIG, SMALL = "llama-3-8b", "qwen3-0.6b"  # A, B, C run on BIG; D on SMALL
 
-# Workload sizes per mode. "full" is DESIGN.md's; only full rows are judged against its targets
-# (C also in "quick", where it is unchanged). "tiny" also shrinks the models (--tiny, on a CPU).
+# Workload sizes per mode. "full" is the published workloads'; only full rows are judged against
+# the targets (C also in "quick", where it is unchanged). "tiny" also shrinks the models (--tiny,
+# on a CPU).
 # fmt: off
 SIZES = {
     "full": dict(a_requests=256, a_prompt=(100, 1024), a_output=512, b_prompt=128, b_output=512,
