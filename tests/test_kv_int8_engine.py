@@ -113,8 +113,13 @@ def test_gpu_int8_kv_cuda_graphs_and_preemption(tiny_llama):
     a = [o.token_ids for o in graphs.generate(prompts, GREEDY)]
     b = [o.token_ids for o in eager.generate(prompts, GREEDY)]
     assert _agreement(a, b) >= 0.9
-    tight = LLM(str(tiny_llama), num_kv_blocks=12, max_num_batched_tokens=24, max_num_seqs=8,
-                **{**kw, "max_model_len": 180})  # fmt: skip
+    tight = LLM(
+        str(tiny_llama),
+        num_kv_blocks=12,
+        max_num_batched_tokens=24,
+        max_num_seqs=8,
+        **{**kw, "max_model_len": 180},
+    )
     outs = tight.generate(prompts, GREEDY)
     assert sum(o.metrics.num_preemptions for o in outs) > 0
     assert all(len(o.token_ids) == NEW_TOKENS for o in outs)
