@@ -36,7 +36,6 @@ from engine.models.config import ModelConfig
 from engine.models.loader import load_model
 from engine.pending_step import PendingStep
 from engine.planning import resolve_weight_quant
-from engine.request import Logprob
 from engine.sampler import sample
 from engine.scheduler import ScheduledBatch
 
@@ -201,23 +200,10 @@ class ModelRunner:
         return report
 
     # --- execution ---------------------------------------------------------------------------
-    def copy_blocks(self, copies: list[tuple[int, int]]) -> None:
-        """Copy-on-write: copy KV block src to dst in every layer (and its int8 scales)."""
-        for src, dst in copies:
-            self.kv_cache[:, :, dst] = self.kv_cache[:, :, src]
-            if self.kv_scales is not None:
-                self.kv_scales[:, :, dst] = self.kv_scales[:, :, src]
-
-    def run(self, batch: ScheduledBatch) -> dict[int, tuple[int, Logprob | None]]:
-        """Run one batch and wait for it; returns batch index -> (sampled token, logprob) for
-        each request that reached the end of its known tokens."""
-        return self.launch(batch).collect()
-
     @torch.inference_mode()
     def launch(self, batch: ScheduledBatch, prev: PendingStep | None = None) -> PendingStep:
         """Queue one batch on the device without waiting for it. Decodes whose input token is
         still pending read it from `prev` (the step launched just before) on the device."""
-        self.copy_blocks(batch.block_copies)
         input_ids, positions, meta, logits_rows, fill = prepare_inputs(
             batch, self.block_size, self.device, prev.rows if prev is not None else None
         )

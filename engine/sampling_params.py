@@ -67,10 +67,6 @@ class SamplingParams:
             raise ValueError("stop strings must be non-empty")
 
     @property
-    def is_greedy(self) -> bool:
-        return self.temperature == 0.0
-
-    @property
     def has_penalties(self) -> bool:
         return (
             self.repetition_penalty != 1.0

@@ -27,8 +27,6 @@ class ScheduledBatch:
     num_new_tokens: list[int] = field(default_factory=list)
     num_decodes: int = 0
     """The first num_decodes requests are single-token decodes."""
-    block_copies: list[tuple[int, int]] = field(default_factory=list)
-    """(src, dst) copy-on-write block copies the runner must do before the forward."""
     preempted: list[Request] = field(default_factory=list)
 
     @property
@@ -42,7 +40,7 @@ class ScheduledBatch:
     @cached_property
     def sampling_indices(self) -> list[int]:
         """Requests that reach their last known token this step, and so sample one. Read after
-        scheduling and before update (it depends on num_computed_tokens)."""
+        scheduling and before advance (it depends on num_computed_tokens)."""
         return [
             i
             for i, (req, num_new) in enumerate(zip(self.requests, self.num_new_tokens))
@@ -113,13 +111,11 @@ class Scheduler:
             while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
                 req = self.waiting[0]
                 num_new = min(req.num_tokens - req.num_computed_tokens, budget)
-                copies = self.block_manager.allocate(req, req.num_computed_tokens, num_new)
-                if copies is None:
+                if not self.block_manager.allocate(req, req.num_computed_tokens + num_new):
                     break
                 self.waiting.popleft()
                 req.status = RequestStatus.RUNNING
                 self.running.append(req)
-                batch.block_copies.extend(copies)
                 self._add_to_batch(batch, req, num_new)
                 budget -= num_new
         return batch
@@ -128,9 +124,7 @@ class Scheduler:
         """Allocate blocks for req, preempting the newest unscheduled running requests (or req
         itself) until it fits. Returns whether req stays scheduled."""
         while True:
-            copies = self.block_manager.allocate(req, req.num_computed_tokens, num_new)
-            if copies is not None:
-                batch.block_copies.extend(copies)
+            if self.block_manager.allocate(req, req.num_computed_tokens + num_new):
                 return True
             scheduled = set(map(id, batch.requests))
             victim = next(
@@ -165,13 +159,6 @@ class Scheduler:
         if req.metrics.first_scheduled_time is None:
             req.metrics.first_scheduled_time = time.time()
             req.record("scheduled")
-
-    def update(
-        self, batch: ScheduledBatch, sampled: dict[int, tuple[int, object]]
-    ) -> list[Request]:
-        """advance() then resolve(): the step's tokens are already known."""
-        self.advance(batch)
-        return self.resolve(batch, sampled)
 
     def advance(self, batch: ScheduledBatch) -> None:
         """The step is launched: advance computed counts, and give each sampling request a

@@ -13,15 +13,11 @@ from collections.abc import Iterator
 
 import torch
 
-from engine.context import AttentionMetadata, forward_context
-from engine.input_prep import upload
-
-
-class _Sequence:
-    """The one thing BlockManager needs of a sequence: its block table."""
-
-    def __init__(self) -> None:
-        self.block_table: list[int] = []
+from engine.context import forward_context
+from engine.input_prep import prepare_inputs
+from engine.request import Request
+from engine.sampling_params import SamplingParams
+from engine.scheduler import ScheduledBatch
 
 
 def iter_next_token_logprobs(
@@ -39,8 +35,8 @@ def iter_next_token_logprobs(
         raise ValueError(f"{n} tokens exceed max_model_len={cfg.max_model_len}")
     if chunk_size <= 0:
         raise ValueError(f"chunk_size must be positive, got {chunk_size}")
-    seq = _Sequence()
-    if blocks.allocate(seq, 0, n) is None:
+    seq = Request("scoring", token_ids, SamplingParams(max_tokens=1), seed=0)
+    if not blocks.allocate(seq, n):
         raise RuntimeError(
             f"scoring {n} tokens needs {blocks.blocks_for(n)} free KV blocks, "
             f"{blocks.num_free_blocks} are free"
@@ -49,7 +45,8 @@ def iter_next_token_logprobs(
         targets_all = torch.tensor(token_ids[1:] + [0], dtype=torch.int64)
         for lo in range(0, n - 1, chunk_size):
             hi = min(lo + chunk_size, n)  # feed tokens [lo, hi); predictions for [lo, hi - 1)
-            logits = _forward_chunk(runner, token_ids, seq.block_table, lo, hi)
+            seq.num_computed_tokens = lo
+            logits = _forward_chunk(runner, seq, hi - lo)
             m = min(hi, n - 1) - lo
             logprobs = torch.log_softmax(logits[:m], dim=-1)  # [m, vocab]
             yield targets_all[lo : lo + m].to(logprobs.device), logprobs
@@ -58,29 +55,14 @@ def iter_next_token_logprobs(
 
 
 @torch.inference_mode()
-def _forward_chunk(runner, token_ids: list[int], table: list[int], lo: int, hi: int):
-    """Logits [hi - lo, vocab] (fp32) of tokens [lo, hi), with [0, lo) already cached."""
-    bs = runner.block_size
-    slots = [table[p // bs] * bs + p % bs for p in range(lo, hi)]
-    ids, pos, slot_mapping, qsl, lens, tables = upload(
-        [token_ids[lo:hi], list(range(lo, hi)), slots, [0, hi - lo], [hi], table],
-        torch.int64,
-        runner.device,
-    )
-    meta = AttentionMetadata(
-        slot_mapping=slot_mapping,
-        query_start_loc=qsl.to(torch.int32),
-        seq_lens=lens.to(torch.int32),
-        block_tables=tables.to(torch.int32).view(1, len(table)),
-        num_decodes=0,
-        max_query_len=hi - lo,
-        max_seq_len=hi,
-        query_start_loc_cpu=[0, hi - lo],
-        seq_lens_cpu=[hi],
-    )
+def _forward_chunk(runner, seq: Request, num_new: int) -> torch.Tensor:
+    """Logits [num_new, vocab] (fp32) of seq's next num_new tokens, with the first
+    seq.num_computed_tokens already cached. Inputs are prepared as for a prefill chunk."""
+    batch = ScheduledBatch(requests=[seq], num_new_tokens=[num_new])
+    input_ids, positions, meta, _, _ = prepare_inputs(batch, runner.block_size, runner.device)
     with forward_context(meta):
-        hidden = runner.model(ids, pos)  # [hi - lo, hidden]
-    return runner.model.compute_logits(hidden).float()  # [hi - lo, vocab]
+        hidden = runner.model(input_ids, positions)  # [num_new, hidden]
+    return runner.model.compute_logits(hidden).float()  # [num_new, vocab]
 
 
 def sequence_nll(engine, token_ids: list[int], chunk_size: int = 256) -> tuple[float, int]:

@@ -89,7 +89,8 @@ def main() -> None:
             tokens = sample(logits, st).token_ids.tolist()
         with phase("update + outputs"):
             sampled = {i: (t, None) for i, t in enumerate(tokens)}
-            for req in engine.scheduler.update(batch, sampled):
+            engine.scheduler.advance(batch)
+            for req in engine.scheduler.resolve(batch, sampled):
                 engine._output(req)
     wall = time.perf_counter() - wall
     total = sum(phases.values())

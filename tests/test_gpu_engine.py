@@ -1,4 +1,5 @@
-"""GPU engine (Triton kernels, CUDA graphs) against transformers with the same weights."""
+"""GPU engine (Triton kernels, CUDA graphs) against transformers with the same weights: greedy
+tokens checked with transformers teacher-forced on them (tests/greedy_reference.py)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from engine import LLM, SamplingParams
+from tests.greedy_reference import assert_greedy_agrees
 
 pytestmark = pytest.mark.gpu
 
@@ -18,36 +20,21 @@ def _prompts():
     return [torch.randint(0, 256, (n,), generator=g).tolist() for n in LENS]
 
 
-def _hf_greedy(folder, prompts, n):
-    hf = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).cuda()
-    refs = []
-    for p in prompts:
-        ids = torch.tensor([p], device="cuda")
-        out = hf.generate(
-            ids,
-            attention_mask=torch.ones_like(ids),
-            max_new_tokens=n,
-            do_sample=False,
-            eos_token_id=None,
-            pad_token_id=0,
-        )
-        refs.append(out[0, len(p) :].tolist())
-    return refs
+def _hf(folder):
+    return AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).cuda()
 
 
 @pytest.mark.parametrize("eager", [True, False])
-def test_gpu_greedy_equals_transformers_fp32(tiny_model, eager):
+def test_gpu_greedy_agrees_with_transformers_fp32(tiny_model, eager):
     arch, folder = tiny_model
-    refs = _hf_greedy(folder, _prompts(), 16)
     llm = LLM(str(folder), device="cuda", dtype="float32", enforce_eager=eager, max_num_seqs=8)
     assert llm.engine.runner.backend.name == "triton"
     assert (llm.engine.runner.graphs is None) == eager
     outs = llm.generate(_prompts(), SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True))
-    assert [o.token_ids for o in outs] == refs
+    assert_greedy_agrees(_hf(folder), _prompts(), outs)
 
 
-def test_gpu_preemption_and_chunking_exact(tiny_llama):
-    refs = _hf_greedy(tiny_llama, _prompts(), 16)
+def test_gpu_preemption_and_chunking_agree(tiny_llama):
     llm = LLM(
         str(tiny_llama),
         device="cuda",
@@ -58,7 +45,7 @@ def test_gpu_preemption_and_chunking_exact(tiny_llama):
         max_num_seqs=8,
     )
     outs = llm.generate(_prompts(), SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True))
-    assert [o.token_ids for o in outs] == refs
+    assert_greedy_agrees(_hf(tiny_llama), _prompts(), outs)
     assert sum(o.metrics.num_preemptions for o in outs) > 0
 
 

@@ -1,5 +1,5 @@
 """The engine with kv_cache_dtype="int8": output close to a 32-bit KV cache, preemption and
-chunked prefill, copy-on-write of scales, the KV-bytes formula, and the trained embedded model.
+chunked prefill, the KV-bytes formula, and the trained embedded model.
 """
 
 from __future__ import annotations
@@ -70,19 +70,6 @@ def test_int8_kv_under_preemption_and_chunked_prefill(tiny_llama):
     assert llm.engine.block_manager.num_free_blocks == 12
 
 
-def test_copy_on_write_copies_scales(tiny_llama):
-    llm = LLM(
-        str(tiny_llama), device="cpu", num_kv_blocks=8, max_model_len=128, kv_cache_dtype="int8"
-    )
-    runner = llm.engine.runner
-    runner.kv_cache[:, :, 2] = 5
-    runner.kv_scales[:, :, 2] = 0.25
-    runner.copy_blocks([(2, 6)])
-    assert bool((runner.kv_cache[:, :, 6] == 5).all())
-    assert bool((runner.kv_scales[:, :, 6] == 0.25).all())
-    assert not runner.kv_scales[:, :, 5].any()
-
-
 def test_kv_bytes_one_formula_for_engine_and_planner():
     m = ModelConfig.from_dict(
         {
@@ -126,8 +113,13 @@ def test_gpu_int8_kv_cuda_graphs_and_preemption(tiny_llama):
     a = [o.token_ids for o in graphs.generate(prompts, GREEDY)]
     b = [o.token_ids for o in eager.generate(prompts, GREEDY)]
     assert _agreement(a, b) >= 0.9
-    tight = LLM(str(tiny_llama), num_kv_blocks=12, max_num_batched_tokens=24, max_num_seqs=8,
-                **{**kw, "max_model_len": 180})  # fmt: skip
+    tight = LLM(
+        str(tiny_llama),
+        num_kv_blocks=12,
+        max_num_batched_tokens=24,
+        max_num_seqs=8,
+        **{**kw, "max_model_len": 180},
+    )
     outs = tight.generate(prompts, GREEDY)
     assert sum(o.metrics.num_preemptions for o in outs) > 0
     assert all(len(o.token_ids) == NEW_TOKENS for o in outs)
