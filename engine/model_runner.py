@@ -24,6 +24,7 @@ from engine.planning import resolve_weight_quant
 from engine.request import Logprob
 from engine.sampler import sample
 from engine.scheduler import ScheduledBatch
+from engine.tuning import KernelChoices, choose_kernels
 
 
 class ModelRunner:
@@ -52,6 +53,7 @@ class ModelRunner:
         self.kv_cache = torch.empty(0)
         self.kv_scales: torch.Tensor | None = None
         self.graphs: DecodeGraphs | None = None
+        self.kernel_choices = KernelChoices()  # this engine's alone (engine/tuning.py)
         self.max_blocks_per_seq = -(-config.max_model_len // config.block_size)
 
     def allocate_kv_cache(self, num_blocks: int, kv_dtype: torch.dtype) -> None:
@@ -83,17 +85,16 @@ class ModelRunner:
         self.backend = backend
 
     def capture_cuda_graphs(self) -> None:
-        """Capture decode graphs for the batch-size ladder (CUDA, unless enforce_eager)."""
-        if self.device.type != "cuda" or self.config.enforce_eager or self.backend.name != "triton":
+        """Time the decode kernels, then capture decode graphs for the batch-size ladder (CUDA;
+        enforce_eager: the batch-1 GEMV configs only, no graphs)."""
+        if self.device.type != "cuda" or self.backend.name != "triton":
+            return
+        eager, max_rows = self.config.enforce_eager, self.config.max_num_seqs
+        choose_kernels(self.model, self.kernel_choices, self.dtype, max_rows, eager)
+        if eager:
             return
         from engine.kernels.decode_attention import default_num_splits
-        from engine.models.layers import choose_batch1_linears, choose_rope_store
-        from engine.models.quant import choose_quant_linears
 
-        # decode kernels timed on the device, before the graphs capture them
-        choose_batch1_linears(self.model)
-        choose_quant_linears(self.model, self.dtype, self.config.max_num_seqs)
-        choose_rope_store(self.model)
         cfg, max_len = self.model_config, self.config.max_model_len
         sizes = graph_batch_sizes(self.config.max_num_seqs)
         splits = {

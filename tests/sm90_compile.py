@@ -58,7 +58,7 @@ def compile_sm90(
 def main() -> None:
     print(f"triton {triton.__version__}")
     from engine.kernels.gemv import _gemv_kernel, _reduce_kernel
-    from engine.kernels.wq_splitk import _wq_splitk_kernel
+    from engine.kernels.wq_gemv import _wq_gemv_kernel
 
     for what, is_int4, silu, split, (block_n, block_k, warps), dot in WQ_VARIANTS:
         constexprs = dict(
@@ -66,7 +66,7 @@ def main() -> None:
             PDL=True, WORDS=True, SILU=silu, DOT=dot is not None, BF16=dot == "bf16",
         )  # fmt: skip
         types = {**WQ_TYPES, "x_ptr": "*i32"} if dot else WQ_TYPES  # x read as pairs
-        cubin = compile_sm90(_wq_splitk_kernel, types, constexprs, warps)
+        cubin = compile_sm90(_wq_gemv_kernel, types, constexprs, warps)
         print(f"ok {what}: {len(cubin)} bytes")
     types = {"x_ptr": "*bf16", "w_ptr": "*bf16", "bias_ptr": "*bf16", "out_ptr": "*bf16",
              "part_ptr": "*fp32", "N": "i32", "K": "i32", "stride_wn": "i32",

@@ -11,7 +11,9 @@ import pytest
 import torch
 
 from engine import LLM, SamplingParams
-from engine.models.quant import WeightQuant, dequantize_ref, quantize_4bit, quantize_int8
+from engine.quant.bnb import code_table, quantize_4bit, quantize_int8
+from engine.quant.format import WeightQuant, checkpoint_quant
+from engine.quant.reference import dequantize_ref
 from tests.tiny_models import byte_tokenizer
 
 pytestmark = pytest.mark.skipif(
@@ -49,8 +51,6 @@ def dequantized(request, tiny_llama, tmp_path_factory):
                     q, s = quantize_int8(w)
                     w.copy_(dequantize_ref(q, s, None, 0))
                 else:
-                    from engine.models.quant import code_table
-
                     q, s = quantize_4bit(w, 64, "nf4")
                     w.copy_(dequantize_ref(q, s, code_table("nf4"), 64))
     folder = tmp_path_factory.mktemp(f"dequantized-{kind}")
@@ -108,8 +108,6 @@ def test_bad_settings_fail_clearly(tiny_llama):
     with pytest.raises(ValueError, match="bitsandbytes quantizes 4-bit weights in blocks of"):
         _engine(tiny_llama, quantization="int4", quant_block_size=48)
     with pytest.raises(ValueError, match="quant_type"):
-        from engine.models.bnb_checkpoint import checkpoint_quant
-
         checkpoint_quant({"quant_method": "bitsandbytes", "load_in_4bit": True,
                           "bnb_4bit_quant_type": "int4"}, 64)  # fmt: skip
     assert WeightQuant("int4").group_size == 64
@@ -121,8 +119,6 @@ def test_auto_stays_16_bit(tiny_llama):
 
 
 def _quant_dequant(w: torch.Tensor, kind: str) -> torch.Tensor:
-    from engine.models.quant import code_table
-
     if kind == "int8":
         return dequantize_ref(*quantize_int8(w), None, 0)
     return dequantize_ref(*quantize_4bit(w, 64, "nf4"), code_table("nf4"), 64)
