@@ -1,5 +1,6 @@
-"""Model-shape presets (profiles/models/NAME.json): looking one up by name, and turning one into a
-servable folder for random weights (its config.json plus the embedded model's tokenizer)."""
+"""Model-shape presets (profiles/models/NAME.json), the one place that reads them: looking one
+up by name, and turning one into a servable folder for random weights (its config.json plus the
+embedded model's tokenizer), which `serve`, `profile` and the memory benchmark all use."""
 
 from __future__ import annotations
 
@@ -15,6 +16,14 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_ma
 
 def preset_names() -> list[str]:
     return sorted(p.stem for p in PRESETS_DIR.glob("*.json"))
+
+
+def load_preset(name: str) -> dict:
+    """The config.json values of the preset `name`; ValueError naming the known ones."""
+    path = PRESETS_DIR / f"{name}.json"
+    if not path.is_file():
+        raise ValueError(f"no model preset {name!r}; known: {', '.join(preset_names())}")
+    return json.loads(path.read_text())
 
 
 def preset_path(model: str | None) -> Path | None:
@@ -38,23 +47,23 @@ def preset_folder(name: str, cache_root: Path | None = None) -> Path:
     """
     from engine.models.gguf_loader import default_cache_root
 
-    source = PRESETS_DIR / f"{name}.json"
-    if not source.is_file():
-        raise ValueError(f"no model preset {name!r}; known: {', '.join(preset_names())}")
+    config = load_preset(name)
     folder = (cache_root or default_cache_root()) / "presets" / name
     if all((folder / f).is_file() for f in ("config.json", "tokenizer.json")):
         return folder
     from engine.models.loader import resolve_model_folder
 
     embedded = resolve_model_folder(None)  # the converted embedded model: tokenizer files
-    config = json.loads(source.read_text())
     tok = json.loads((embedded / "config.json").read_text())
+    original_vocab = config["vocab_size"]
     config["vocab_size"] = tok["vocab_size"]
     for key in ("bos_token_id", "eos_token_id"):
         config[key] = tok.get(key)
-    config["appliance_preset"] = {"name": name, "tokenizer": "embedded SmolLM2",
-                                  "original_vocab_size": json.loads(source.read_text())
-                                  ["vocab_size"]}  # fmt: skip
+    config["appliance_preset"] = {
+        "name": name,
+        "tokenizer": "embedded SmolLM2",
+        "original_vocab_size": original_vocab,
+    }
     tmp = folder.with_name(f".{name}.{os.getpid()}")
     tmp.mkdir(parents=True, exist_ok=True)
     for file in TOKENIZER_FILES:

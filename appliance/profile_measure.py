@@ -1,18 +1,15 @@
 """`appliance profile --measure`: build the planned engine on the GPU with random weights in the
 model's shapes, let it warm up (every shape, then the heaviest step: a prefill chunk of
 max_num_batched_tokens beside max_num_seqs sampled rows), and show predicted vs measured memory
-per item. The measured activation peak then replaces the estimate in the printed plan.
+per item, and whether the KV pool had to shrink.
 """
 
 from __future__ import annotations
 
 import gc
-import json
-import tempfile
-from pathlib import Path
+from dataclasses import asdict
 
-from appliance.model_presets import PRESETS_DIR
-from appliance.plan_model import GIB, Plan
+from engine.planner import GIB, Device
 
 LABELS = {
     "weights": "weights",
@@ -20,33 +17,22 @@ LABELS = {
     "graph_pool": "CUDA graph pool",
     "kv_pool": "KV pool",
     "context": "CUDA context + others",
+    "allocator": "allocator cache",
     "peak": "peak in use",
 }
 
 
-def measure_plan(model: str | None, p: Plan, enforce_eager: bool = False):
-    """The engine's MemoryReport (engine.memory_check) for the plan on cuda:0."""
+def measure_plan(folder: str, config, device: Device):
+    """The engine's MemoryReport (engine.memory_check) for a planned EngineConfig on cuda:0,
+    planned for `device` (the same plan), with random weights."""
     import torch
 
     from engine.llm_engine import LLMEngine
-    from engine.memory_check import MemoryItems
 
-    with tempfile.TemporaryDirectory() as tmp:
-        folder = model
-        if model is not None and (PRESETS_DIR / f"{model}.json").is_file():
-            folder = tmp  # a preset is a config.json alone: enough for random weights
-            config = json.loads((PRESETS_DIR / f"{model}.json").read_text())
-            (Path(tmp) / "config.json").write_text(json.dumps(config))
-        engine = LLMEngine(
-            folder,
-            device="cuda",
-            predicted_memory=MemoryItems.from_plan(p),
-            load_format="random",
-            enforce_eager=enforce_eager,
-            **p.engine_kwargs(),
-        )
-        report = engine.memory
-        del engine
+    settings = {**asdict(config), "load_format": "random"}
+    engine = LLMEngine(folder, device="cuda", device_info=device, **settings)
+    report = engine.memory
+    del engine
     gc.collect()
     torch.cuda.empty_cache()
     return report

@@ -1,28 +1,49 @@
-"""ServeSettings: the typed server configuration, and the one place that builds it from
-CLI flags, a TOML file and APPLIANCE_* environment variables (flags > env > file > defaults)."""
+"""ServeSettings: the typed server configuration (the engine's settings, read from EngineConfig,
+plus the server's own), and the one place that builds it from CLI flags, a TOML file and
+APPLIANCE_* environment variables (flags > env > file > tuned profile > defaults).
+
+The flags of `appliance serve` (`add_serve_flags`), its environment variables, its TOML keys
+and the engine flags of other commands (`add_engine_flags`) are all made from the fields below
+(appliance.options): a field added here or to EngineConfig needs no other edit.
+"""
 
 from __future__ import annotations
 
+import argparse
+import functools
 import ipaddress
 import os
 import tomllib
-import types
-import typing
+from collections.abc import Iterable
 from dataclasses import dataclass, field, fields
 from pathlib import Path
+from typing import Annotated, Literal
 
-ENV_PREFIX = "APPLIANCE_"
-ENGINE_FIELDS = (
-    "max_model_len", "max_num_seqs", "max_num_batched_tokens", "block_size", "num_kv_blocks",
-    "gpu_memory_utilization", "dtype", "kv_cache_dtype", "quantization", "enforce_eager", "seed",
-    "adaptive_batching", "load_format", "quant_block_size", "quantize_embeddings",
-)  # fmt: skip
-PROFILE_FIELDS = ("max_num_seqs", "max_num_batched_tokens", "adaptive_batching")
-"""Settings a tuned profile (`appliance tune`) supplies, below everything the user sets."""
+from pydantic import BeforeValidator
 
+from appliance.options import (
+    ENV_PREFIX,
+    Option,
+    SettingsError,
+    optional_settings,
+    options_of,
+    read_env,
+)
+from engine.config import EngineConfig
 
-class SettingsError(ValueError):
-    """A setting is invalid; the message says which and how to fix it."""
+EngineSettings = optional_settings(EngineConfig, "EngineSettings")
+"""Every EngineConfig setting, optional: None = not pinned (the planner or the engine decides)."""
+
+TUNABLE = (
+    "max_num_seqs",
+    "max_num_batched_tokens",
+    "adaptive_batching",
+    "kv_cache_dtype",
+    "quantization",
+    "block_size",
+)
+"""Engine settings `appliance tune --sweep` may vary; the values a tuned profile chose for them
+apply under `serve --profile` wherever no flag, variable or config file sets them."""
 
 
 @dataclass(frozen=True)
@@ -33,60 +54,35 @@ class ApiKey:
     key: str = field(repr=False)
 
 
+def _lower(value):
+    return value.lower() if isinstance(value, str) else value
+
+
 @dataclass
-class ServeSettings:
-    """Everything `appliance serve` needs. Field names are the CLI flags with dashes."""
+class ServeSettings(EngineSettings):
+    """Everything `appliance serve` needs: the engine's settings (EngineSettings, from
+    EngineConfig) and the server's own below. Field names are the CLI flags with dashes."""
 
     model: str | None = None
-    """Hugging Face model folder or .gguf file; None = the embedded SmolLM2-135M-Instruct."""
+    """Hugging Face model folder or .gguf file (with --load-format random also a preset name from
+    profiles/models, served with the embedded tokenizer); None = the embedded
+    SmolLM2-135M-Instruct."""
     served_model_name: str | None = None
     """Name clients use for the model; None = the engine's model name."""
     host: str = "127.0.0.1"
     """Address to bind. Non-loopback addresses need an API key (or --insecure-no-auth)."""
     port: int = 8000
     """TCP port to bind (0 = any free port)."""
-    device: str = "auto"
-    """auto, cuda or cpu."""
-    dtype: str = "auto"
-    """Weights/activations dtype: auto, float32, float16 or bfloat16."""
-    max_model_len: int | None = None
-    """Longest prompt + output in tokens; None = the model's maximum (planned)."""
-    max_num_seqs: int | None = None
-    """Most sequences running at once; None = the engine default."""
-    max_num_batched_tokens: int | None = None
-    """Token budget of one engine step; None = the engine default."""
-    block_size: int | None = None
-    """Tokens per KV-cache block; None = the engine default."""
-    num_kv_blocks: int | None = None
-    """KV-cache blocks; None = planned from memory."""
-    gpu_memory_utilization: float | None = None
-    """Share of device memory the engine may use; None = the engine default."""
-    kv_cache_dtype: str | None = None
-    """KV-cache element type; None = the engine default."""
-    quantization: str | None = None
-    """Weight quantization (none, int8, int4, auto); None = the engine default."""
-    quant_block_size: int | None = None
-    """int4: weights per absmax group along a row; None = the engine default (64)."""
-    quantize_embeddings: bool | None = None
-    """With int8/int4: quantize the LM head and embeddings too; None = no."""
-    enforce_eager: bool | None = None
-    """Disable CUDA graphs; None = the engine default."""
-    seed: int | None = None
-    """Engine seed for requests without their own; None = the engine default."""
-    adaptive_batching: bool | None = None
-    """Scale each step's token budget with the waiting queue; None = the engine default (off)."""
-    load_format: str | None = None
-    """auto (the model's weights; None = the engine default, auto) or random (random weights in
-    the model's shapes: a preset name from profiles/models as --model then serves that shape
-    with the embedded tokenizer)."""
-    profile: str | None = None
+    device: Literal["auto", "cuda", "cpu"] = "auto"
+    """Where the engine runs."""
+    profile: str | None = field(default=None, metadata={"metavar": "NAME"})
     """A tuned profile (name under profiles/tuned/ or a .toml path) written by `appliance tune`:
     its chosen values apply where no flag, variable or config file sets them."""
     max_queue: int = 128
     """Most requests waiting for a slot; past it requests get 429 with Retry-After."""
-    api_key: list[str] = field(default_factory=list, repr=False)
+    api_key: list[str] = field(default_factory=list, repr=False, metadata={"metavar": "[NAME:]KEY"})
     """API keys accepted as `Authorization: Bearer KEY`, each `KEY` or `NAME:KEY`."""
-    api_key_file: str | None = None
+    api_key_file: str | None = field(default=None, metadata={"metavar": "FILE"})
     """File of API keys, one per line: `KEY` or `NAME KEY`; # starts a comment."""
     insecure_no_auth: bool = False
     """Allow a non-loopback bind without any API key."""
@@ -98,30 +94,34 @@ class ServeSettings:
     """Longest wait for the first token in seconds, queueing included (0 = none)."""
     stall_timeout: float = 60.0
     """Longest gap between two tokens in seconds (0 = none)."""
-    log_requests: str | None = None
+    log_requests: str | None = field(default=None, metadata={"metavar": "PATH"})
     """Append one JSON line per finished request to this file (written off the engine thread)."""
-    ssl_certfile: str | None = None
+    ssl_certfile: str | None = field(default=None, metadata={"metavar": "PEM"})
     """TLS certificate (PEM); serve HTTPS when given with --ssl-keyfile."""
-    ssl_keyfile: str | None = None
+    ssl_keyfile: str | None = field(default=None, metadata={"metavar": "PEM"})
     """TLS private key (PEM)."""
-    cors_origin: list[str] = field(default_factory=list)
-    """Origins allowed by CORS; none = no CORS headers at all."""
+    cors_origin: list[str] = field(default_factory=list, metadata={"metavar": "ORIGIN"})
+    """Origins allowed by CORS ('*' for any); none = no CORS headers at all."""
     max_body_bytes: int = 4 * 1024 * 1024
     """Largest request body accepted; larger gets 413."""
     max_n: int = 16
     """Largest number of choices (n x prompts) one request may ask for."""
     warmup: bool = True
     """Run a tiny generation before reporting healthy."""
-    log_level: str = "info"
-    """debug, info, warning or error."""
+    log_level: Annotated[Literal["debug", "info", "warning", "error"], BeforeValidator(_lower)] = (
+        "info"
+    )
+    """Server log level."""
     tui: bool = False
     """Show the terminal dashboard in this terminal; server logs go to log_file and a panel."""
-    log_file: str | None = None
+    log_file: str | None = field(default=None, metadata={"metavar": "PATH"})
     """With --tui, the server log file; None = $XDG_STATE_HOME/llm-appliance/serve.log."""
     api_keys: list[ApiKey] = field(init=False, repr=False, default_factory=list)
     """The parsed keys of --api-key and --api-key-file (derived, not a flag)."""
 
     def __post_init__(self) -> None:
+        for option in serve_options().values():
+            setattr(self, option.name, option.check(getattr(self, option.name)))
         if not 0 <= self.port <= 65535:
             raise SettingsError(f"port must be in [0, 65535], got {self.port}")
         for name in ("drain_timeout", "request_timeout", "ttft_timeout", "stall_timeout"):
@@ -132,12 +132,10 @@ class ServeSettings:
                 raise SettingsError(f"{name} is too small: {getattr(self, name)}")
         if bool(self.ssl_certfile) != bool(self.ssl_keyfile):
             raise SettingsError("TLS needs both --ssl-certfile and --ssl-keyfile")
-        if self.log_level.lower() not in ("debug", "info", "warning", "error"):
-            raise SettingsError(
-                f"log_level must be debug, info, warning or error: {self.log_level}"
-            )
-        if self.load_format not in (None, "auto", "random"):
-            raise SettingsError(f"load_format must be auto or random, got {self.load_format!r}")
+        try:
+            EngineConfig(**self.engine_kwargs())
+        except ValueError as exc:
+            raise SettingsError(f"engine setting: {exc}") from None
         self.api_keys = self._load_keys()
 
     def _load_keys(self) -> list[ApiKey]:
@@ -184,9 +182,8 @@ class ServeSettings:
         )
 
     def engine_kwargs(self) -> dict:
-        """Engine settings the user pinned (None = let the engine decide)."""
-        kwargs = {name: getattr(self, name) for name in ENGINE_FIELDS}
-        kwargs["dtype"] = self.dtype
+        """Engine settings the user pinned (None = let the planner or the engine decide)."""
+        kwargs = {f.name: getattr(self, f.name) for f in fields(EngineSettings)}
         return {k: v for k, v in kwargs.items() if v is not None}
 
 
@@ -198,27 +195,65 @@ def _parse_key(entry: str, sep: str | None, where: str) -> ApiKey:
     return ApiKey(name, key)
 
 
-# --- merging --------------------------------------------------------------------------------
+# --- the description's other forms: flags, environment, TOML ---------------------------------
+@functools.cache
+def serve_options() -> dict[str, Option]:
+    """Every setting of `appliance serve`, by field name."""
+    return options_of(ServeSettings)
+
+
+@functools.cache
+def engine_options() -> dict[str, Option]:
+    """The engine's settings (EngineConfig's fields), by name, each optional."""
+    return options_of(EngineSettings)
+
+
+def add_engine_flags(parser: argparse.ArgumentParser, names: Iterable[str] | None = None) -> None:
+    """Add the flags of the engine settings `names` (all of them when None), as `serve` has
+    them: `--max-num-seqs N`, `--dtype {auto,...}`, `--enforce-eager/--no-enforce-eager`; an
+    unset flag leaves the parser's default (None unless the parser says otherwise)."""
+    options = engine_options()
+    unknown = sorted(set(names or ()) - set(options))
+    if unknown:
+        raise ValueError(f"not engine settings: {unknown}; known: {sorted(options)}")
+    for name in options if names is None else names:
+        options[name].add_flag(parser)
+
+
+def engine_pins(args: argparse.Namespace) -> dict:
+    """The engine settings a namespace from add_engine_flags pins (those not None)."""
+    return {n: v for n in engine_options() if (v := getattr(args, n, None)) is not None}
+
+
+def add_serve_flags(parser: argparse.ArgumentParser) -> None:
+    """Add a flag for every ServeSettings field: the server's own, then the engine's."""
+    engine = engine_options()
+    for name, option in serve_options().items():
+        if name not in engine:
+            option.add_flag(parser)
+    group = parser.add_argument_group(
+        "engine settings", "Unset = planned from the device's memory, else the engine's default."
+    )
+    add_engine_flags(group)
+
+
 def load_settings(
     cli: dict | None = None, env: dict[str, str] | None = None, config_file: str | None = None
 ) -> ServeSettings:
-    """Merge the sources: CLI flags (only those given) > APPLIANCE_* env > TOML file > defaults.
+    """Merge the sources: CLI flags (only those given) > APPLIANCE_* env > TOML file > the
+    tuned profile (--profile) > defaults.
 
-    The TOML file is `config_file`, else APPLIANCE_CONFIG; its keys are field names (dashes or
-    underscores), at top level or under a [serve] table.
+    The TOML file is `config_file`, else the `config` flag, else APPLIANCE_CONFIG; its keys are
+    field names (dashes or underscores), at top level or under a [serve] table.
     """
     cli = dict(cli or {})
     env = dict(os.environ if env is None else env)
-    hints = typing.get_type_hints(ServeSettings)
-    known = {f.name for f in fields(ServeSettings) if f.init}
+    known = serve_options()
     merged: dict = {}
     path = config_file or cli.pop("config", None) or env.get(ENV_PREFIX + "CONFIG")
     if path:
         merged.update(_read_toml(Path(path), known))
-    for name in known:
-        raw = env.get(ENV_PREFIX + name.upper())
-        if raw is not None and raw != "":
-            merged[name] = _coerce(name, raw, hints[name], f"{ENV_PREFIX}{name.upper()}")
+    merged.update(read_env(known.values(), env))
     for name, value in cli.items():
         if name not in known:
             raise SettingsError(f"unknown setting {name!r}")
@@ -226,12 +261,7 @@ def load_settings(
     if merged.get("profile"):
         for name, value in _tuned_values(str(merged["profile"])).items():
             merged.setdefault(name, value)
-    for name, value in list(merged.items()):
-        merged[name] = _check_type(name, value, hints[name])
-    try:
-        return ServeSettings(**merged)
-    except TypeError as exc:
-        raise SettingsError(str(exc)) from None
+    return ServeSettings(**merged)
 
 
 def _tuned_values(name_or_path: str) -> dict:
@@ -244,10 +274,10 @@ def _tuned_values(name_or_path: str) -> dict:
     chosen = dict(profile.chosen)
     if "max_num_seqs" not in chosen and "max_concurrency" in chosen:
         chosen["max_num_seqs"] = chosen["max_concurrency"]
-    return {k: chosen[k] for k in PROFILE_FIELDS if chosen.get(k) is not None}
+    return {k: chosen[k] for k in TUNABLE if chosen.get(k) is not None}
 
 
-def _read_toml(path: Path, known: set[str]) -> dict:
+def _read_toml(path: Path, known: dict[str, Option]) -> dict:
     try:
         data = tomllib.loads(path.read_text())
     except OSError as exc:
@@ -262,39 +292,3 @@ def _read_toml(path: Path, known: set[str]) -> dict:
             raise SettingsError(f"config file {path}: unknown setting {key!r}")
         out[name] = value
     return out
-
-
-def _base_types(hint) -> tuple[type, ...]:
-    if isinstance(hint, types.UnionType) or typing.get_origin(hint) is typing.Union:
-        return tuple(t for t in typing.get_args(hint) if t is not type(None))
-    return (typing.get_origin(hint) or hint,)
-
-
-def _coerce(name: str, raw: str, hint, where: str):
-    base = _base_types(hint)[0]
-    try:
-        if base is bool:
-            if raw.lower() in ("1", "true", "yes", "on"):
-                return True
-            if raw.lower() in ("0", "false", "no", "off"):
-                return False
-            raise ValueError(raw)
-        if base is list:
-            return [part.strip() for part in raw.split(",") if part.strip()]
-        return base(raw)
-    except ValueError:
-        raise SettingsError(f"{where}={raw!r} is not a valid {base.__name__}") from None
-
-
-def _check_type(name: str, value, hint):
-    allowed = _base_types(hint)
-    if value is None and type(None) in typing.get_args(hint):
-        return None
-    if float in allowed and isinstance(value, int) and not isinstance(value, bool):
-        return float(value)
-    if list in allowed and isinstance(value, str):
-        return [value]
-    if not isinstance(value, allowed) or (isinstance(value, bool) and bool not in allowed):
-        names = " or ".join(t.__name__ for t in allowed)
-        raise SettingsError(f"setting {name} must be {names}, got {value!r}")
-    return value

@@ -20,6 +20,7 @@ from appliance.bench_cmd import _common, _console, _setup
 from appliance.loadgen.report import parse_duration, summarize, table
 from appliance.loadgen.runner import Stage
 from appliance.loadgen.session import LoadSession
+from appliance.settings import TUNABLE
 
 
 def add_tune_parser(sub) -> argparse.ArgumentParser:
@@ -66,7 +67,7 @@ def add_tune_parser(sub) -> argparse.ArgumentParser:
         default=[],
         metavar="NAME=A,B",
         help="with --serve: try every combination, e.g. max_num_seqs=64,128 "
-        f"adaptive_batching=off,on ({', '.join(tune_sweep.SWEEPABLE)})",
+        f"adaptive_batching=off,on ({', '.join(TUNABLE)})",
     )
     p.add_argument("--startup-timeout", default="15m", help="with --serve: wait this long for it")
     return p  # fmt: skip

@@ -16,11 +16,8 @@ from pathlib import Path
 
 from rich.table import Table
 
+from appliance.settings import ENV_PREFIX, TUNABLE, SettingsError, load_settings
 from appliance.tune import SearchResult
-
-SWEEPABLE = ("max_num_seqs", "max_num_batched_tokens", "adaptive_batching", "kv_cache_dtype",
-             "quantization", "block_size")  # fmt: skip
-"""Engine settings a sweep may vary; each reaches the server as APPLIANCE_<NAME>."""
 
 
 @dataclass
@@ -57,16 +54,14 @@ def point_label(point: dict) -> str:
 def parse_sweep(specs: list[str]) -> list[dict]:
     """`["max_num_seqs=32,64", "adaptive_batching=off,on"]` -> every combination, each a dict
     of typed values (validated the way `appliance serve` reads APPLIANCE_* variables)."""
-    from appliance.settings import ENV_PREFIX, SettingsError, load_settings
-
     axes: dict[str, list] = {}
     for spec in specs:
         name, sep, values = spec.partition("=")
         name = name.strip().replace("-", "_")
         if not sep or not values.strip():
             raise ValueError(f"--sweep {spec!r}: expected NAME=VALUE,VALUE,...")
-        if name not in SWEEPABLE:
-            raise ValueError(f"--sweep {name!r}: sweepable settings are {', '.join(SWEEPABLE)}")
+        if name not in TUNABLE:
+            raise ValueError(f"--sweep {name!r}: sweepable settings are {', '.join(TUNABLE)}")
         if name in axes:
             raise ValueError(f"--sweep {name!r} given twice")
         typed = []
@@ -86,7 +81,7 @@ def point_env(point: dict) -> dict[str, str]:
     def text(v) -> str:
         return ("1" if v else "0") if isinstance(v, bool) else str(v)
 
-    return {f"APPLIANCE_{k.upper()}": text(v) for k, v in point.items()}
+    return {ENV_PREFIX + k.upper(): text(v) for k, v in point.items()}
 
 
 def pick_best(rows: list[PointResult]) -> PointResult | None:

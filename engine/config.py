@@ -3,37 +3,48 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
-
-_DTYPES = ("auto", "float32", "float16", "bfloat16")
-_KV_DTYPES = ("auto", "float32", "float16", "bfloat16", "int8")
-_QUANTIZATIONS = ("none", "int8", "int4", "auto")
-_LOAD_FORMATS = ("auto", "random")
+from typing import ClassVar
 
 
 @dataclass
 class EngineConfig:
     """Knobs of the engine. CLI flags use the same names with dashes."""
 
+    CHOICES: ClassVar[dict[str, tuple[str, ...]]] = {
+        "dtype": ("auto", "float32", "float16", "bfloat16"),
+        "kv_cache_dtype": ("auto", "float32", "float16", "bfloat16", "int8"),
+        "quantization": ("none", "int8", "int4", "auto"),
+        "load_format": ("auto", "random"),
+    }
+    """The allowed values of each str setting (checked here; `appliance serve` and `profile`
+    offer them as the flags' choices)."""
+
     max_model_len: int | None = None
-    """Longest prompt + output in tokens; None = the model's maximum (capped at 8192 on CPU)."""
-    max_num_seqs: int = 64
-    """Most sequences running (holding KV blocks) at once."""
-    max_num_batched_tokens: int = 2048
-    """Token budget of one engine step (decode tokens + prefill chunk tokens)."""
+    """Longest prompt + output in tokens; None = planned (the model's maximum where memory
+    holds two such sequences, at most 8192 on a CPU)."""
+    max_num_seqs: int | None = None
+    """Most sequences running (holding KV blocks) at once; None = planned (as many typical
+    requests as the KV pool holds, up to the GPU class's cap)."""
+    max_num_batched_tokens: int | None = None
+    """Token budget of one engine step (decode tokens + prefill chunk tokens); None = the GPU
+    class's prefill chunk."""
     block_size: int = 16
     """Tokens per KV-cache block."""
     num_kv_blocks: int | None = None
     """KV-cache blocks in the pool; None = planned from memory."""
-    gpu_memory_utilization: float = 0.90
-    """Share of total device memory the engine may use (weights + activations + KV)."""
+    gpu_memory_utilization: float | None = None
+    """Share of total device memory the engine may use (weights + activations + KV); None =
+    the GPU class's default."""
     dtype: str = "auto"
     """Weights/activations dtype: auto (fp32 on CPU, bf16 on GPUs that support it), float32,
     float16 or bfloat16."""
     kv_cache_dtype: str = "auto"
-    """KV-cache element type; auto = the activation dtype."""
-    quantization: str = "none"
-    """Weight quantization: none, int8 (per-row), int4 (NF4 per group) or auto (16-bit here; the
-    appliance planner picks). A bitsandbytes-quantized checkpoint keeps its own (none/auto)."""
+    """KV-cache element type: auto (planned: the activation dtype, or int8 where a 16-bit cache
+    leaves no room for the planner's target), float32, float16, bfloat16 or int8."""
+    quantization: str = "auto"
+    """Weight quantization: auto (planned: 16-bit where it leaves room for the planner's target,
+    else int8, else int4), none, int8 (per-row) or int4 (NF4 per group). A bitsandbytes-quantized
+    checkpoint keeps its own (auto/none)."""
     quant_block_size: int = 64
     """int4: weights per absmax group along a row (even; divides the layers' input sizes)."""
     quantize_embeddings: bool = False
@@ -45,8 +56,6 @@ class EngineConfig:
     never waits for the host's scheduling and reporting (tokens are reported one step later)."""
     seed: int = 0
     """Seed for requests that do not bring their own."""
-    cpu_kv_cache_gib: float = 2.0
-    """KV-cache budget on the CPU when num_kv_blocks is None."""
     adaptive_batching: bool = False
     """Scale the step's token budget with the waiting queue: min_num_batched_tokens when nobody
     waits (short prefill chunks keep decodes fast), max_num_batched_tokens once the queue holds
@@ -71,26 +80,14 @@ class EngineConfig:
         positive("quant_block_size", self.quant_block_size)
         if self.quant_block_size % 2:
             raise ValueError(f"quant_block_size must be even, got {self.quant_block_size}")
-        if not 0.0 < self.gpu_memory_utilization <= 1.0:
+        util = self.gpu_memory_utilization
+        if util is not None and not 0.0 < util <= 1.0:
             raise ValueError(
                 f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}"
             )
-        if self.dtype not in _DTYPES:
-            raise ValueError(f"dtype must be one of {_DTYPES}, got {self.dtype!r}")
-        if self.kv_cache_dtype not in _KV_DTYPES:
-            raise ValueError(
-                f"kv_cache_dtype must be one of {_KV_DTYPES}, got {self.kv_cache_dtype!r}"
-            )
-        if self.quantization not in _QUANTIZATIONS:
-            raise ValueError(
-                f"quantization must be one of {_QUANTIZATIONS}, got {self.quantization!r}"
-            )
-        if self.load_format not in _LOAD_FORMATS:
-            raise ValueError(
-                f"load_format must be one of {_LOAD_FORMATS}, got {self.load_format!r}"
-            )
-        if self.cpu_kv_cache_gib <= 0:
-            raise ValueError(f"cpu_kv_cache_gib must be > 0, got {self.cpu_kv_cache_gib}")
+        for name, allowed in self.CHOICES.items():
+            if getattr(self, name) not in allowed:
+                raise ValueError(f"{name} must be one of {allowed}, got {getattr(self, name)!r}")
 
     def budget_prompt_lengths(self, max_tokens: int) -> list[int]:
         """Prompt lengths that, arriving together, fill one step's token budget: one prompt

@@ -1,5 +1,6 @@
 """CUDA graphs for decode steps: the model forward captured once per batch size of a ladder
-(1, 2, 4, 8, then steps of 8 up to max_num_seqs) and replayed with padded inputs.
+(engine.planner.formulas.graph_batch_sizes, by which the planner sizes the graph pool) and
+replayed with padded inputs.
 
 Padding rows get slot -1 (their K/V is not stored) and seq_len 0 (attention returns zeros),
 so they never touch real sequences. Logits and sampling run after the replay, eagerly.
@@ -12,12 +13,7 @@ import gc
 import torch
 
 from engine.context import AttentionMetadata, forward_context
-
-
-def graph_batch_sizes(max_num_seqs: int) -> list[int]:
-    sizes = [s for s in (1, 2, 4) if s < max_num_seqs]
-    sizes += list(range(8, max_num_seqs, 8 if max_num_seqs <= 64 else 16))
-    return sorted(set(sizes + [max_num_seqs]))
+from engine.planner.formulas import graph_batch_sizes
 
 
 class DecodeGraphs:

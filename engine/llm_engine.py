@@ -6,23 +6,22 @@ Not thread-safe: one thread owns it (AsyncEngine runs it in its own thread).
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 from pathlib import Path
 
+from engine.block_manager import BlockManager
 from engine.config import EngineConfig
 from engine.detokenizer import IncrementalDetokenizer
-from engine.memory_check import MemoryItems, settle_kv_pool
+from engine.memory_check import Measurement, MemoryItems
 from engine.model_runner import ModelRunner
 from engine.models.config import ModelConfig
 from engine.models.loader import resolve_model_folder
 from engine.pending_step import PendingStep
-from engine.planning import (
-    plan_num_kv_blocks,
-    resolve_device,
-    resolve_dtypes,
-    resolve_max_model_len,
-)
+from engine.planner import Device
+from engine.planning import TORCH_DTYPES, plan_engine, resolve_device
 from engine.request import Request, RequestOutput, RequestStatus
 from engine.sampling_params import SamplingParams
+from engine.scheduler import Scheduler
 from engine.tokenizer import apply_chat_template, eos_token_ids, load_tokenizer
 
 
@@ -31,16 +30,20 @@ class LLMEngine:
         self,
         model: str | Path | None = None,
         device: str = "auto",
-        predicted_memory: MemoryItems | None = None,
+        device_info: Device | None = None,
+        measure: Callable[..., Measurement] | None = None,
         **config,
     ) -> None:
-        """predicted_memory: the planner's prediction, checked against the measured peak after
-        warm-up (engine.memory_check); None = check against memory x gpu_memory_utilization."""
-        self.config = EngineConfig.from_kwargs(**config)
+        """`config`: EngineConfig settings; every one left out (or "auto") is planned for this
+        model on this device (engine.planner), as `appliance serve` plans it. device_info: the
+        Device to plan for (default: read here). measure: replaces the CUDA memory measurement
+        after warm-up (tests)."""
+        pins = EngineConfig.from_kwargs(**config)
         self.device = resolve_device(device)
         self.folder = resolve_model_folder(model)
         self.model_name = Path(model).stem if model is not None else "SmolLM2-135M-Instruct"
         self.model_config = ModelConfig.from_folder(self.folder)
+        self.plan, self.config = plan_engine(pins, self.model_config, self.device.type, device_info)
         self.tokenizer = None  # random-weight benchmarks may come without one: token ids only
         if self.config.load_format != "random" or (self.folder / "tokenizer_config.json").exists():
             self.tokenizer = load_tokenizer(self.folder)
@@ -49,43 +52,41 @@ class LLMEngine:
             if self.tokenizer is not None
             else frozenset()
         )
-        self.dtype, self.kv_dtype = resolve_dtypes(self.config, self.model_config, self.device)
-        self.config.dtype = str(self.dtype).removeprefix("torch.")
-        self.config.kv_cache_dtype = str(self.kv_dtype).removeprefix("torch.")
-        self.config.max_model_len = resolve_max_model_len(
-            self.config, self.model_config, self.device
-        )
+        self.dtype = TORCH_DTYPES[self.config.dtype]
+        self.kv_dtype = TORCH_DTYPES[self.config.kv_cache_dtype]
         self.runner = ModelRunner(
             self.folder, self.model_config, self.config, self.device, self.dtype
         )
-        if self.config.num_kv_blocks is None:
-            self.config.num_kv_blocks = plan_num_kv_blocks(
-                self.config, self.model_config, self.device, self.kv_dtype
-            )
-        self._check_pool_fits()
         self._rng = random.Random(self.config.seed)
         self._requests: dict[str, Request] = {}
         self._detokenizers: dict[str, IncrementalDetokenizer] = {}
         self._aborted: list[Request] = []
-        self.num_steps = 0
-        self.prompt_tokens_total = 0
-        self.generation_tokens_total = 0
         self._pending: PendingStep | None = None
         self._overlap = self.config.overlap_steps and self.device.type == "cuda"
-        # Allocates the KV pool and builds block manager + scheduler; on CUDA also captures
-        # graphs, warms up and shrinks the pool if the measured peak exceeds the prediction.
-        self.memory = settle_kv_pool(self, predicted_memory)
+        self.runner.allocate_kv_cache(self.config.num_kv_blocks, self.kv_dtype)
+        self._new_scheduler(self.config.num_kv_blocks)
+        self._reset_counters()
+        # On CUDA: capture graphs, warm up, measure; the runner shrinks its pool if the
+        # measured peak exceeds the plan, and the scheduler follows.
+        self.memory = self.runner.check_memory(
+            MemoryItems.from_plan(self.plan), self._warm_up_to_peak, measure
+        )
+        if self.memory is not None and self.memory.shed_blocks:
+            self.config.num_kv_blocks = self.memory.final_blocks
+            self._new_scheduler(self.memory.final_blocks)
 
-    def _check_pool_fits(self) -> None:
-        cfg = self.config
-        capacity = cfg.num_kv_blocks * cfg.block_size
-        if capacity < cfg.max_model_len:
-            raise ValueError(
-                f"the KV cache holds {capacity} tokens ({cfg.num_kv_blocks} blocks of "
-                f"{cfg.block_size}), less than max_model_len={cfg.max_model_len}: set "
-                f"max_model_len <= {capacity} or num_kv_blocks >= "
-                f"{-(-cfg.max_model_len // cfg.block_size)}"
-            )
+    def _new_scheduler(self, num_blocks: int) -> None:
+        self.block_manager = BlockManager(num_blocks, self.config.block_size)
+        self.scheduler = Scheduler(self.config, self.block_manager)
+
+    def _reset_counters(self) -> None:
+        self.num_steps = self.prompt_tokens_total = self.generation_tokens_total = 0
+        self.scheduler.num_preemptions = 0
+
+    def plan_report(self) -> dict:
+        """The plan and the memory check after warm-up (None on the CPU), for /v1/stats."""
+        check = self.memory.to_dict() if self.memory is not None else None
+        return {**self.plan.to_dict(), "memory_check": check}
 
     def warm_up(self) -> None:
         """Run the step shapes serving will meet, so no kernel compiles while users wait: a
@@ -103,10 +104,37 @@ class LLMEngine:
                 prompt = [gen.randrange(vocab) for _ in range(n)]
                 self.add_request(f"__warmup-{i}-{j}", prompt, params)
             self.step()  # staggered arrivals: decodes run beside new prefill chunks
+        self._run_to_completion()
+
+    def run_peak_step(self) -> None:
+        """The heaviest steps serving can meet: max_num_seqs sequences at once, the long ones
+        filling the step's token budget (several where max_model_len is shorter than it), every
+        one sampled with every sampling feature (penalties, top-k/top-p/min-p, logprobs), so the
+        logits and sampler temporaries peak."""
+        cfg = self.config
+        vocab = self.model_config.vocab_size
+        gen = random.Random(1)
+        params = SamplingParams(
+            max_tokens=2, temperature=0.8, top_p=0.9, top_k=50, min_p=0.01,
+            repetition_penalty=1.1, presence_penalty=0.1, frequency_penalty=0.1,
+            logprobs=5, ignore_eos=True, seed=0,
+        )  # fmt: skip
+        longs = cfg.budget_prompt_lengths(params.max_tokens) or [1]
+        for i in range(cfg.max_num_seqs - len(longs)):
+            self.add_request(f"__peak-{i}", [gen.randrange(vocab)], params)
+        for i, n in enumerate(longs):
+            self.add_request(f"__peak-long-{i}", [gen.randrange(vocab) for _ in range(n)], params)
+        self._run_to_completion()
+
+    def _warm_up_to_peak(self) -> None:
+        """The memory check's workload: every shape, then the heaviest step."""
+        self.warm_up()
+        self.run_peak_step()
+
+    def _run_to_completion(self) -> None:
         while self.has_unfinished():
             self.step()
-        self.num_steps = self.prompt_tokens_total = self.generation_tokens_total = 0
-        self.scheduler.num_preemptions = 0
+        self._reset_counters()
 
     # --- requests ----------------------------------------------------------------------------
     def encode(self, prompt: str) -> list[int]:
@@ -234,9 +262,6 @@ class LLMEngine:
             self.scheduler.finish(req, RequestStatus.FINISHED_STOPPED)
         elif req.is_finished:
             detok.finish()
-
-    def get_request(self, request_id: str) -> Request | None:
-        return self._requests.get(request_id)
 
     def stats(self) -> dict:
         return {

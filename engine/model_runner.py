@@ -1,5 +1,7 @@
 """ModelRunner: every device concern. Owns the model, the KV-cache tensor, input preparation,
-attention metadata and sampling-tensor preparation; runs one scheduled batch per call.
+attention metadata, sampling-tensor preparation, CUDA graphs and the memory check after
+warm-up (shrinking the pool before serving when the plan was short); runs one scheduled batch
+per call.
 
 KV cache: one tensor [num_layers, 2, num_blocks, block_size, num_kv_heads, head_dim]; each
 attention layer gets its K and V views (see engine/kernels/torch_ref.py for the layout). An
@@ -9,6 +11,10 @@ num_kv_heads].
 
 from __future__ import annotations
 
+import gc
+import logging
+from collections.abc import Callable
+
 import torch
 
 from engine.attention import select_backend
@@ -17,6 +23,15 @@ from engine.context import forward_context
 from engine.cuda_graphs import DecodeGraphs, graph_batch_sizes
 from engine.input_prep import prepare_inputs, prepare_sampling
 from engine.kernels.torch_ref import KV_SCALE_DTYPE
+from engine.memory_cap import apply_memory_cap
+from engine.memory_check import (
+    GIB,
+    Measurement,
+    MemoryItems,
+    MemoryReport,
+    blocks_to_shed,
+    measure_cuda,
+)
 from engine.models.config import ModelConfig
 from engine.models.loader import load_model
 from engine.pending_step import PendingStep
@@ -25,6 +40,10 @@ from engine.request import Logprob
 from engine.sampler import sample
 from engine.scheduler import ScheduledBatch
 from engine.tuning import KernelChoices, choose_kernels
+
+logger = logging.getLogger("engine.memory")
+KV_TENSORS = ("k_cache", "v_cache", "k_scales", "v_scales")
+"""Attention-layer attributes that hold views of the KV pool."""
 
 
 class ModelRunner:
@@ -84,17 +103,46 @@ class ModelRunner:
             attn.backend = backend
         self.backend = backend
 
-    def capture_cuda_graphs(self) -> None:
-        """Time the decode kernels, then capture decode graphs for the batch-size ladder (CUDA;
-        enforce_eager: the batch-1 GEMV configs only, no graphs)."""
+    @property
+    def kv_pool_bytes(self) -> int:
+        scales = self.kv_scales
+        return self.kv_cache.nbytes + (scales.nbytes if scales is not None else 0)
+
+    def release_kv_cache(self) -> None:
+        """Drop every reference to the pool, so a smaller one never sits beside it."""
+        for attn in self.model.attention_layers():
+            for name in KV_TENSORS:
+                if hasattr(attn, name):
+                    setattr(attn, name, None)
+        self.kv_cache, self.kv_scales = torch.empty(0), None
+        gc.collect()
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+
+    def uses_cuda_graphs(self) -> bool:
+        return (
+            self.device.type == "cuda"
+            and not self.config.enforce_eager
+            and self.backend.name == "triton"
+        )
+
+    def choose_kernels(self) -> None:
+        """Time the decode kernels' candidates on the device, before graphs capture them
+        (enforce_eager: the batch-1 GEMV configs only)."""
         if self.device.type != "cuda" or self.backend.name != "triton":
             return
-        eager, max_rows = self.config.enforce_eager, self.config.max_num_seqs
-        choose_kernels(self.model, self.kernel_choices, self.dtype, max_rows, eager)
-        if eager:
+        cfg = self.config
+        choose_kernels(
+            self.model, self.kernel_choices, self.dtype, cfg.max_num_seqs, cfg.enforce_eager
+        )
+
+    def capture_cuda_graphs(self) -> None:
+        """Capture decode graphs for the batch-size ladder (CUDA, unless enforce_eager)."""
+        if not self.uses_cuda_graphs():
             return
         from engine.kernels.decode_attention import default_num_splits
 
+        self.choose_kernels()  # chosen once: later calls find every choice made
         cfg, max_len = self.model_config, self.config.max_model_len
         sizes = graph_batch_sizes(self.config.max_num_seqs)
         splits = {
@@ -111,6 +159,47 @@ class ModelRunner:
             splits,
         )
         self.graphs.capture()
+
+    def check_memory(
+        self,
+        predicted: MemoryItems,
+        workload: Callable[[], None],
+        measure: Callable[..., Measurement] | None = None,
+    ) -> MemoryReport | None:
+        """On CUDA (or with `measure`): capture graphs, run the warm-up workload, measure, and
+        when the peak exceeds the prediction shrink the pool (re-allocated, graphs captured
+        again: they hold the pool's address) before serving. None on the CPU. Raises
+        ValueError, naming the setting to change, when even a shrunk pool cannot hold one
+        max_model_len sequence."""
+        if self.device.type == "cuda":
+            apply_memory_cap(self.device)
+        measure = measure or (measure_cuda if self.device.type == "cuda" else None)
+        if measure is None:
+            return None
+        got = measure(self, workload)
+        cfg, num_blocks = self.config, self.kv_cache.shape[2]
+        block_bytes = max(1, got.items.kv_pool // num_blocks)
+        shed = blocks_to_shed(got.peak, predicted.total, block_bytes)
+        report = MemoryReport(
+            predicted, got.items, got.peak, predicted.total, num_blocks, shed, block_bytes
+        )
+        for line in report.lines():
+            logger.info(line)
+        if shed:
+            keep = num_blocks - shed
+            if keep * cfg.block_size < cfg.max_model_len:
+                raise ValueError(
+                    f"after warm-up the engine needs {report.excess / GIB:.2f} GiB more than "
+                    f"planned and the KV pool cannot shrink below one max_model_len="
+                    f"{cfg.max_model_len} sequence: set max_model_len to "
+                    f"{max(0, keep) * cfg.block_size // 256 * 256}"
+                )
+            self.graphs = None  # they point at the old pool
+            kv_dtype = self.kv_cache.dtype
+            self.release_kv_cache()
+            self.allocate_kv_cache(keep, kv_dtype)
+            self.capture_cuda_graphs()
+        return report
 
     # --- execution ---------------------------------------------------------------------------
     def copy_blocks(self, copies: list[tuple[int, int]]) -> None:

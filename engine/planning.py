@@ -1,20 +1,24 @@
-"""Resolving device, dtypes, max_model_len and the KV pool size from config + model + device.
-
-A first, simple plan; the full GPU planner (probe, weights/activation/graph budgets,
-verification after warm-up) builds on these numbers.
-"""
+"""The engine's side of the memory plan: the torch device, the caller's pins, the checkpoint's
+own weight format, and the plan (engine.planner) turned into a complete EngineConfig and the
+torch dtypes it names."""
 
 from __future__ import annotations
+
+from dataclasses import replace
 
 import torch
 
 from engine.config import EngineConfig
-from engine.memory_cap import usable_mem_info
 from engine.models.config import ModelConfig
+from engine.planner import Device, Plan, PlanRequest, plan, read_device
 from engine.quant.format import BNB_4BIT_BLOCKS, resolve_weight_quant  # noqa: F401 (re-exported)
 
-CPU_MAX_MODEL_LEN = 8192
-_NAMED = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+TORCH_DTYPES = {
+    "float32": torch.float32,
+    "float16": torch.float16,
+    "bfloat16": torch.bfloat16,
+    "int8": torch.int8,  # KV cache: plus one fp16 scale per token and KV head (see torch_ref)
+}
 
 
 def resolve_device(device: str) -> torch.device:
@@ -30,59 +34,22 @@ def resolve_device(device: str) -> torch.device:
     return dev
 
 
-def resolve_dtypes(
-    config: EngineConfig, model: ModelConfig, device: torch.device
-) -> tuple[torch.dtype, torch.dtype]:
-    """(activation/weight dtype, KV-cache dtype)."""
-    resolve_weight_quant(config, model)  # bad quantization settings fail before loading
-    if config.dtype != "auto":
-        dtype = _NAMED[config.dtype]
-    elif device.type == "cpu":
-        dtype = torch.float32
-    elif torch.cuda.is_bf16_supported():
-        dtype = torch.bfloat16
-    else:
-        dtype = torch.float16
-    if config.kv_cache_dtype == "auto":
-        return dtype, dtype
-    if config.kv_cache_dtype == "int8":
-        return dtype, torch.int8  # plus one fp16 scale per token and KV head (see torch_ref)
-    return dtype, _NAMED[config.kv_cache_dtype]
-
-
-def resolve_max_model_len(config: EngineConfig, model: ModelConfig, device: torch.device) -> int:
-    limit = model.max_position_embeddings
-    why = "the model's max_position_embeddings"
-    if model.sliding_window is not None and model.sliding_window < limit:
-        limit, why = model.sliding_window, "the model's sliding_window (not implemented)"
-    if config.max_model_len is None:
-        if device.type == "cpu":
-            return min(limit, CPU_MAX_MODEL_LEN)
-        return limit
-    if config.max_model_len > limit:
-        raise ValueError(
-            f"max_model_len={config.max_model_len} exceeds {why} ({limit}); "
-            f"set max_model_len <= {limit}"
-        )
-    return config.max_model_len
-
-
-def kv_bytes_per_token(model: ModelConfig, kv_dtype: torch.dtype) -> int:
-    """KV-cache bytes per token, int8 scales included (ModelConfig.kv_cache_bytes_per_token)."""
-    return model.kv_cache_bytes_per_token(str(kv_dtype).removeprefix("torch."))
-
-
-def plan_num_kv_blocks(
-    config: EngineConfig, model: ModelConfig, device: torch.device, kv_dtype: torch.dtype
-) -> int:
-    """Enough blocks for max_num_seqs full-length sequences, capped by the memory budget."""
-    block_bytes = kv_bytes_per_token(model, kv_dtype) * config.block_size
-    wanted = config.max_num_seqs * (-(-config.max_model_len // config.block_size))
-    if device.type == "cuda":
-        free, total = usable_mem_info(device)  # honours APPLIANCE_MEMORY_CAP_GIB
-        used = total - free
-        activation_reserve = 2 * 1024**3
-        budget = int(total * config.gpu_memory_utilization) - used - activation_reserve
-    else:
-        budget = int(config.cpu_kv_cache_gib * 1024**3)
-    return max(1, min(wanted, budget // block_bytes))
+def plan_engine(
+    pins: EngineConfig,
+    model: ModelConfig,
+    device_kind: str,
+    device_info: Device | None = None,
+    **targets,
+) -> tuple[Plan, EngineConfig]:
+    """Plan every setting `pins` leaves open (None / "auto") for this model on this device, and
+    return the plan with the complete config. A bitsandbytes-quantized checkpoint pins its own
+    format. device_kind: "cuda" or "cpu"; device_info: the Device to plan for (default: read
+    here, as `appliance serve` and `appliance profile` read it); targets: PlanRequest targets
+    (target_num_seqs, ...). Raises PlanError (a ValueError naming the one setting to change)
+    when the pins cannot fit."""
+    quant = resolve_weight_quant(pins, model)  # bad quantization settings fail before planning
+    if quant is not None and quant.prequantized:
+        pins = replace(pins, quantization=quant.kind)
+    info = device_info or read_device(device_kind)
+    result = plan(model, info, PlanRequest.from_config(pins, **targets))
+    return result, replace(pins, **result.engine_kwargs())

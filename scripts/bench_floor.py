@@ -1,8 +1,8 @@
 """What the GPU benchmark measures against: device rates, the floor, targets, the table.
 
 The floor is bytes / bandwidth and FLOPs / matmul rate, both measured in the same run
-(measure_hardware); the arithmetic is pure, so CI checks it against DESIGN.md's numbers.
-The model (DESIGN.md, "Performance model"):
+(measure_hardware); the arithmetic is pure, so CI checks it against the design's worked numbers.
+The model (docs/performance.md, "How the GPU figures are measured"):
 
 - Decode is memory-bound. One step reads every weight once plus the KV of every running
   sequence: time >= (weight bytes + sum of contexts x KV bytes/token) / bandwidth. We also take
@@ -10,7 +10,7 @@ The model (DESIGN.md, "Performance model"):
   larger of the two (both are lower bounds; memory wins for every workload here).
 - Prefill is compute-bound: 2 x params x prompt tokens FLOPs, plus causal attention
   (QK^T and PV: 2 x 2 x layers x q_heads x head_dim x n(n+1)/2), over the matmul rate.
-- Weight bytes = all parameters x element size, as DESIGN.md counts them (the published ~266
+- Weight bytes = all parameters x element size, as the design counts them (the published ~266
   tok/s floor of workload B). That floor is slightly loose for untied models: a decode step
   gathers only a few rows of the input embedding table (Llama-3-8B: 6.5% of its bytes).
 
@@ -181,7 +181,7 @@ def measure_hardware(device: torch.device, dtype: torch.dtype) -> Hardware:
     return hw
 
 
-# --- DESIGN.md targets ---------------------------------------------------------------------------
+# --- targets of the verdict column (docs/performance.md, "Targets", lists them) ---------------
 TARGETS = {
     "A": (">= 12,000 out tok/s", lambda achieved, floor: achieved >= 12_000),
     "B": (">= 226 tok/s", lambda achieved, floor: achieved >= 226),

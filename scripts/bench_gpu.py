@@ -1,7 +1,8 @@
-"""GPU benchmark: DESIGN.md workloads A-D, each against the floor measured in the same run.
+"""GPU benchmark: workloads A-D (docs/performance.md), each against the floor measured in the
+same run.
 
     PYTHONPATH=. python scripts/bench_gpu.py --out DIR [--quick] [--compare-hf]
-        [--workloads A,B,C,D] [--eager] [--time-budget 540]
+        [--workloads A,B,C,D] [--eager] [--planned] [--time-budget 540]
 
 Measures copy bandwidth and bf16 matmul rate, builds random-weight engines in real shapes
 (profiles/models/), runs A (256 requests, Llama-3-8B, out tok/s), B (batch-1 decode tok/s),
@@ -10,7 +11,9 @@ prints achieved / floor / target per workload (floor model: scripts/bench_floor.
 to DIR/bench_gpu.json, rewritten after every workload. Each workload runs under a share of
 --time-budget (SIGALRM); a failure or timeout becomes a row with its error. `--compare-hf` also
 runs transformers' generate_batch and our engine on a reduced workload A. `--device cpu --tiny`
-runs tiny shapes on the CPU (the tests' end-to-end check). Exit status 1 if a workload raised.
+runs tiny shapes on the CPU (the tests' end-to-end check). `--planned` builds each engine as a
+plain `LLM(folder)`: the planner chooses every setting (max_num_seqs, the step's token budget,
+max_model_len, the KV pool). Exit status 1 if a workload raised.
 """
 
 from __future__ import annotations
@@ -54,8 +57,9 @@ from scripts.bench_presets import (  # noqa: E402
 
 BIG, SMALL = "llama-3-8b", "qwen3-0.6b"  # A, B, C run on BIG; D on SMALL
 
-# Workload sizes per mode. "full" is DESIGN.md's; only full rows are judged against its targets
-# (C also in "quick", where it is unchanged). "tiny" also shrinks the models (--tiny, on a CPU).
+# Workload sizes per mode. "full" is the published workloads'; only full rows are judged against
+# the targets (C also in "quick", where it is unchanged). "tiny" also shrinks the models (--tiny,
+# on a CPU).
 # fmt: off
 SIZES = {
     "full": dict(a_requests=256, a_prompt=(100, 1024), a_output=512, b_prompt=128, b_output=512,
@@ -105,8 +109,12 @@ class Engines:
         self.llm: LLM | None = None
 
     def settings(self, preset: str) -> dict:
-        """One engine per model serves every workload on it (A, B, C, HF: no rebuild)."""
+        """One engine per model serves every workload on it (A, B, C, HF: no rebuild). With
+        --planned, only the device and random weights: the planner chooses everything else,
+        as for a plain `LLM(folder)`."""
         sz, a = self.sz, self.args
+        if a.planned:
+            return dict(device=a.device, load_format="random", seed=0, enforce_eager=a.eager)
         if preset == BIG:
             lens = (sz["a_prompt"][1] + sz["a_output"], sz["b_prompt"] + sz["b_output"])
             need = max(*lens, max(sz["c_prompts"]) + 1)
@@ -134,6 +142,7 @@ class Engines:
                 "build_s": round(time.perf_counter() - start, 2),
                 "num_params": eng.model_config.num_params,
                 "config": asdict(eng.config),
+                "plan_reasons": eng.plan.reasons,
             }
         return self.llm
 
@@ -320,6 +329,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--dtype", default=None, help="bfloat16 on a GPU, float32 with --tiny")
     ap.add_argument("--tiny", action="store_true", help="tiny shapes (CPU end-to-end check)")
+    ap.add_argument("--planned", action="store_true",
+                    help="engines as plain LLM(folder): every setting planned")  # fmt: skip
     ap.add_argument("--max-num-batched-tokens", type=int, default=8192)
     ap.add_argument("--gpu-memory-utilization", type=float, default=0.9)
     ap.add_argument("--time-budget", type=float, default=540.0, help="seconds for it all")

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import torch
 
-PRESETS_DIR = Path(__file__).resolve().parents[1] / "profiles" / "models"
+from appliance import model_presets
+
 # fmt: off
 TINY_DIMS = dict(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                  num_attention_heads=4, num_key_value_heads=2, head_dim=16)
@@ -18,12 +19,9 @@ TINY_DIMS = dict(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidd
 
 def load_preset(name: str, tiny: bool = False) -> dict:
     """The config.json values of a model preset, by name (profiles/models/NAME.json);
-    `tiny`: the same architecture with tiny dimensions (TINY_DIMS)."""
-    path = PRESETS_DIR / f"{name}.json"
-    if not path.is_file():
-        known = sorted(p.stem for p in PRESETS_DIR.glob("*.json"))
-        raise ValueError(f"no model preset {name!r}; known: {', '.join(known)}")
-    return {**json.loads(path.read_text()), **(TINY_DIMS if tiny else {})}
+    `tiny`: the same architecture with tiny dimensions (TINY_DIMS). The full vocabulary is
+    kept (token-id prompts need no tokenizer), unlike `appliance serve`'s preset folders."""
+    return {**model_presets.load_preset(name), **(TINY_DIMS if tiny else {})}
 
 
 def materialise_preset(name: str, parent: str | Path, tiny: bool = False) -> Path:

@@ -4,7 +4,7 @@ weights): weight memory, batch-1 decode tok/s (workload B) and a reduced workloa
     PYTHONPATH=. python scripts/bench_quant.py --out DIR [--quick] [--kinds none,int8,int4]
 
 Batch-1 decode reads every weight once per token, so its floor is (weight bytes + KV bytes) /
-the copy bandwidth measured in the same run; the issue's goal is int8 >= 1.6x and
+the copy bandwidth measured in the same run; the goal is int8 >= 1.6x and
 int4 >= 2.5x the bf16 tok/s. Weight memory = torch.cuda.memory_allocated after building the
 model alone. Prints a table; writes DIR/bench_quant.json. Needs bitsandbytes for int8/int4.
 """

@@ -117,8 +117,8 @@ def time_cuda(fn, iters: int = 20) -> float:
 
 
 def copy_bandwidth() -> float:
-    """Device copy rate, counting read + write bytes (DESIGN.md's figure). A read-only stream
-    such as decode attention can slightly exceed it."""
+    """Device copy rate, counting read + write bytes (as scripts/bench_floor.py does). A read-only
+    stream such as decode attention can slightly exceed it."""
     src = torch.randn(1 << 30, device="cuda", dtype=DTYPE)  # 2 GiB
     dst = torch.empty_like(src)
     return 2 * src.numel() * src.element_size() / time_cuda(lambda: dst.copy_(src))

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# One GPU-machine call per part, each under the device's 10-minute limit; everything it
-# measures lands in $OUT (or ./out) and a short summary is printed last.
+# The GPU checks in parts of under ten minutes each; everything a part measures lands in $OUT
+# (or ./out) and a short summary is printed last.
 #
 #   scripts/gpu_check.sh tests      # engine + kernel `-m gpu` tests, one timeout each (~5 min)
 #   scripts/gpu_check.sh tests-kv   # INT8 KV cache kernels (real shapes, 8k contexts)  (~5 min)
@@ -8,11 +8,11 @@
 #   scripts/gpu_check.sh bench      # bench_gpu A-D + profile --measure, 24 GiB cap    (~6 min)
 #   scripts/gpu_check.sh quant      # bench_quant + bench_kv_int8                       (~5 min)
 #
-# (All of `-m gpu` in one call ran past the device's 10 minutes on 2026-11-29.) The logs are
-# packed into $OUT/logs.tgz at the end: the device returns at most 8 files.
+# (All of `-m gpu` in one run took more than ten minutes on the H200, 2026-11-29.) The logs are
+# packed into $OUT/logs.tgz at the end.
 #
-# bitsandbytes is not installed on the H200: carry its wheel (.whl/, see the device README) and
-# this script installs it into /tmp/site first. Run from the repository root.
+# Where bitsandbytes is not installed (the H200 test machine), put its wheel in .whl/ and this
+# script installs it into /tmp/site first. Run from the repository root.
 set -uo pipefail
 PART="${1:-tests}"
 PY="${PYTHON:-python3}"  # the H200's python3 holds torch

@@ -4,13 +4,14 @@
 # highest concurrency meeting the SLOs (p95 TTFT 1 s, p95 TPOT 50 ms), soaks it, stops the server.
 #
 #   scripts/tune_gpu.sh --prepare     here, once: the preset folder with the embedded tokenizer,
-#                                      under .cache/appliance (git-ignored; carry it to the GPU)
-#   scripts/tune_gpu.sh               on the H200 (carry .cache/appliance): ~6 minutes
+#                                      under .cache/appliance (git-ignored; copy it to the GPU
+#                                      machine, which cannot download it)
+#   scripts/tune_gpu.sh               on the GPU machine, .cache/appliance copied: ~6 min (H200)
 #   SWEEP=adaptive_batching=off,on scripts/tune_gpu.sh    also sweep (about twice as long)
 #   scripts/tune_gpu.sh --cpu-smoke   the same path on this CPU, embedded model, tiny durations
 #
 # Results: $OUT/tune (or ./out/tune): the profile TOML, tune.json, the main plots and
-# tune-run.tar.gz with everything (all plots, the server logs, the console log). At most 7 files.
+# tune-run.tar.gz with everything (all plots, the server logs, the console log).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1

@@ -21,7 +21,7 @@ def test_flags_beat_env_beat_file_beat_defaults(tmp_path):
     assert s.max_queue == 9  # env over file
     assert s.host == "127.0.0.2" and s.stall_timeout == 5.0  # file
     assert s.enforce_eager is True and s.drain_timeout == 30.0  # env bool, default
-    assert s.engine_kwargs() == {"dtype": "auto", "enforce_eager": True}
+    assert s.engine_kwargs() == {"enforce_eager": True}  # dtype unset: not pinned
 
 
 def test_config_file_from_env_and_cli_lists(tmp_path):

@@ -53,9 +53,8 @@ def test_exact_under_preemption_and_chunked_prefill(reference):
     arch, folder, refs = reference
     # 12 blocks x 16 tokens for 8 prompts up to 120 tokens each: the pool cannot hold them all,
     # and a 24-token step budget forces long prompts to be split into chunks.
-    llm = LLM(
-        str(folder), device="cpu", num_kv_blocks=12, max_num_batched_tokens=24, max_model_len=160
-    )
+    llm = LLM(str(folder), device="cpu", num_kv_blocks=12, max_num_batched_tokens=24,
+              max_model_len=160, max_num_seqs=8)  # fmt: skip
     outs = llm.generate(_prompts(), GREEDY)
     assert [o.token_ids for o in outs] == refs
     assert sum(o.metrics.num_preemptions for o in outs) > 0
@@ -129,10 +128,8 @@ def test_warm_up_starts_with_a_full_budget_step_when_prompts_are_shorter(tiny_ll
 
 
 def test_peak_step_fills_the_budget_beside_max_num_seqs_sequences(tiny_llama):
-    from engine.memory_check import run_peak_step
-
     llm = LLM(str(tiny_llama), device="cpu", max_model_len=40, max_num_batched_tokens=100,
               max_num_seqs=8)  # fmt: skip
     engine = llm.engine
-    assert _first_step_tokens(engine, lambda: run_peak_step(engine)) == 100
+    assert _first_step_tokens(engine, engine.run_peak_step) == 100
     assert engine.block_manager.num_used_blocks == 0 and not engine.has_unfinished()

@@ -7,12 +7,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from appliance.plan_model import kv_bytes_per_token as planner_kv_bytes
 from engine import LLM, SamplingParams
-from engine.config import EngineConfig
 from engine.models.config import ModelConfig
 from engine.models.embedded import default_model_path
-from engine.planning import kv_bytes_per_token, plan_num_kv_blocks
+from engine.planner import GIB, Device, PlanRequest, plan
+from engine.planner.formulas import kv_bytes_per_token
 
 NEW_TOKENS = 24
 GREEDY = SamplingParams(max_tokens=NEW_TOKENS, temperature=0.0, ignore_eos=True)
@@ -58,6 +57,7 @@ def test_int8_kv_under_preemption_and_chunked_prefill(tiny_llama):
         device="cpu",
         kv_cache_dtype="int8",
         num_kv_blocks=12,
+        max_num_seqs=8,  # more than the pool holds at once: preemption
         max_num_batched_tokens=24,
         max_model_len=180,
     )
@@ -97,14 +97,15 @@ def test_kv_bytes_one_formula_for_engine_and_planner():
     )
     bf16 = 2 * 32 * 8 * 128 * 2  # Llama-3-8B: 128 KiB per token
     int8 = 2 * 32 * 8 * (128 + 2)  # 1 byte per element + an fp16 scale per token and KV head
-    assert kv_bytes_per_token(m, torch.bfloat16) == planner_kv_bytes(m, "bfloat16") == bf16
-    assert kv_bytes_per_token(m, torch.int8) == planner_kv_bytes(m, "int8") == int8
-    cfg = EngineConfig(max_model_len=4096, max_num_seqs=10_000, cpu_kv_cache_gib=1.0)
-    cpu = torch.device("cpu")
-    blocks16 = plan_num_kv_blocks(cfg, m, cpu, torch.bfloat16)
-    blocks8 = plan_num_kv_blocks(cfg, m, cpu, torch.int8)
-    assert blocks16 == 1024**3 // (16 * bf16)
-    assert blocks8 == 1024**3 // (16 * int8)  # ~1.97x the 16-bit pool
+    assert kv_bytes_per_token(m, "bfloat16") == m.kv_cache_bytes_per_token("bfloat16") == bf16
+    assert kv_bytes_per_token(m, "int8") == m.kv_cache_bytes_per_token("int8") == int8
+    # a CPU whose KV pool is capped at 1 GiB: the planned pool holds 1 GiB of either dtype
+    cpu = Device(kind="cpu", name="cpu", total_bytes=64 * GIB, max_kv_bytes=GIB)
+    pins = dict(max_model_len=2048, dtype="float32")
+    blocks16 = plan(m, cpu, PlanRequest(kv_cache_dtype="bfloat16", **pins)).num_kv_blocks
+    blocks8 = plan(m, cpu, PlanRequest(kv_cache_dtype="int8", **pins)).num_kv_blocks
+    assert blocks16 == GIB // (16 * bf16)
+    assert blocks8 == GIB // (16 * int8)  # ~1.97x the 16-bit pool
 
 
 def test_embedded_model_with_int8_kv_knows_paris():
@@ -125,7 +126,7 @@ def test_gpu_int8_kv_cuda_graphs_and_preemption(tiny_llama):
     a = [o.token_ids for o in graphs.generate(prompts, GREEDY)]
     b = [o.token_ids for o in eager.generate(prompts, GREEDY)]
     assert _agreement(a, b) >= 0.9
-    tight = LLM(str(tiny_llama), num_kv_blocks=12, max_num_batched_tokens=24,
+    tight = LLM(str(tiny_llama), num_kv_blocks=12, max_num_batched_tokens=24, max_num_seqs=8,
                 **{**kw, "max_model_len": 180})  # fmt: skip
     outs = tight.generate(prompts, GREEDY)
     assert sum(o.metrics.num_preemptions for o in outs) > 0

@@ -13,18 +13,13 @@ from __future__ import annotations
 import gc
 import json
 import random
-from pathlib import Path
 
 import pytest
 
-from appliance.plan_model import PlanRequest
-from appliance.planner import plan
-from appliance.serve_plan import probe_for
+from appliance.model_presets import load_preset
 from engine.memory_cap import CAP_ENV
-from engine.models.config import ModelConfig
 from engine.sampling_params import SamplingParams
 
-PRESETS = Path(__file__).resolve().parent.parent / "profiles" / "models"
 MAX_MODEL_LEN = 1024
 OUTPUT_LEN = 8
 
@@ -47,24 +42,16 @@ def test_plan_matches_measured_and_survives_the_worst_case(
 ):
     torch = cuda_clean
     from engine.llm_engine import LLMEngine
-    from engine.memory_check import MemoryItems
 
     if cap_gib is None:
         monkeypatch.delenv(CAP_ENV, raising=False)
     else:
         monkeypatch.setenv(CAP_ENV, str(cap_gib))
-    config = json.loads((PRESETS / f"{preset}.json").read_text())
-    (tmp_path / "config.json").write_text(json.dumps(config))
-    _, device, _ = probe_for("auto")
-    p = plan(ModelConfig.from_dict(config), device, PlanRequest(max_model_len=MAX_MODEL_LEN))
+    (tmp_path / "config.json").write_text(json.dumps(load_preset(preset)))
     engine = LLMEngine(
-        str(tmp_path),
-        device="cuda",
-        predicted_memory=MemoryItems.from_plan(p),
-        load_format="random",
-        **p.engine_kwargs(),
+        str(tmp_path), device="cuda", load_format="random", max_model_len=MAX_MODEL_LEN
     )
-    report = engine.memory
+    p, report = engine.plan, engine.memory
     print(f"\n{preset} cap={cap_gib}: max_num_seqs={p.max_num_seqs} blocks={p.num_kv_blocks}")
     print("\n".join(report.lines()))
     predicted = report.predicted.total

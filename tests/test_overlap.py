@@ -64,7 +64,7 @@ def test_overlap_equals_plain_loop(tiny_llama, pool, params, monkeypatch):
     fills = []
     apply = PendingFill.apply
     monkeypatch.setattr(PendingFill, "apply", lambda *a: fills.append(1) or apply(*a))
-    config = dict(max_model_len=128, max_num_batched_tokens=32)
+    config = dict(max_model_len=128, max_num_batched_tokens=32, max_num_seqs=16)
     if pool is not None:
         config["num_kv_blocks"] = pool  # 10 blocks of 16 tokens: forces preemption
     prompts = _prompts(len(params()))

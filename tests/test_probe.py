@@ -11,11 +11,19 @@ from types import SimpleNamespace
 import pytest
 
 from appliance import probe as probe_mod
-from appliance.plan_model import GIB
-from appliance.planner import plan
-from appliance.probe import GpuProbe, device_from_probe, load_gpu_profiles, match_gpu_profile
-from appliance.profile_cmd import add_profile_parser, load_model_config, run_profile
+from appliance.model_presets import load_preset
+from appliance.probe import GpuProbe
+from appliance.profile_cmd import add_profile_parser, run_profile
 from engine.config import EngineConfig
+from engine.models.config import ModelConfig
+from engine.planner import GIB, plan
+from engine.planner import device as device_mod
+from engine.planner.device import (
+    DeviceReadings,
+    device_for,
+    load_gpu_profiles,
+    match_gpu_profile,
+)
 
 PROFILES = load_gpu_profiles()
 
@@ -45,9 +53,13 @@ def no_torch_gpu(monkeypatch):
 
 
 def fake_torch_gpu(monkeypatch, name: str, total_gib: float):
-    gpu = GpuProbe(name=name, total_bytes=int(total_gib * GIB), compute_capability=(8, 0),
+    """A GPU torch can use, for the probe's report and for the planner's device reading."""
+    total = int(total_gib * GIB)
+    gpu = GpuProbe(name=name, total_bytes=total, compute_capability=(8, 0),
                    bf16_supported=True, num_sms=108, torch_cuda=True)  # fmt: skip
     monkeypatch.setattr(probe_mod, "_probe_torch", lambda problems: (gpu, "1234"))
+    readings = DeviceReadings("cuda", name, total, total, bf16_supported=True)
+    monkeypatch.setattr(device_mod, "read_cuda", lambda: readings)
 
 
 def test_probe_without_pynvml_is_a_cpu_probe(monkeypatch):
@@ -56,7 +68,6 @@ def test_probe_without_pynvml_is_a_cpu_probe(monkeypatch):
     found = probe_mod.probe()
     assert found.device == "cpu" and found.gpu is None and found.profile.key == "cpu"
     assert any("NVML unavailable" in p for p in found.problems)
-    assert device_from_probe(found).kind == "cpu"
 
 
 def test_probe_survives_nvml_init_failure(monkeypatch):
@@ -66,8 +77,13 @@ def test_probe_survives_nvml_init_failure(monkeypatch):
     found = probe_mod.probe()
     assert found.device == "cuda" and found.gpu.bandwidth_gbs is None
     assert found.gpu.free_bytes is None and found.profile.key == "a100-80g"
-    device = device_from_probe(found)
+
+
+def test_device_fills_what_was_not_read_from_the_class_profile():
+    readings = DeviceReadings("cuda", "NVIDIA A100-SXM4-80GB", 80 * GIB)  # no free memory read
+    device = device_for(readings, PROFILES)
     assert device.bandwidth_gbs == 2039 and device.used_bytes == 0  # from the class profile
+    assert device.profile == "a100-80g" and device.max_num_batched_tokens > 0
 
 
 def test_probe_with_partial_nvml_readings(monkeypatch):
@@ -78,7 +94,16 @@ def test_probe_with_partial_nvml_readings(monkeypatch):
     gpu = found.gpu
     assert gpu.bandwidth_gbs is None and gpu.driver_version is None
     assert gpu.free_bytes == 20 * GIB and found.profile.key == "rtx-4090"
-    assert device_from_probe(found).used_bytes == 4 * GIB
+
+
+def test_device_counts_what_other_processes_hold():
+    readings = DeviceReadings("cuda", "NVIDIA GeForce RTX 4090", 24 * GIB, 20 * GIB)
+    assert device_for(readings, PROFILES).used_bytes == 4 * GIB
+    # this process's own cache (0.5 GiB) and context (the class's 0.5 GiB) are planned as
+    # items, not as others' memory
+    own = DeviceReadings("cuda", "NVIDIA GeForce RTX 4090", 24 * GIB, 19 * GIB, GIB // 2,
+                         has_own_context=True)  # fmt: skip
+    assert device_for(own, PROFILES).used_bytes == 4 * GIB
 
 
 def test_nvml_gpu_without_torch_cuda_plans_for_the_cpu(monkeypatch):
@@ -101,7 +126,7 @@ def test_probe_cpu_survives_psutil_failure(monkeypatch):
     cpu = probe_mod.probe_cpu()
     assert cpu.total_ram_bytes is None and cpu.num_cores is None
     with pytest.raises(ValueError, match="RAM"):
-        device_from_probe(probe_mod.Probe(cpu=cpu, profile=PROFILES["cpu"]))
+        device_mod.read_device("cpu")
 
 
 def test_every_gpu_class_has_a_profile():
@@ -131,11 +156,12 @@ def test_gpu_class_matching(name, gib, key):
 
 @pytest.mark.parametrize("key", sorted(k for k in PROFILES if k != "cpu"))
 def test_every_class_plans_llama3_8b_from_its_profile_alone(key):
-    gpu = GpuProbe(name=PROFILES[key].name, torch_cuda=True)  # nothing readable but the name
-    found = probe_mod.Probe(cpu=probe_mod.CpuProbe(), gpu=gpu, profile=PROFILES[key])
-    _, model = load_model_config("llama-3-8b")
-    p = plan(model, device_from_probe(found))
-    assert p.target_met == (PROFILES[key].memory_gib >= 12) or p.quantization == "int4"
+    readings = DeviceReadings("cuda", PROFILES[key].name)  # nothing readable but the name
+    p = plan(ModelConfig.from_dict(load_preset("llama-3-8b")), device_for(readings, PROFILES))
+    memory = PROFILES[key].memory_gib
+    # 16 GiB of bf16 weights need a 22 GiB class; int8 fits 15-16 GiB; int4 the 12 GiB ones
+    expected = "none" if memory >= 22 else "int8" if memory >= 15 else "int4"
+    assert p.target_met and p.quantization == expected, (p.quantization, p.reasons)
     EngineConfig(**p.engine_kwargs())
 
 

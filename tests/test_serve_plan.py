@@ -11,25 +11,41 @@ import urllib.request
 from rich.console import Console
 
 from appliance.cli import main
-from appliance.plan_model import GIB
 from appliance.profile_measure import memory_table, report_dict
-from appliance.serve_plan import plan_for_serve, plan_request
+from appliance.serve_plan import plan_for_serve
 from appliance.settings import ServeSettings
+from engine import LLM
 from engine.memory_check import MemoryItems, MemoryReport
+from engine.planner import GIB, Device
 from tests.serve_process import start_server
 
 MIB = 1024**2
 
 
 def test_pins_reach_the_planner_and_the_rest_is_planned():
-    req = plan_request(ServeSettings(max_model_len=1024, dtype="float32", enforce_eager=True))
-    assert req.max_model_len == 1024 and req.dtype == "float32" and req.enforce_eager
-    assert req.max_num_seqs is None and req.num_kv_blocks is None and req.block_size == 16
+    p = plan_for_serve(ServeSettings(device="cpu", max_model_len=1024, enforce_eager=True))
+    assert p.reasons["max_model_len"] == "pinned" and p.reasons["max_num_seqs"] != "pinned"
+    assert p.block_size == 16 and p.reasons["num_kv_blocks"] != "pinned"
     p = plan_for_serve(ServeSettings(device="cpu", max_model_len=1024))
     assert p.device == "cpu" and p.max_model_len == 1024 and p.reasons["max_model_len"] == "pinned"
     assert p.max_num_seqs == 16  # the CPU class's cap
     # the CPU pool holds the worst case (every sequence at max_model_len), no more
     assert p.num_kv_blocks == p.max_num_seqs * 1024 // p.block_size
+
+
+def test_llm_plans_what_serve_plans(monkeypatch):
+    """The offline engine, with no settings, runs the plan `appliance serve` makes for the same
+    model on the same device."""
+    device = Device(kind="cpu", name="fixed", total_bytes=8 * GIB, utilization=0.5,
+                    max_num_seqs=16, max_kv_bytes=GIB)  # fmt: skip
+    monkeypatch.setattr("engine.planning.read_device", lambda kind: device)  # both read it
+    served = plan_for_serve(ServeSettings(device="cpu"))
+    engine = LLM(device="cpu").engine
+    assert engine.plan == served
+    assert {k: getattr(engine.config, k) for k in served.engine_kwargs()} == served.engine_kwargs()
+    pinned = LLM(device="cpu", max_num_seqs=4).engine
+    assert pinned.plan == plan_for_serve(ServeSettings(device="cpu", max_num_seqs=4))
+    assert pinned.config.max_num_seqs == 4 and pinned.plan.reasons["max_num_seqs"] == "pinned"
 
 
 def test_unpinned_cpu_plan_keeps_the_kv_pool_small():

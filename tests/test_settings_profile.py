@@ -47,3 +47,13 @@ def test_engine_accepts_the_profile_settings(profile_path):
 
     cfg = EngineConfig(**load_settings({"profile": str(profile_path)}, env={}).engine_kwargs())
     assert cfg.adaptive_batching and cfg.max_num_seqs == 6
+
+
+def test_a_swept_setting_the_profile_chose_applies_and_recorded_limits_do_not(tmp_path):
+    prof = TunedProfile(
+        name="swept",
+        chosen={"max_concurrency": 4, "kv_cache_dtype": "int8", "max_model_len": 2048},
+    )
+    path = write_tuned_profile(prof, tmp_path)
+    kwargs = load_settings({"profile": str(path)}, env={}).engine_kwargs()
+    assert kwargs == {"max_num_seqs": 4, "kv_cache_dtype": "int8"}

@@ -21,7 +21,7 @@ CONFIG = {
     "num_kv_blocks": 512, "gpu_memory_utilization": 0.9, "dtype": "bfloat16",
     "kv_cache_dtype": "auto", "quantization": "none", "enforce_eager": False, "seed": 0,
     "overlap_steps": True,
-    "cpu_kv_cache_gib": 2.0, "load_format": "auto", "adaptive_batching": False,
+"load_format": "auto", "adaptive_batching": False,
     "min_num_batched_tokens": 512, "quant_block_size": 64, "quantize_embeddings": False,
 }  # fmt: skip
 GPU = {

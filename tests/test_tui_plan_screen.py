@@ -8,10 +8,9 @@ from pathlib import Path
 
 from rich.console import Console
 
-from appliance.plan_model import GIB, Device, PlanRequest
-from appliance.planner import plan
 from engine.memory_check import MemoryItems, MemoryReport
 from engine.models.config import ModelConfig
+from engine.planner import GIB, Device, PlanRequest, plan
 from tests.test_tui_fakes import make_doc
 from tui.model import View
 from tui.screens.plan import render

@@ -310,9 +310,7 @@ def _text(value) -> str:
 
 
 def _plan(engine) -> dict | None:
-    plan = getattr(engine, "plan", None)
-    if plan is None:
-        return None
-    if dataclasses.is_dataclass(plan):
-        return dataclasses.asdict(plan)
-    return plan if isinstance(plan, dict) else {"summary": str(plan)}
+    """The engine's plan and its memory check (LLMEngine.plan_report); None for an engine
+    without one (a test's stand-in)."""
+    report = getattr(engine, "plan_report", None)
+    return report() if report is not None else None

@@ -49,10 +49,15 @@ def table(title: str, items: dict) -> Table:
 
 GIB = 1024**3
 BUDGET_ITEMS = (
-    ("budget", "budget_bytes"), ("weights", "weight_bytes"), ("activation", "activation_bytes"),
-    ("CUDA graph pool", "graph_pool_bytes"), ("CUDA context", "cuda_context_bytes"),
-    ("safety margin", "margin_bytes"), ("KV pool", "kv_pool_bytes"),
-)  # fmt: skip
+    ("budget", "budget_bytes"),
+    ("weights", "weight_bytes"),
+    ("activation", "activation_bytes"),
+    ("CUDA graph pool", "graph_pool_bytes"),
+    ("allocator cache", "allocator_bytes"),
+    ("CUDA context", "cuda_context_bytes"),
+    ("safety margin", "margin_bytes"),
+    ("KV pool", "kv_pool_bytes"),
+)
 
 
 def gib(n: object) -> str:

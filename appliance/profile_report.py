@@ -1,0 +1,103 @@
+"""`appliance profile`'s report: the device, the memory plan with its arithmetic, the settings
+with their reasons, and predicted vs measured memory after warm-up (rich tables)."""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import asdict
+
+from appliance.probe import Probe
+from appliance.profile_measure import memory_table
+from engine.planner import GIB, Device, Plan
+
+
+def probe_dict(found: Probe) -> dict:
+    out = asdict(found)
+    out["device"] = found.device
+    return out
+
+
+def _na(value: object, fmt: str = "{}") -> str:
+    return "n/a" if value is None else fmt.format(value)
+
+
+def print_tables(
+    name, model, found: Probe, device: Device, p: Plan, measured, notes, memory=None
+) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console(width=None if sys.stdout.isatty() else 120)
+    gpu, cpu = found.gpu, found.cpu
+    hw = Table(title="Device", show_header=False)
+    profile = found.profile.name if found.profile else "n/a (unknown GPU)"
+    rows = [("plans for", f"{device.kind}: {device.name}"), ("class profile", profile)]
+    if gpu is not None:
+        cc = gpu.compute_capability
+        total = _na(gpu.total_bytes and gpu.total_bytes / GIB, "{:.2f}")
+        free = _na(gpu.free_bytes and gpu.free_bytes / GIB, "{:.2f}")
+        rows += [
+            ("GPU memory total / free", f"{total} / {free} GiB"),
+            ("compute capability", _na(cc and f"{cc[0]}.{cc[1]}")),
+            ("bf16", _na(gpu.bf16_supported)), ("SMs", _na(gpu.num_sms)),
+            ("bandwidth (NVML)", _na(gpu.bandwidth_gbs, "{:.0f} GB/s")),
+            ("driver", _na(gpu.driver_version)),
+        ]  # fmt: skip
+    ram = cpu.total_ram_bytes and cpu.total_ram_bytes / GIB
+    avail = cpu.available_ram_bytes and cpu.available_ram_bytes / GIB
+    cores = f"{_na(cpu.num_cores)} cores / {_na(cpu.num_threads)} threads"
+    rows += [
+        ("CPU", f"{_na(cpu.name)}, {cores}"),
+        ("RAM total / available", f"{_na(ram, '{:.1f}')} / {_na(avail, '{:.1f}')} GiB"),
+    ]
+    for key, value in measured.items():
+        rows.append((f"measured {key}", f"{value:.1f}"))
+    for row in rows:
+        hw.add_row(*row)
+    console.print(hw)
+
+    g = lambda n: f"{n / GIB:.2f} GiB"  # noqa: E731
+    kv_b = p.kv_bytes_per_token // (2 * model.num_layers * model.num_kv_heads * model.head_dim)
+    mem = Table(title=f"Memory plan: {name}", show_header=True)
+    for col in ("item", "bytes", "arithmetic"):
+        mem.add_column(col)
+    in_use = p.others_bytes
+    total = f"{g(p.total_bytes)} x {p.gpu_memory_utilization:.2f}"
+    mem.add_row("budget", g(p.budget_bytes), f"{total} - {g(in_use)} in use by others")
+    mem.add_row(
+        "weights", g(p.weight_bytes), f"{model.num_params / 1e9:.2f} B params, {p.quantization}"
+    )
+    mem.add_row(
+        "activation peak", g(p.activation_bytes), f"a step of {p.max_num_batched_tokens} tokens"
+    )
+    mem.add_row("CUDA graph pool", g(p.graph_pool_bytes), "decode graphs up to max_num_seqs")
+    mem.add_row("allocator cache", g(p.allocator_bytes), "cached blocks beyond live tensors")
+    mem.add_row("CUDA context", g(p.cuda_context_bytes), "from the class profile")
+    mem.add_row("safety margin", g(p.margin_bytes), "3% of the budget, at least 256 MiB")
+    mem.add_row("KV bytes / token", f"{p.kv_bytes_per_token:,} B",
+                f"2 x {model.num_layers} layers x {model.num_kv_heads} KV heads x "
+                f"{model.head_dim} x {kv_b} B ({p.kv_cache_dtype})")  # fmt: skip
+    mem.add_row("KV pool", g(p.kv_pool_bytes), f"{p.num_kv_blocks} blocks x {p.block_size} "
+                f"tokens x {p.kv_bytes_per_token:,} B")  # fmt: skip
+    mem.add_row("concurrency", f"{p.concurrency_at_max_len} @ {p.max_model_len}",
+                f"{p.concurrency_at_typical_len} @ a typical {p.typical_len} tokens")  # fmt: skip
+    if device.bandwidth_gbs:
+        floor_s = (p.weight_bytes + p.typical_len * p.kv_bytes_per_token) / (
+            device.bandwidth_gbs * 1e9
+        )
+        mem.add_row("decode floor", f"{1 / floor_s:,.0f} tok/s", "one sequence: (weights + KV)"
+                    f" / {device.bandwidth_gbs:.0f} GB/s")  # fmt: skip
+    console.print(mem)
+
+    settings = Table(title="Settings (engine config)")
+    for col in ("setting", "value", "why"):
+        settings.add_column(col)
+    for key, value in p.engine_kwargs().items():
+        settings.add_row(key, str(value), p.reasons.get(key, ""))
+    console.print(settings)
+    if memory is not None:
+        console.print(memory_table(memory))
+    if not p.target_met:
+        console.print("[yellow]the target concurrency does not fit; see quantization above[/]")
+    for note in notes:
+        console.print(f"note: {note}")

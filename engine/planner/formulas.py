@@ -1,0 +1,141 @@
+"""The planner's byte formulas: weights, KV bytes per token, the activation peak and the CUDA
+graph pool of a model shape, by arithmetic (no torch). Constants measured on a GPU say where
+and with which command.
+"""
+
+from __future__ import annotations
+
+from engine.models.config import ModelConfig
+
+GIB, MIB = 1024**3, 1024**2
+WEIGHT_FORMATS = ("none", "int8", "int4")
+"""Weight formats, best quality first; "none" = the activation dtype."""
+ELEMENT_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "int8": 1}
+"""Bytes per element by dtype name (activations, weights, KV cache)."""
+SCALE_BYTES = 4
+"""Quantized weights keep fp32 scales: one per row (int8), one per group of a row (int4)."""
+CPU_MAX_MODEL_LEN = 8192
+"""Longest max_model_len planned on a CPU (it could not decode longer sequences usefully)."""
+SAFETY_FRACTION, MIN_SAFETY_BYTES = 0.03, 256 * MIB
+"""Budget kept free for what warm-up cannot show (fragmentation under a new mix of lengths)."""
+SAMPLING_BYTES_PER_LOGIT = 28
+"""Per sampled row and vocabulary entry: float32 logits plus the sampler's temporaries with
+every feature on (penalties, top-k/top-p sort, min-p, logprobs, seeded draws); measured on the
+H200 (2026-11-29, 256 rows): 26.8 B on the Llama-3-8B shape, 25.4 B on Qwen2.5-7B."""
+GRAPH_OVERHEAD_BYTES = 2 * MIB
+"""Per captured CUDA graph (kernel parameters, graph bookkeeping)."""
+GRAPH_POOL_BASE_BYTES = 300 * MIB
+"""What the graph pool holds whatever max_num_seqs is (library workspaces captured into it):
+`appliance profile --measure` on the H200 (2026-11-29, Llama-3-8B) measured a 0.34 GiB pool
+with 20 captured sizes up to 256 and 0.32 GiB with 7 up to 32."""
+
+
+def size_text(n: float) -> str:
+    """Bytes for a message: GiB with two decimals, or MiB / KiB below them."""
+    for unit, scale in (("GiB", GIB), ("MiB", MIB), ("KiB", 1024)):
+        if abs(n) >= scale or unit == "KiB":
+            return f"{n / scale:.2f} {unit}"
+
+
+def _linear_shapes(m: ModelConfig) -> tuple[int, int]:
+    """(weights, output rows) of every quantizable projection: qkv, o, gate_up, down."""
+    h, i = m.hidden_size, m.intermediate_size
+    q, kv = m.num_heads * m.head_dim, m.num_kv_heads * m.head_dim
+    weights = m.num_layers * (h * (q + 2 * kv) + q * h + 3 * h * i)
+    rows = m.num_layers * (q + 2 * kv + h + 2 * i + h)
+    return weights, rows
+
+
+def quantized_bytes(fmt: str, num_weights: int, num_rows: int, group_size: int) -> int:
+    """Bytes of num_weights weights in num_rows rows: int8 one byte each plus a row scale, int4
+    half a byte plus a scale per group_size weights."""
+    if fmt == "int8":
+        return num_weights + SCALE_BYTES * num_rows
+    return -(-num_weights // 2) + SCALE_BYTES * -(-num_weights // group_size)
+
+
+def weight_bytes(
+    m: ModelConfig, fmt: str, dtype_bytes: int, quantize_embeddings: bool, group_size: int = 64
+) -> int:
+    """Weights in a format. Norms stay in the activation dtype, and so do the embeddings and
+    the LM head unless quantize_embeddings."""
+    if fmt == "none":
+        return m.num_params * dtype_bytes
+    linear, rows = _linear_shapes(m)
+    v, h = m.vocab_size, m.hidden_size
+    tables = 1 if m.tie_word_embeddings else 2
+    embed = v * h * tables
+    other = m.num_params - linear - embed  # norms
+    if quantize_embeddings:
+        emb = quantized_bytes(fmt, embed, v * tables, group_size)
+    else:
+        emb = embed * dtype_bytes
+    return quantized_bytes(fmt, linear, rows, group_size) + emb + other * dtype_bytes
+
+
+def kv_bytes_per_token(m: ModelConfig, kv_dtype: str) -> int:
+    """2 x layers x KV heads x head_dim x bytes (int8 adds a 16-bit scale per token and head):
+    the engine's own formula (ModelConfig.kv_cache_bytes_per_token)."""
+    return m.kv_cache_bytes_per_token(kv_dtype)
+
+
+def activation_bytes(
+    m: ModelConfig, num_tokens: int, num_rows: int, dtype_bytes: int, fmt: str = "none"
+) -> int:
+    """Peak of one step over num_tokens tokens sampling num_rows rows: the larger of the
+    forward's peak and the sampling's (the forward's temporaries are gone when sampling runs).
+
+    Forward, per token: 4 x hidden (the loop's residual stream and layer input, the layer's
+    normed input and new residual) plus the larger sub-layer: the MLP's gate_up output and
+    SiLU-and-mul output (3 x intermediate) or attention's q/k/v, rotated q/k and output. A
+    quantized model's prefill also holds gate_up's weight dequantized to 16 bits beside the
+    gate_up output. Sampling: the final hidden states plus SAMPLING_BYTES_PER_LOGIT per row
+    and vocabulary entry."""
+    h, i = m.hidden_size, m.intermediate_size
+    q, kv = m.num_heads * m.head_dim, m.num_kv_heads * m.head_dim
+    sub_layer = max(3 * i, h + 3 * q + 3 * kv)
+    forward = num_tokens * dtype_bytes * (4 * h + sub_layer)
+    if fmt != "none":
+        dequantized = 2 * i * h * dtype_bytes
+        forward = max(forward, num_tokens * dtype_bytes * (4 * h + 2 * i) + dequantized)
+    rows = min(num_rows, num_tokens)
+    sampling = num_tokens * h * dtype_bytes + rows * m.vocab_size * SAMPLING_BYTES_PER_LOGIT
+    return max(forward, sampling)
+
+
+def allocator_bytes(m: ModelConfig, num_tokens: int, dtype_bytes: int, fmt: str = "none") -> int:
+    """What the caching allocator holds at the peak beyond live tensors: blocks freed by steps of
+    other shapes and cached, of about the size of the largest temporaries (the gate_up output
+    of a full-budget step, and a quantized model's dequantized gate_up weight)."""
+    largest = num_tokens * 2 * m.intermediate_size * dtype_bytes
+    if fmt != "none":
+        largest += 2 * m.intermediate_size * m.hidden_size * dtype_bytes
+    return largest
+
+
+def graph_batch_sizes(max_num_seqs: int) -> list[int]:
+    """The decode batch sizes captured as CUDA graphs: 1, 2, 4, then steps of 8 (16 past 64
+    sequences) up to max_num_seqs. engine.cuda_graphs captures exactly these."""
+    sizes = [s for s in (1, 2, 4) if s < max_num_seqs]
+    sizes += list(range(8, max_num_seqs, 8 if max_num_seqs <= 64 else 16))
+    return sorted(set(sizes + [max_num_seqs]))
+
+
+def graph_pool_bytes(m: ModelConfig, max_num_seqs: int, dtype_bytes: int) -> int:
+    """Decode graphs share one pool sized by the largest graph's forward (no logits: sampling
+    runs eagerly), plus GRAPH_OVERHEAD_BYTES per captured batch size and GRAPH_POOL_BASE_BYTES."""
+    h, i = m.hidden_size, m.intermediate_size
+    q, kv = m.num_heads * m.head_dim, m.num_kv_heads * m.head_dim
+    largest = max_num_seqs * dtype_bytes * (4 * h + max(3 * i, h + 3 * q + 3 * kv))
+    per_graph = GRAPH_OVERHEAD_BYTES * len(graph_batch_sizes(max_num_seqs))
+    return GRAPH_POOL_BASE_BYTES + largest + per_graph
+
+
+def model_length_limit(m: ModelConfig, device_kind: str) -> tuple[int, str]:
+    """The longest max_model_len this model may run with here, and what sets it."""
+    limit, why = m.max_position_embeddings, "the model's max_position_embeddings"
+    if m.sliding_window is not None and m.sliding_window < limit:
+        limit, why = m.sliding_window, "the model's sliding_window (not implemented)"
+    if device_kind == "cpu" and CPU_MAX_MODEL_LEN < limit:
+        limit, why = CPU_MAX_MODEL_LEN, "the CPU's limit"
+    return limit, why

@@ -1,0 +1,161 @@
+"""The planner's input and output types: PlanRequest (targets and pins), Plan (the settings and
+the arithmetic behind them), PlanError (pins that cannot fit). PINNABLE is the one list of the
+engine settings the planner chooses."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+from engine.planner.formulas import ELEMENT_BYTES, WEIGHT_FORMATS
+
+PINNABLE = (
+    "num_kv_blocks",
+    "max_num_seqs",
+    "max_model_len",
+    "max_num_batched_tokens",
+    "kv_cache_dtype",
+    "quantization",
+    "dtype",
+    "gpu_memory_utilization",
+)
+"""Engine settings (engine.config.EngineConfig fields) the planner chooses unless pinned, in
+the order a refusal tries them."""
+PLANNED = (*PINNABLE, "block_size")
+"""Every engine setting a Plan carries."""
+AUTO = "auto"
+"""A str setting left to the planner (None for numbers)."""
+
+
+@dataclass
+class PlanRequest:
+    """Targets and pins. A pinned setting (not None) is kept or refused, never changed."""
+
+    target_num_seqs: int = 8
+    """Concurrency the weight format must leave room for..."""
+    useful_context: int = 4096
+    """...at this many tokens each (capped by the model's maximum)."""
+    typical_len: int = 1024
+    """A typical request's prompt + output, for max_num_seqs and the concurrency report."""
+    block_size: int = 16
+    min_seqs_at_max_len: int = 2
+    """Unpinned max_model_len is the longest the pool holds this many times."""
+    quantize_embeddings: bool = False
+    """Quantize embeddings and LM head too (they stay 16-bit by default)."""
+    quant_block_size: int = 64
+    """int4: weights per scale (the engine's quant_block_size)."""
+    allow_int8_kv: bool = True
+    """May the planner choose an int8 KV cache (after every weight format, at 16-bit KV, fails
+    to leave room for the target concurrency)."""
+    enforce_eager: bool = False
+    """No CUDA graphs: no graph pool."""
+    gpu_memory_utilization: float | None = None
+    dtype: str | None = None
+    quantization: str | None = None
+    kv_cache_dtype: str | None = None
+    max_model_len: int | None = None
+    max_num_seqs: int | None = None
+    max_num_batched_tokens: int | None = None
+    num_kv_blocks: int | None = None
+
+    def __post_init__(self) -> None:
+        for name in (
+            "target_num_seqs",
+            "useful_context",
+            "typical_len",
+            "block_size",
+            "min_seqs_at_max_len",
+            "quant_block_size",
+            "max_model_len",
+            "max_num_seqs",
+            "max_num_batched_tokens",
+            "num_kv_blocks",
+        ):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, int) or value <= 0):
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        util = self.gpu_memory_utilization
+        if util is not None and not 0.0 < util <= 1.0:
+            raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {util}")
+        for name in ("dtype", "quantization", "kv_cache_dtype"):
+            if getattr(self, name) == AUTO:
+                setattr(self, name, None)
+        if self.quantization not in (None, *WEIGHT_FORMATS):
+            raise ValueError(
+                f"quantization must be auto, none, int8 or int4, not {self.quantization!r}"
+            )
+        for name in ("dtype", "kv_cache_dtype"):
+            value = getattr(self, name)
+            if value not in (None, *ELEMENT_BYTES) or (name == "dtype" and value == "int8"):
+                raise ValueError(f"unsupported {name} {value!r}")
+
+    @classmethod
+    def from_config(cls, config, **targets) -> PlanRequest:
+        """The pins of an engine.config.EngineConfig (None or "auto" = planned), with its
+        block size, quantization details and graph setting; `targets` override the defaults
+        (target_num_seqs, useful_context, ...)."""
+        pins = {name: getattr(config, name) for name in PINNABLE}
+        return cls(
+            block_size=config.block_size,
+            quantize_embeddings=config.quantize_embeddings,
+            quant_block_size=config.quant_block_size,
+            enforce_eager=config.enforce_eager,
+            **pins,
+            **targets,
+        )
+
+    @property
+    def pinned(self) -> list[str]:
+        return [n for n in PINNABLE if getattr(self, n) is not None]
+
+
+@dataclass
+class Plan:
+    """The chosen engine settings and the arithmetic behind them (bytes)."""
+
+    device: str
+    dtype: str
+    quantization: str
+    kv_cache_dtype: str
+    max_model_len: int
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    block_size: int
+    num_kv_blocks: int
+    gpu_memory_utilization: float
+    total_bytes: int
+    budget_bytes: int
+    weight_bytes: int
+    activation_bytes: int
+    graph_pool_bytes: int
+    allocator_bytes: int
+    """Cached allocator blocks beyond live tensors at the peak (engine.memory_check)."""
+    cuda_context_bytes: int
+    margin_bytes: int
+    kv_pool_bytes: int
+    kv_bytes_per_token: int
+    typical_len: int
+    concurrency_at_max_len: int
+    concurrency_at_typical_len: int
+    target_met: bool
+    reasons: dict[str, str] = field(default_factory=dict)
+    """Setting name -> one line saying why it has its value."""
+
+    def engine_kwargs(self) -> dict:
+        """The planned settings as EngineConfig keyword arguments."""
+        return {n: getattr(self, n) for n in PLANNED}
+
+    @property
+    def others_bytes(self) -> int:
+        """Memory other processes held when planning (counted against the budget)."""
+        return int(self.total_bytes * self.gpu_memory_utilization) - self.budget_bytes
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+class PlanError(ValueError):
+    """Pinned settings that cannot fit; the message names one setting and its new value."""
+
+    def __init__(self, message: str, setting: str, value: object) -> None:
+        super().__init__(message)
+        self.setting, self.value = setting, value
