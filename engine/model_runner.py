@@ -38,6 +38,7 @@ from engine.pending_step import PendingStep
 from engine.planning import resolve_weight_quant
 from engine.sampler import sample
 from engine.scheduler import ScheduledBatch
+from engine.tuning import KernelChoices, choose_kernels
 
 logger = logging.getLogger("engine.memory")
 KV_TENSORS = ("k_cache", "v_cache", "k_scales", "v_scales")
@@ -70,6 +71,7 @@ class ModelRunner:
         self.kv_cache = torch.empty(0)
         self.kv_scales: torch.Tensor | None = None
         self.graphs: DecodeGraphs | None = None
+        self.kernel_choices = KernelChoices()  # this engine's alone (engine/tuning.py)
         self.max_blocks_per_seq = -(-config.max_model_len // config.block_size)
 
     def allocate_kv_cache(self, num_blocks: int, kv_dtype: torch.dtype) -> None:
@@ -124,15 +126,14 @@ class ModelRunner:
         )
 
     def choose_kernels(self) -> None:
-        """Time the decode kernels' candidates on the device, before graphs capture them."""
-        if not self.uses_cuda_graphs():
+        """Time the decode kernels' candidates on the device, before graphs capture them
+        (enforce_eager: the batch-1 GEMV configs only)."""
+        if self.device.type != "cuda" or self.backend.name != "triton":
             return
-        from engine.models.layers import choose_batch1_linears, choose_rope_store
-        from engine.models.quant import choose_quant_linears
-
-        choose_batch1_linears(self.model)
-        choose_quant_linears(self.model, self.dtype, self.config.max_num_seqs)
-        choose_rope_store(self.model)
+        cfg = self.config
+        choose_kernels(
+            self.model, self.kernel_choices, self.dtype, cfg.max_num_seqs, cfg.enforce_eager
+        )
 
     def capture_cuda_graphs(self) -> None:
         """Capture decode graphs for the batch-size ladder (CUDA, unless enforce_eager)."""

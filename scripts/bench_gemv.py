@@ -27,9 +27,10 @@ from rich.table import Table
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from engine.kernels import dequant, wq_gemm, wq_splitk  # noqa: E402
+from engine.kernels import dequant, wq_gemm, wq_gemv  # noqa: E402
 from engine.kernels import gemv as gemv_mod  # noqa: E402
-from engine.models.quant import code_table, wq_matmul_ref  # noqa: E402
+from engine.quant.bnb import code_table  # noqa: E402
+from engine.quant.reference import wq_matmul_ref  # noqa: E402
 from engine.timing import graph_seconds  # noqa: E402
 from scripts.bench_floor import measure_hardware  # noqa: E402
 
@@ -96,16 +97,16 @@ def _bf16(x: torch.Tensor, n: int, k: int, copies: int, g: torch.Generator, path
 
 
 def _quantized(kind: str, x: torch.Tensor, layers: list, nbytes: int):
-    """Each split-K config of wq_splitk for these same-shape layers (one row); for a batch,
+    """Each split-K config of wq_gemv for these same-shape layers (one row); for a batch,
     the one-pass dequantization + cuBLAS, then each wq_gemm config of the batch's bucket."""
     ref = wq_matmul_ref(x, *layers[0]).float()
     if x.shape[0] > 1:
         yield from _batched(kind, x, layers, nbytes, ref)
         return
-    for cfg in wq_splitk.CONFIGS[kind]:
+    for cfg in wq_gemv.CONFIGS[kind]:
 
         def call(layer, cfg=cfg):
-            return wq_splitk.wq_gemv(x, *layer, cfg)
+            return wq_gemv.wq_gemv(x, *layer, cfg)
 
         yield f"{kind}{cfg}", nbytes, per_call_us(call, layers), _err(call, layers, ref)
 
@@ -143,7 +144,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--configs", default=None,
         help='JSON {"int8"|"int4": [[BLOCK_N, BLOCK_K or groups, warps(, stages)], ...]}: '
-        "time these split-K configs instead of wq_splitk.CONFIGS",
+        "time these split-K configs instead of wq_gemv.CONFIGS",
     )  # fmt: skip
     ap.add_argument(
         "--gemm-configs", default=None,
@@ -155,7 +156,7 @@ def main(argv: list[str] | None = None) -> int:
     if unknown := set(paths) - set(PATHS):
         ap.error(f"--paths: unknown {sorted(unknown)}; choose from {','.join(PATHS)}")
     for kind, configs in json.loads(args.configs or "{}").items():
-        wq_splitk.CONFIGS[kind] = [tuple(c) for c in configs]
+        wq_gemv.CONFIGS[kind] = [tuple(c) for c in configs]
     for kind, configs in json.loads(args.gemm_configs or "{}").items():
         wq_gemm.CONFIGS[kind][wq_gemm.bucket_for(args.m)] = [tuple(c) for c in configs]
     hw = measure_hardware(torch.device("cuda"), torch.bfloat16)

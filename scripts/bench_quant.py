@@ -32,7 +32,7 @@ from engine import LLM  # noqa: E402
 from engine.config import EngineConfig  # noqa: E402
 from engine.models.config import ModelConfig  # noqa: E402
 from engine.models.loader import load_model  # noqa: E402
-from engine.planning import resolve_weight_quant  # noqa: E402
+from engine.quant.format import resolve_weight_quant  # noqa: E402
 from scripts.bench_floor import measure_hardware  # noqa: E402
 from scripts.bench_gpu import _params, batch1_rates  # noqa: E402
 from scripts.bench_presets import materialise_preset, random_prompts  # noqa: E402

@@ -47,9 +47,9 @@ run_tests() {  # limit, test files...
 case "$PART" in
 tests)
     run_tests 150 tests/test_gpu_engine.py tests/test_kernels.py tests/test_fused_kernels.py \
-        tests/test_gemv.py tests/test_wq_splitk.py tests/test_rope_store.py tests/test_pdl.py \
+        tests/test_gemv.py tests/test_wq_gemv.py tests/test_rope_store.py tests/test_pdl.py \
         tests/test_dequant.py tests/test_wq_gemm.py tests/test_quant_engine_gpu.py \
-        tests/test_quant_linear.py
+        tests/test_quant_linear.py tests/test_quant_dispatch.py
     ;;
 tests-kv)
     run_tests 280 tests/test_kv_int8.py tests/test_kv_int8_engine.py

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from engine.models.quant import code_table
+from engine.quant.bnb import code_table
 
 
 def random_quant_weight(

@@ -42,23 +42,27 @@ def compile_sm90(
     num_warps: int,
     num_stages: int = 3,
     aligned: tuple[str, ...] = (),
+    maxnreg: int | None = None,
 ) -> bytes:
     """The cubin of `kernel` for sm_90 with these argument types and constexprs; `aligned`
     arguments are taken as multiples of 16 (as Triton specializes a launch whose pointers and
-    integers are: the loads then vectorize and pipeline as they will on the device)."""
+    integers are: the loads then vectorize and pipeline as they will on the device); maxnreg
+    caps ptxas' registers a thread."""
     signature = {**types, **{name: "constexpr" for name in constexprs}}
     attrs = {(kernel.arg_names.index(a),): [["tt.divisibility", 16]] for a in aligned}
     source = ASTSource(fn=kernel, signature=signature, constexprs=constexprs, attrs=attrs)
     options = dict(
         num_warps=num_warps, num_stages=num_stages, launch_pdl=constexprs.get("PDL", False)
     )
+    if maxnreg is not None:
+        options["maxnreg"] = maxnreg
     return triton.compile(source, target=SM90, options=options).asm["cubin"]
 
 
 def main() -> None:
     print(f"triton {triton.__version__}")
     from engine.kernels.gemv import _gemv_kernel, _reduce_kernel
-    from engine.kernels.wq_splitk import _wq_splitk_kernel
+    from engine.kernels.wq_gemv import _wq_gemv_kernel
 
     for what, is_int4, silu, split, (block_n, block_k, warps), dot in WQ_VARIANTS:
         constexprs = dict(
@@ -66,7 +70,7 @@ def main() -> None:
             PDL=True, WORDS=True, SILU=silu, DOT=dot is not None, BF16=dot == "bf16",
         )  # fmt: skip
         types = {**WQ_TYPES, "x_ptr": "*i32"} if dot else WQ_TYPES  # x read as pairs
-        cubin = compile_sm90(_wq_splitk_kernel, types, constexprs, warps)
+        cubin = compile_sm90(_wq_gemv_kernel, types, constexprs, warps)
         print(f"ok {what}: {len(cubin)} bytes")
     types = {"x_ptr": "*bf16", "w_ptr": "*bf16", "bias_ptr": "*bf16", "out_ptr": "*bf16",
              "part_ptr": "*fp32", "N": "i32", "K": "i32", "stride_wn": "i32",
@@ -84,7 +88,34 @@ def main() -> None:
                  "stride_on": "i32"}  # fmt: skip
         consts = dict(GROUP=64, IS_INT4=is_int4, BLOCK_N=16, BLOCK_K=256)
         print(f"ok dequant {what}: {len(compile_sm90(_dequant_kernel, types, consts, 4))} bytes")
-    print(f"variants: {len(WQ_VARIANTS) + 4 + compile_wq_gemm()}")
+    print(f"variants: {len(WQ_VARIANTS) + 4 + compile_wq_gemv_configs() + compile_wq_gemm()}")
+
+
+def compile_wq_gemv_configs() -> int:
+    """Every candidate config of the batch-1 quantized GEMV (wq_gemv.CONFIGS), split K, bf16 x,
+    as its launch on CUDA builds it (int4: the decode its second field asks for, the register
+    cap its fourth gives): start-up timing skips only a config the device cannot run, so one
+    that does not compile would stop the engine; returns how many variants."""
+    from engine.kernels.wq_gemv import CONFIGS, _wq_gemv_kernel
+
+    count = 0
+    for kind, configs in CONFIGS.items():
+        for config in configs:
+            is_int4, decode = kind == "int4", config[1]
+            words, dot = not is_int4 or decode >= 1, is_int4 and decode == 2
+            types = {**WQ_TYPES, "x_ptr": "*i32"} if dot else dict(WQ_TYPES)
+            if not words:  # int4 codes as bytes, the fp32 table loaded from L1
+                types.update(w_ptr="*u8", code_ptr="*fp32")
+            constexprs = dict(
+                IS_INT4=is_int4, SPLIT_K=2, HAS_BIAS=True, BLOCK_N=config[0],
+                BLOCK_K=64 if is_int4 else config[1], PDL=True, WORDS=words, SILU=False,
+                DOT=dot, BF16=dot,
+            )  # fmt: skip
+            maxnreg = config[3] if len(config) > 3 else None
+            cubin = compile_sm90(_wq_gemv_kernel, types, constexprs, config[2], maxnreg=maxnreg)
+            print(f"ok wq_gemv {kind} {config}: {len(cubin)} bytes")
+            count += 1
+    return count
 
 
 ALIGNED = ("x_ptr", "w_ptr", "s_ptr", "code_ptr", "bias_ptr", "out_ptr", "N", "K", "k_per_split",

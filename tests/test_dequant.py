@@ -1,14 +1,18 @@
 """The one-pass Triton dequantization for batched quantized linears (engine/kernels/dequant.py)
-against quant.dequantize_to, bit for bit: small shapes under Triton's CPU interpreter (ragged
-rows and columns, every int8 value, every 4-bit code, NF4 and FP4), its routing, and on a GPU
-the start-up choice and a batched QuantLinear."""
+against dequantize_to (engine/quant/reference.py), bit for bit: small shapes under Triton's CPU
+interpreter (ragged rows and columns, every int8 value, every 4-bit code, NF4 and FP4), its
+routing (engine/quant/dispatch.py) and start-up choice (engine/quant/tuning.py), and on a GPU
+the choice and a batched QuantLinear."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from engine.models.quant import dequantize_to, wq_matmul_ref
+from engine.quant.dispatch import dequantized
+from engine.quant.format import QuantizedWeight
+from engine.quant.reference import dequantize_to, wq_matmul_ref
+from engine.quant.tuning import QuantChoices, choose_dequant, dequant_key
 from tests.quant_weights import random_quant_weight
 from tests.triton_modules import HAS_CUDA, import_kernel_modules
 
@@ -67,8 +71,9 @@ def test_supports_what_it_reads():
     assert not _dequant.supports(torch.zeros(4, 8, dtype=torch.int16), torch.zeros(4), 0)
 
 
-def test_weight_for_takes_the_kernel_only_where_chosen(monkeypatch):
+def test_dequantized_takes_the_kernel_only_where_chosen(monkeypatch):
     q, s, code, group = _layer("int4", 16, 128, 64)
+    w = QuantizedWeight(q, s, code, None, group)
     calls = []
 
     def spy(*args):
@@ -76,12 +81,10 @@ def test_weight_for_takes_the_kernel_only_where_chosen(monkeypatch):
         return dequantize_to(*args)
 
     monkeypatch.setattr(_dequant, "dequantize", spy)
-    monkeypatch.setattr(_dequant, "_choice", {})
     want = dequantize_to(q, s, code, group, torch.float16)
-    assert torch.equal(_dequant.weight_for(q, s, code, group, torch.float16), want)
-    assert not calls  # nothing chosen: dequantize_to
-    _dequant._choice[_dequant._key(q, group, torch.float16)] = True
-    assert torch.equal(_dequant.weight_for(q, s, code, group, torch.float16), want)
+    assert torch.equal(dequantized(w, torch.float16, by_kernel=False), want)
+    assert not calls  # not chosen: dequantize_to
+    assert torch.equal(dequantized(w, torch.float16, by_kernel=True), want)
     assert len(calls) == 1
 
 
@@ -93,25 +96,45 @@ def test_weight_for_takes_the_kernel_only_where_chosen(monkeypatch):
 def test_choose_keeps_the_kernel_only_when_equal_and_faster(
     monkeypatch, ours_seconds, wrong, fails, kept
 ):
-    """choose()'s decision, with the device timing replaced by fixed times (PyTorch's: 2 s):
-    kept only when its bits equal dequantize_to's and it is faster; a wrong bit or an error
-    keeps dequantize_to."""
+    """choose_dequant's decision, with the device timing replaced by fixed times (PyTorch's:
+    2 s): kept only when its bits equal dequantize_to's and it is faster; a wrong bit, or a
+    device that cannot run it (Triton's OutOfResources), keeps dequantize_to."""
+    from triton.runtime.errors import OutOfResources
+
+    import engine.timing as timing
+
     q, s, code, group = _layer("int4", 16, 128, 64)
     real = _dequant.dequantize
+    calls = []
 
     def ours(*args):
+        calls.append(1)
         if fails:
-            raise RuntimeError("does not compile here")
+            raise OutOfResources(300_000, 232_448, "shared memory")
         out = real(*args)
         return out.flatten().index_fill(0, torch.tensor([3]), 0.5).view_as(out) if wrong else out
 
+    def seconds(fn):  # graph_seconds: the kernel's time where it ran, else PyTorch's
+        calls.clear()
+        fn()
+        return ours_seconds if calls else 2.0
+
     monkeypatch.setattr(_dequant, "dequantize", ours)
-    monkeypatch.setattr(_dequant, "_choice", {})
-    monkeypatch.setattr(
-        _dequant, "_graph_seconds", lambda fn, layers, dtype: ours_seconds if fn is ours else 2.0
-    )
-    _dequant.choose([(q, s, code, None, group)] * 2, torch.float16)
-    assert _dequant._choice == {_dequant._key(q, group, torch.float16): kept}
+    monkeypatch.setattr(timing, "graph_seconds", seconds)
+    choices = QuantChoices()
+    w = QuantizedWeight(q, s, code, None, group)
+    choose_dequant([w, w], choices, torch.float16)
+    assert choices.dequant == {dequant_key(w, torch.float16): kept}
+
+
+def test_choose_lets_an_unexpected_error_through(monkeypatch):
+    def broken(*args):
+        raise RuntimeError("a bug in the kernel")
+
+    monkeypatch.setattr(_dequant, "dequantize", broken)
+    w = QuantizedWeight(*_layer("int4", 16, 128, 64)[:3], None, 64)
+    with pytest.raises(RuntimeError, match="a bug in the kernel"):
+        choose_dequant([w], QuantChoices(), torch.float16)
 
 
 @pytest.mark.gpu
@@ -119,28 +142,28 @@ def test_choose_keeps_the_kernel_only_when_equal_and_faster(
 @pytest.mark.parametrize("kind", ["int8", "int4"])
 def test_choice_and_batched_linear_gpu(kind, monkeypatch):
     """On Llama-3-8B's gate_up shape: bf16 bit for bit, the start-up choice made (either way)
-    and logged, and a 64-row QuantLinear equal to the reference whichever way it dequantizes."""
-    from engine.kernels import wq_gemm
-    from engine.models.quant import QuantLinear, WeightQuant
+    and logged, and a 64-row QuantLinear equal to the reference whichever way it dequantizes
+    (no GEMM chosen: 64 rows dequantize)."""
+    from engine.quant.format import WeightQuant
+    from engine.quant.modules import QuantLinear
 
-    monkeypatch.setattr(_dequant, "_choice", {})
-    monkeypatch.setattr(wq_gemm, "_choice", {})  # 64 rows dequantize (no GEMM chosen)
     q, s, code, group = _layer(kind, 28672, 4096, 64)
     dtype = torch.bfloat16
     assert torch.equal(
         _dequant.dequantize(q, s, code, group, dtype), dequantize_to(q, s, code, group, dtype)
     )
-    layers = [(q, s, code, None, group)] * 2
-    _dequant.choose(layers, dtype)
-    key = _dequant._key(q, group, dtype)
-    assert key in _dequant._choice
+    w = QuantizedWeight(q, s, code, None, group)
+    choices = QuantChoices()
+    choose_dequant([w, w], choices, dtype)
+    key = dequant_key(w, dtype)
+    assert key in choices.dequant
     linear = QuantLinear(4096, 28672, False, WeightQuant(kind, group_size=64), dtype, "cuda")
     linear.qweight.copy_(q)
     linear.scales.copy_(s)
     if code is not None:
         linear.code.copy_(code)
+    linear.kernels = choices.kernels_for(linear.quantized, dtype)
+    assert linear.kernels.dequant == choices.dequant[key] and not linear.kernels.gemm
     x = torch.randn(64, 4096, dtype=dtype, device="cuda")
     torch.testing.assert_close(linear(x), wq_matmul_ref(x, q, s, code, None, group), rtol=0, atol=0)
-    print(
-        f"{kind} gate_up: Triton dequantization {'kept' if _dequant._choice[key] else 'not kept'}"
-    )
+    print(f"{kind} gate_up: Triton dequantization {'kept' if choices.dequant[key] else 'not kept'}")

@@ -1,5 +1,6 @@
 """The split-K batch-1 GEMV against F.linear: small shapes under Triton's CPU interpreter,
-Llama-3-8B shapes on a GPU (with the measured choice against cuBLAS and a CUDA-graph replay)."""
+Llama-3-8B shapes on a GPU (with the measured choice against cuBLAS, engine/tuning.py, and a
+CUDA-graph replay)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from engine.models.layers import Linear
+from engine.tuning import KernelChoices, choose_batch1_linears, choose_gemv_configs, gemv_key
 from tests.triton_modules import HAS_CUDA, import_kernel_modules
 
 DEVICE = "cuda" if HAS_CUDA else "cpu"
@@ -62,7 +64,9 @@ def test_linear_on_cpu_is_plain_linear():
     layer = Linear(64, 32)
     x = torch.randn(1, 64)
     torch.testing.assert_close(layer(x), F.linear(x, layer.weight, layer.bias))
-    assert _gemv_mod.gemv_config(layer.weight, layer.bias) is None  # nothing timed off CUDA
+    choices = KernelChoices()
+    choose_batch1_linears(torch.nn.ModuleList([layer]), choices)
+    assert not choices.gemv and layer.gemv_config is None  # nothing timed off CUDA
 
 
 LLAMA3_SHAPES = [(6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336), (128256, 4096)]
@@ -78,7 +82,10 @@ def test_gemv_llama3_shapes_gpu(n, k, dtype):
     for config in _gemv_mod.CONFIGS:
         got = _gemv_mod.gemv(x, w, b, config)
         torch.testing.assert_close(got.float(), ref, rtol=2e-2, atol=2e-2)
-    choice = _gemv_mod.gemv_config(w, b)  # timed against cuBLAS; printed for the log
+    choices = KernelChoices()
+    choose_gemv_configs([(w, b)], choices)  # timed against cuBLAS
+    choice = choices.gemv[gemv_key(w, b)]
+    assert choice in [None, *_gemv_mod.CONFIGS]
     print(f"gemv {n}x{k} {dtype}: {'cuBLAS' if choice is None else choice}")
 
 
@@ -86,8 +93,9 @@ def test_gemv_llama3_shapes_gpu(n, k, dtype):
 @pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
 def test_linear_with_gemv_replays_in_a_cuda_graph():
     layer = Linear(4096, 14336, bias=False).to(DEVICE, torch.bfloat16)
+    layer.gemv_config = _gemv_mod.CONFIGS[0]  # the Triton GEMV, whatever timing would keep
     x = torch.randn(1, 4096, dtype=torch.bfloat16, device=DEVICE)
-    expected = layer(x).clone()  # decides gemv or cuBLAS outside the capture
+    expected = layer(x).clone()  # compiles outside the capture
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         out = layer(x)
@@ -100,15 +108,16 @@ def test_linear_with_gemv_replays_in_a_cuda_graph():
 @pytest.mark.gpu
 @pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
 def test_choice_is_made_per_shape_over_all_weights_before_capture():
-    from engine.models.layers import choose_batch1_linears
-
     layers = [Linear(1024, 3072, bias=False) for _ in range(4)] + [Linear(1024, 512, bias=True)]
     model = torch.nn.ModuleList(layers).to(DEVICE, torch.bfloat16)
-    choose_batch1_linears(model)
-    assert all(_gemv_mod._key(m.weight, m.bias) not in _gemv_mod._fused for m in layers)
+    choices = KernelChoices()
+    choose_batch1_linears(model, choices)
+    assert not choices.gemv_silu and all(m.silu_config is None for m in layers)
+    assert len(choices.gemv) == 2  # one choice per shape
     for layer in layers:
-        key = _gemv_mod._key(layer.weight, layer.bias)
-        assert key in _gemv_mod._choice and _gemv_mod._choice[key] in [None, *_gemv_mod.CONFIGS]
+        key = gemv_key(layer.weight, layer.bias)
+        assert key in choices.gemv and choices.gemv[key] in [None, *_gemv_mod.CONFIGS]
+        assert layer.gemv_config == choices.gemv[key]
     x = torch.randn(1, 1024, dtype=torch.bfloat16, device=DEVICE)
     for layer in layers:
         ref = F.linear(
@@ -135,16 +144,20 @@ def test_gemv_silu_mul_matches_the_two_steps(dtype, bias):
 @pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
 def test_gate_up_projection_times_the_fused_form_and_matches_the_two_steps():
     from engine.kernels.silu_mul import silu_and_mul
-    from engine.models.layers import choose_batch1_linears
 
     model = torch.nn.ModuleDict({"gate_up_proj": Linear(4096, 2 * 14336, bias=False)})
     model = model.to(DEVICE, torch.bfloat16)
-    choose_batch1_linears(model)
+    choices = KernelChoices()
+    choose_batch1_linears(model, choices)
     layer = model["gate_up_proj"]
-    key = _gemv_mod._key(layer.weight, None)
-    print(f"gate_up: {_gemv_mod._choice[key]}, fused: {_gemv_mod._fused.get(key)}")
-    assert key in _gemv_mod._fused
-    assert _gemv_mod._fused.get(key) in [None, *_gemv_mod.FUSED_CONFIGS]
+    key = gemv_key(layer.weight, None)
+    print(f"gate_up: {choices.gemv[key]}, fused: {choices.gemv_silu.get(key)}")
+    assert key in choices.gemv_silu
+    assert choices.gemv_silu[key] in [None, *_gemv_mod.FUSED_CONFIGS]
+    assert layer.silu_config == choices.gemv_silu[key]
     x = torch.randn(1, 4096, dtype=torch.bfloat16, device=DEVICE)
     expected = silu_and_mul(F.linear(x, layer.weight))
-    torch.testing.assert_close(layer.silu_mul_forward(x), expected, rtol=2e-2, atol=2e-2)
+    fused = layer.fused_silu_mul(x)  # None where the two steps won
+    assert (fused is None) == (layer.silu_config is None)
+    got = fused if fused is not None else silu_and_mul(layer(x))
+    torch.testing.assert_close(got, expected, rtol=2e-2, atol=2e-2)

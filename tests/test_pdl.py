@@ -27,7 +27,7 @@ def test_decode_chain_is_the_same_with_and_without_pdl_gpu(monkeypatch):
     from engine.kernels.gemv import gemv
     from engine.kernels.rmsnorm import rms_norm
     from engine.kernels.silu_mul import silu_and_mul
-    from engine.kernels.wq_splitk import wq_gemv, wq_gemv_silu
+    from engine.kernels.wq_gemv import wq_gemv, wq_gemv_silu
     from engine.timing import graph_seconds
 
     g = torch.Generator(device="cuda").manual_seed(0)

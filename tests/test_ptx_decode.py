@@ -23,7 +23,7 @@ from engine.kernels.ptx_decode import (  # noqa: E402
     NF4X8_TEXT,
     table_words,
 )
-from engine.models.quant import code_table  # noqa: E402
+from engine.quant.bnb import code_table  # noqa: E402
 
 MASK = 0xFFFFFFFF
 

@@ -8,19 +8,14 @@ import pytest
 import torch
 from torch import nn
 
-from engine.models.quant import (
-    QuantLinear,
-    WeightQuant,
-    code_table,
-    dequantize_ref,
-    quantize_4bit,
-    quantize_int8,
-    wq_matmul_ref,
-)
+from engine.quant.bnb import code_table, quantize_4bit, quantize_int8
+from engine.quant.format import WeightQuant
+from engine.quant.modules import QuantLinear
+from engine.quant.reference import dequantize_ref, dequantize_to, wq_matmul_ref
 from tests.triton_modules import HAS_CUDA, import_kernel_modules
 
 # Kernel modules first: bitsandbytes imports triton, which must see TRITON_INTERPRET first.
-(_wq,) = import_kernel_modules([("wq_gemv", "_wq_matmul_kernel")])
+(_wq,) = import_kernel_modules([("wq_matmul", "_wq_matmul_kernel")])
 bnb_f = pytest.importorskip("bitsandbytes.functional")
 DEVICE = "cuda" if HAS_CUDA else "cpu"
 
@@ -136,8 +131,6 @@ def test_kernel_replays_in_a_cuda_graph():
 @pytest.mark.parametrize("kind", ["int8", "int4"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 def test_dequantize_to_equals_the_fp32_reference_rounded(kind, dtype):
-    from engine.models.quant import dequantize_to
-
     gen = torch.Generator().manual_seed(5)
     _, q, s, code = _quantized(kind, 48, 256, gen)
     expected = dequantize_ref(q, s, code, 64).to(dtype)

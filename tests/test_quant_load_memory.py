@@ -14,10 +14,12 @@ import pytest
 import torch
 from torch import nn
 
-from engine.models import loader, quant
+from engine.models import loader
 from engine.models.config import ModelConfig
 from engine.models.llama import LlamaForCausalLM
-from engine.models.quant import QUANTIZED_LINEARS, QuantLinear, WeightQuant
+from engine.quant import modules
+from engine.quant.format import WeightQuant
+from engine.quant.modules import QUANTIZED_LINEARS, QuantLinear
 
 pytestmark = pytest.mark.skipif(  # not imported here: it imports triton (see test_quant_linear)
     importlib.util.find_spec("bitsandbytes") is None, reason="bitsandbytes is not installed"
@@ -63,8 +65,8 @@ def test_at_most_one_layer_is_on_the_device_in_16_bits(
         )
 
     monkeypatch.setattr(loader, "LlamaForCausalLM", Recorded)
-    monkeypatch.setattr(quant, "quantize_int8", quantize)
-    monkeypatch.setattr(quant, "quantize_4bit", quantize)
+    monkeypatch.setattr(modules, "quantize_int8", quantize)
+    monkeypatch.setattr(modules, "quantize_4bit", quantize)
     cfg = ModelConfig.from_folder(tiny_llama)
     model = loader.load_model(
         tiny_llama,

@@ -96,14 +96,67 @@ def test_rope_store_refuses_an_int8_cache_and_bad_shapes():
         _fused.rope_store(q, k, v, pos[:2], rope.cos, rope.sin, *caches, slots)
 
 
+@pytest.mark.parametrize(
+    "fused_seconds,wrong,kept", [(1.0, False, True), (3.0, False, False), (1.0, True, False)]
+)
+def test_choice_keeps_the_fused_kernel_only_when_equal_and_faster(
+    monkeypatch, fused_seconds, wrong, kept
+):
+    """rope_store_wins with the device timing replaced (the two kernels: 2 s): the fused
+    kernel is kept only when it equals the two bit for bit and is faster; the choice is
+    recorded in the KernelChoices given, and a second call times nothing."""
+    import engine.timing as timing
+    from engine.tuning import KernelChoices, rope_store_wins
+
+    real, calls = _fused.rope_store, []
+
+    def fused(q, k, *args):
+        calls.append(1)
+        real(q, k, *args)
+        if wrong:
+            k.view(-1)[0] += 1.0  # one rotated value off
+        return q, k
+
+    def seconds(fn):  # graph_seconds, from who runs: the fused kernel or the two
+        calls.clear()
+        fn()
+        return fused_seconds if calls else 2.0
+
+    monkeypatch.setattr(_fused, "rope_store", fused)
+    monkeypatch.setattr(timing, "graph_seconds", seconds)
+    rope = RotaryEmbedding(64, 512, 10000.0, None).to(DEVICE)
+    choices = KernelChoices()
+    args = (4, 2, 64, torch.float32, rope.cos, rope.sin, 3)
+    assert rope_store_wins(choices, *args) is kept
+    assert choices.rope_store == {(4, 2, 64, torch.float32, rope.cos.device): kept}
+    monkeypatch.setattr(timing, "graph_seconds", None)  # a second call must not time
+    assert rope_store_wins(choices, *args) is kept
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
-def test_choose_compares_and_times_on_the_device():
+def test_choose_compares_and_times_on_the_device(monkeypatch):
+    """With Llama-3-8B's heads on the device: the choice is made, each attention layer holds
+    it, and a second call (a re-capture) keeps it without timing again."""
+    import engine.timing as timing
+    from engine.models.layers import PagedAttention
+    from engine.tuning import KernelChoices, choose_rope_store
+
     rope = RotaryEmbedding(128, 4096, 500000.0, None).to(DEVICE)
-    won = _fused.choose(32, 8, 128, torch.bfloat16, rope.cos, rope.sin)
+    layers = [PagedAttention(32, 8, 128) for _ in range(4)]
+    for layer in layers:
+        layer.k_cache = layer.v_cache = torch.zeros(4, 16, 8, 128, dtype=torch.bfloat16).cuda()
+    model = torch.nn.ModuleList([rope, *layers])
+    choices = KernelChoices()
+    choose_rope_store(model, choices)
+    ((key, won),) = choices.rope_store.items()
     print(f"rope_store at one token, Llama-3-8B heads: {'fused' if won else 'two kernels'}")
-    assert isinstance(won, bool)
-    assert _fused.choose(32, 8, 128, torch.bfloat16, rope.cos, rope.sin) == won
+    assert key == (32, 8, 128, torch.bfloat16, rope.cos.device)
+    assert all(layer.fuse_rope_store is won for layer in layers)
+    real, timed = timing.graph_seconds, []
+    monkeypatch.setattr(timing, "graph_seconds", lambda fn: timed.append(fn) or real(fn))
+    choose_rope_store(model, choices)
+    assert not timed and all(layer.fuse_rope_store is won for layer in layers)
 
 
 def test_engine_with_the_fused_kernel_generates_what_it_does_without(tiny_model, monkeypatch):

@@ -1,10 +1,10 @@
 """The Hopper-only kernel variants (inline PTX, programmatic dependent launch) and the batched
 dequantization compile for sm_90 with Triton's bundled ptxas, no GPU needed
 (tests/sm90_compile.py, in a fresh process): a syntax or type error in the PTX text or a GDC
-call fails here, in CI, instead of at a GPU machine's start-up timing, which would quietly skip
-the config. Twice: with the venv's Triton, and with the H200's (3.6, which scripts/setup puts
-in .venv/triton-3.6): a constraint string built by an expression compiled with 3.9 and failed
-on the H200 (session 7)."""
+call fails here, in CI, instead of at a GPU machine's start-up timing (engine.timing lets such
+errors propagate). Twice: with the venv's Triton, and with the H200's (3.6, which scripts/setup
+puts in .venv/triton-3.6): a constraint string built by an expression compiled with 3.9 and
+failed on the H200."""
 
 from __future__ import annotations
 

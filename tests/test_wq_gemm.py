@@ -1,14 +1,19 @@
 """The dequantizing GEMM for decode batches (engine/kernels/wq_gemm.py) against the
 dequantize-then-matmul reference: ragged shapes under Triton's CPU interpreter (int8, NF4,
-FP4, bias, split K), its routing and start-up choice, and on a GPU every config on
-Llama-3-8B's shapes and a batched QuantLinear through the choice."""
+FP4, bias, split K), its routing (engine/quant/dispatch.py) and start-up choice
+(engine/quant/tuning.py), and on a GPU every config on Llama-3-8B's shapes and a batched
+QuantLinear through the choice."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from engine.models.quant import wq_matmul_ref
+from engine.quant import dispatch
+from engine.quant.dispatch import QuantKernels, quant_linear
+from engine.quant.format import QuantizedWeight
+from engine.quant.reference import wq_matmul_ref
+from engine.quant.tuning import QuantChoices, choose_gemm, layer_key
 from tests.quant_weights import random_quant_weight
 from tests.triton_modules import HAS_CUDA, import_kernel_modules
 
@@ -98,16 +103,27 @@ def test_bucket_for():
     ]  # fmt: skip
 
 
-def test_gemm_for_runs_only_what_was_chosen(monkeypatch):
+def test_the_table_runs_the_gemm_only_where_chosen(monkeypatch):
+    """dispatch.quant_linear with its kernel paths on (the interpreter stands in for CUDA):
+    the GEMM serves a batch only in a row bucket it was chosen for, and only for x's dtype."""
     layer = _layer("int8", 24, 128, 0)
+    w = QuantizedWeight(*layer)
     x = _x(20, 128)
-    monkeypatch.setattr(_gemm, "_choice", {})
-    assert _gemm.gemm_for(x, layer) is None  # nothing chosen: the caller dequantizes
-    _gemm._choice[_gemm._key(layer, x.dtype, 32)] = SMALL
-    _assert_matches(_gemm.gemm_for(x, layer), x, layer)
-    assert _gemm.gemm_for(_x(40, 128), layer) is None  # bucket 64 was not chosen
+    calls = []
+    real = _gemm.wq_gemm
+    monkeypatch.setattr(_gemm, "wq_gemm", lambda *a: calls.append(a[-1]) or real(*a))
+    monkeypatch.setattr(dispatch, "kernels_run_on", lambda x: True)
+    _assert_matches(quant_linear(x, w, QuantKernels(torch.float16)), x, layer)
+    assert not calls  # nothing chosen: dequantize + matmul
+    kernels = QuantKernels(torch.float16, gemm={32: SMALL})
+    _assert_matches(quant_linear(x, w, kernels), x, layer)
+    assert calls == [SMALL]
+    _assert_matches(quant_linear(_x(40, 128), w, kernels), _x(40, 128), layer)
+    assert calls == [SMALL]  # bucket 64 was not chosen
     x3 = x.view(4, 5, 128)  # leading dims are kept
-    assert _gemm.gemm_for(x3, layer).shape == (4, 5, 24)
+    assert quant_linear(x3, w, kernels).shape == (4, 5, 24) and len(calls) == 2
+    quant_linear(x.float(), w, kernels)  # chosen for fp16 activations, not fp32
+    assert len(calls) == 2
 
 
 @pytest.mark.parametrize(
@@ -118,8 +134,11 @@ def test_gemm_for_runs_only_what_was_chosen(monkeypatch):
 def test_choose_keeps_a_config_only_when_right_and_faster(
     monkeypatch, kernel_seconds, wrong, fails, kept
 ):
-    """choose() with the device timing replaced (dequantize + matmul: 2 s): a config is kept
-    only when it matches the reference and is faster; a wrong or failing one never is."""
+    """choose_gemm with the device timing replaced (dequantize + matmul: 2 s): a config is kept
+    only when it matches the reference and is faster; a wrong one, or one this device cannot
+    run (Triton's OutOfResources), never is."""
+    from triton.runtime.errors import OutOfResources
+
     import engine.timing as timing
 
     layer = _layer("int4", 16, 128, 64)
@@ -127,7 +146,7 @@ def test_choose_keeps_a_config_only_when_right_and_faster(
 
     def kernel(*args, **kw):
         if fails:
-            raise RuntimeError("does not compile here")
+            raise OutOfResources(300_000, 232_448, "shared memory")
         out = real(*args, **kw)
         return out * 1.5 if wrong else out
 
@@ -143,14 +162,30 @@ def test_choose_keeps_a_config_only_when_right_and_faster(
         return kernel(*args, **kw)
 
     monkeypatch.setattr(_gemm, "wq_gemm", spy)
-    monkeypatch.setattr(_gemm, "_choice", {})
     monkeypatch.setattr(
         _gemm, "CONFIGS", {"int8": {16: [], 32: []}, "int4": {16: [SMALL], 32: [SMALL]}}
     )
     monkeypatch.setattr(timing, "graph_seconds", seconds)
-    _gemm.choose([layer] * 2, torch.float16, max_rows=24)
+    choices = QuantChoices()
+    w = QuantizedWeight(*layer)
+    choose_gemm([w, w], choices, torch.float16, max_rows=24)
     chosen = SMALL if kept else None
-    assert _gemm._choice == {_gemm._key(layer, torch.float16, b): chosen for b in (16, 32)}
+    assert choices.gemm == {layer_key(w, torch.float16): {16: chosen, 32: chosen}}
+
+
+def test_choose_lets_an_unexpected_error_through(monkeypatch):
+    """An error that is not the device's limit (here a RuntimeError) is the kernel's bug: it
+    reaches the caller instead of quietly dropping the config."""
+    import engine.timing as timing
+
+    def broken(*args, **kw):
+        raise RuntimeError("a bug in the launch")
+
+    monkeypatch.setattr(_gemm, "wq_gemm", broken)
+    monkeypatch.setattr(timing, "graph_seconds", lambda fn: fn() or 1.0)
+    w = QuantizedWeight(*_layer("int4", 16, 128, 64))
+    with pytest.raises(RuntimeError, match="a bug in the launch"):
+        choose_gemm([w], QuantChoices(), torch.float16, max_rows=16)
 
 
 @pytest.mark.gpu
@@ -170,23 +205,36 @@ def test_llama3_shapes_every_config_gpu(kind, m):
 @pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
 @pytest.mark.parametrize("kind", ["int8", "int4"])
 def test_choice_and_batched_linear_gpu(kind, monkeypatch):
-    """gate_up at 8, 32 and 64 rows: the choice made (either way, printed) and a QuantLinear of
-    that many rows, whichever path it takes, matching the reference."""
-    from engine.models.quant import QuantLinear, WeightQuant
+    """gate_up at 8, 32 and 64 rows: the choice made for each row bucket is one of its configs
+    or the path without the GEMM, a QuantLinear of that many rows runs the GEMM exactly when a
+    config was kept (with that config), and matches the reference either way."""
+    from engine.quant.format import WeightQuant
+    from engine.quant.modules import QuantLinear
 
-    monkeypatch.setattr(_gemm, "_choice", {})
     dtype = torch.bfloat16
     q, s, code, _, group = _layer(kind, 28672, 4096, 64, dtype=dtype)
-    _gemm.choose([(q, s, code, None, group)] * 4, dtype, max_rows=64)
     linear = QuantLinear(4096, 28672, False, WeightQuant(kind, group_size=64), dtype, "cuda")
     linear.qweight.copy_(q)
     linear.scales.copy_(s)
     if code is not None:
         linear.code.copy_(code)
+    choices = QuantChoices()
+    choose_gemm([linear.quantized] * 4, choices, dtype, max_rows=64)
+    linear.kernels = choices.kernels_for(linear.quantized, dtype)
+    buckets = choices.gemm[layer_key(linear.quantized, dtype)]
+    assert sorted(buckets) == [16, 32, 64]
+    calls = []
+    real = _gemm.wq_gemm
+    monkeypatch.setattr(_gemm, "wq_gemm", lambda *a: calls.append(a[-1]) or real(*a))
     for m in (8, 32, 64):
+        chosen = buckets[_gemm.bucket_for(m)]
+        assert chosen in [None, *_gemm.CONFIGS[kind][_gemm.bucket_for(m)]]
         x = _x(m, 4096, dtype)
+        calls.clear()
         _assert_matches(linear(x), x, (q, s, code, None, group))
-        chosen = _gemm._choice[_gemm._key((q, s, code, None, group), dtype, _gemm.bucket_for(m))]
+        assert calls == ([chosen] if chosen is not None else [])
+        print(f"{kind} gate_up {m} rows: {chosen or 'the path without the GEMM'}")
+
         print(f"{kind} gate_up {m} rows: {chosen or 'the path without the GEMM'}")
 
 

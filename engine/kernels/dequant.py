@@ -1,20 +1,19 @@
 """Triton dequantization of int8 / int4 (NF4, FP4) weights to 16 bits, in one pass.
 
-A batch of more than a few rows (engine/models/quant.py, DEQUANT_MIN_ROWS) dequantizes each
+A batch of more than a few rows (engine/quant/dispatch.py, DEQUANT_MIN_ROWS) dequantizes each
 weight to x's dtype before cuBLAS, in every step, so this pass is part of every batched step
-and every prefill. quant.dequantize_to does it in PyTorch: int8 in one op (read 1 byte, write
-2, a weight), int4 in four (the codes as int32, a gather into an fp32 copy, the scale, the
-16-bit write: about 14 bytes of traffic a weight). This kernel reads the packed weight and its
-scales and writes the 16-bit weight: 2.5 bytes a weight for int4, the same values bit for bit
-(each product code-or-int8 x scale in fp32, rounded once as it is written).
+and every prefill. dequantize_to (engine/quant/reference.py) does it in PyTorch: int8 in one
+op (read 1 byte, write 2, a weight), int4 in four (the codes as int32, a gather into an fp32
+copy, the scale, the 16-bit write: about 14 bytes of traffic a weight). This kernel reads the
+packed weight and its scales and writes the 16-bit weight: 2.5 bytes a weight for int4, the
+same values bit for bit (each product code-or-int8 x scale in fp32, rounded once as it is
+written).
 
-quant.choose_quant_linears keeps it, per weight shape, only where it gave dequantize_to's bits
-and was faster on the device.
+Start-up timing (engine/quant/tuning.py) keeps it, per weight shape, only where it gave
+dequantize_to's bits and was faster on the device.
 """
 
 from __future__ import annotations
-
-import logging
 
 import torch
 import triton
@@ -22,7 +21,6 @@ import triton.language as tl
 
 from engine.kernels.launch_math import cdiv
 
-log = logging.getLogger(__name__)
 BLOCK_N, BLOCK_K, NUM_WARPS = 16, 256, 4  # a program writes BLOCK_N x BLOCK_K 16-bit weights
 
 
@@ -65,7 +63,7 @@ def dequantize(
     group_size: int,
     dtype: torch.dtype,
 ) -> torch.Tensor:  # [N, K] in dtype
-    """The weight in `dtype`, equal to quant.dequantize_to's (the caller checked the layout)."""
+    """The weight in `dtype`, equal to dequantize_to's (the caller checked it with supports())."""
     is_int4 = qweight.dtype == torch.uint8
     n, k = qweight.shape[0], qweight.shape[1] * (2 if is_int4 else 1)
     out = torch.empty(n, k, dtype=dtype, device=qweight.device)
@@ -87,69 +85,3 @@ def supports(qweight: torch.Tensor, scales: torch.Tensor, group_size: int) -> bo
     if qweight.dtype == torch.uint8:
         return group_size >= 2 and group_size % 2 == 0 and (2 * qweight.shape[1]) % group_size == 0
     return qweight.dtype == torch.int8
-
-
-Layer = tuple  # (qweight, scales, code or None, bias or None, group_size), as in wq_choice
-_choice: dict[tuple, bool] = {}
-"""(weight dtype, shape, group, output dtype, device) -> this kernel (True) or dequantize_to."""
-
-
-def _key(qweight: torch.Tensor, group_size: int, dtype: torch.dtype) -> tuple:
-    return (qweight.dtype, *qweight.shape, group_size, dtype, qweight.device)
-
-
-def choose(layers: list[Layer], dtype: torch.dtype, timed: int = 4) -> None:
-    """Per weight shape of `layers` (CUDA): keep this kernel where it gives dequantize_to's
-    bits (on the first 512 rows) and is faster over `timed` of that shape's weights, in a CUDA
-    graph; else dequantize_to. A failure (a compile error, memory) keeps dequantize_to."""
-    from engine.kernels.wq_choice import by_shape
-    from engine.models.quant import dequantize_to
-
-    for key, same in by_shape(layers, lambda layer: _key(layer[0], layer[4], dtype)).items():
-        if key in _choice:
-            continue
-        q, s, code, _, group = same[0]
-        _choice[key] = False
-        if not supports(q, s, group):
-            continue
-        try:  # the bits compared on the first rows: a few MB at the memory plan's peak
-            rows = (q[:512], s[:512], code, group, dtype)
-            equal = torch.equal(dequantize(*rows), dequantize_to(*rows))
-            if not equal:
-                log.warning("dequant: Triton pass differs from dequantize_to for %s; not used", key)
-                continue
-            times = {use: _graph_seconds(fn, same[:timed], dtype)
-                     for use, fn in ((False, dequantize_to), (True, dequantize))}  # fmt: skip
-        except Exception as e:  # any failure keeps the PyTorch path
-            log.warning("dequant: Triton pass not used for %s: %s", key, str(e)[:200])
-            continue
-        _choice[key] = times[True] < times[False]
-        count = min(timed, len(same))
-        log.info(
-            "dequant %s: Triton %.1f us, PyTorch %.1f us a weight", key,
-            times[True] * 1e6 / count, times[False] * 1e6 / count,
-        )  # fmt: skip
-    torch.cuda.empty_cache()
-
-
-def _graph_seconds(fn, layers: list[Layer], dtype: torch.dtype) -> float:
-    from engine.timing import graph_seconds
-
-    def all_layers():
-        for q, s, code, _, group in layers:
-            fn(q, s, code, group, dtype)
-
-    return graph_seconds(all_layers)
-
-
-def weight_for(
-    qweight: torch.Tensor, scales: torch.Tensor, code: torch.Tensor | None, group_size: int,
-    dtype: torch.dtype,
-) -> torch.Tensor:  # fmt: skip
-    """The weight in `dtype` for a batched GEMM: by this kernel where choose() kept it for the
-    shape, else by quant.dequantize_to (the same values)."""
-    if _choice.get(_key(qweight, group_size, dtype)):
-        return dequantize(qweight, scales, code, group_size, dtype)
-    from engine.models.quant import dequantize_to
-
-    return dequantize_to(qweight, scales, code, group_size, dtype)

@@ -6,15 +6,14 @@ program reads a [BLOCK_N, K / SPLIT_K] slab of W and writes one fp32 partial per
 kernel sums the SPLIT_K partials (SPLIT_K=1: the first kernel writes the output itself). Enough
 programs keep many loads in flight even when N is small (o_proj, down_proj).
 
-Whether it beats cuBLAS is measured, not assumed: `choose_configs` times both per weight shape
-on the device, in a CUDA graph over the model's own weights, before the decode graphs are
-captured; the model's linears use the winner.
+Whether it beats cuBLAS is measured, not assumed: start-up timing (engine/tuning.py) times both
+per weight shape on the device, in a CUDA graph over the model's own weights, before the decode
+graphs are captured; the model's linears use the winner.
 """
 
 from __future__ import annotations
 
 import functools
-import logging
 
 import torch
 import triton
@@ -24,12 +23,13 @@ from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 from engine.kernels import pdl
 from engine.kernels.launch_math import cdiv
 from engine.kernels.rmsnorm import round_to
-from engine.timing import fastest_config
 
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
-log = logging.getLogger(__name__)
-# (BLOCK_N, BLOCK_K, num_warps): candidates, timed by choose_configs on the device
+# (BLOCK_N, BLOCK_K, num_warps): candidates, timed at start-up on the device (engine/tuning.py)
 CONFIGS = [(8, 512, 4), (16, 256, 4), (32, 256, 8), (4, 1024, 4), (16, 512, 8)]
+FUSED_CONFIGS = [(4, 512, 4), (8, 256, 4), (4, 1024, 8), (8, 512, 4)]
+"""Candidates for gemv_silu_mul: each program reads two row blocks, so fewer rows than the
+plain GEMV's best may suit it."""
 
 
 @triton.jit
@@ -243,100 +243,3 @@ def _check(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> 
         raise ValueError("gemv: weight and x need a unit-stride last dim")
     if bias is not None and (bias.shape != (n,) or not bias.is_contiguous()):
         raise ValueError(f"gemv: bias must be contiguous [{n}], got {tuple(bias.shape)}")
-
-
-_choice: dict[tuple, tuple[int, int, int] | None] = {}
-"""(N, K, dtype, device, has bias) -> the winning config, or None where cuBLAS won."""
-
-
-def _key(weight: torch.Tensor, bias: torch.Tensor | None) -> tuple:
-    return (*weight.shape, weight.dtype, weight.device, bias is not None)
-
-
-_fused: dict[tuple, tuple[int, int, int] | None] = {}
-"""Gate-and-up shapes -> the gemv_silu_mul config that beat the GEMV then silu_and_mul (timed),
-or None where the two steps were faster."""
-FUSED_CONFIGS = [(4, 512, 4), (8, 256, 4), (4, 1024, 8), (8, 512, 4)]
-"""Candidates for gemv_silu_mul: each program reads two row blocks, so fewer rows than the
-plain GEMV's best may suit it."""
-
-
-def fused_silu_config(weight: torch.Tensor, bias: torch.Tensor | None):
-    return _fused.get(_key(weight, bias))
-
-
-def choose_configs(
-    linears: list[tuple[torch.Tensor, torch.Tensor | None]],
-    gated: list[tuple[torch.Tensor, torch.Tensor | None]] = (),
-) -> None:
-    """Decide between cuBLAS and each config for every (weight, bias) shape in `linears`: timed
-    in a CUDA graph that calls it once per weight of that shape, as a decode step does (so
-    no weight is still in L2 at its next call, unlike timing one small weight repeatedly;
-    eager timing would add Triton's host launch cost, which graph replay does not pay).
-    Results must match F.linear; a config this GPU cannot run is skipped."""
-    groups: dict[tuple, list] = {}
-    for w, b in linears:
-        if w.is_cuda and w.dim() == 2 and w.dtype in _DTYPES and w.stride(1) == 1:
-            groups.setdefault(_key(w, b), []).append((w, b))
-    for key, pairs in groups.items():
-        if key not in _choice:
-            _choice[key] = _fastest(pairs)
-    gated_groups: dict[tuple, list] = {}
-    for w, b in gated:
-        gated_groups.setdefault(_key(w, b), []).append((w, b))
-    for key, pairs in gated_groups.items():
-        if key not in _fused and key in _choice:
-            _fused[key] = _fastest_fused(pairs, _choice[key])
-    for key in groups:
-        fused = f", with silu-mul {_fused[key]}" if _fused.get(key) else ""
-        log.info("batch-1 linear %dx%d: %s%s", key[0], key[1], _choice[key] or "cuBLAS", fused)
-    torch.cuda.empty_cache()
-
-
-def _fastest_fused(pairs: list, config: tuple[int, int, int] | None):
-    """Time the two steps (silu_and_mul after the chosen GEMV: cuBLAS where config is None)
-    against gemv_silu_mul with each of FUSED_CONFIGS over these gate-and-up weights: the
-    fastest fused config, or None where the two steps won."""
-    from engine.kernels.silu_mul import silu_and_mul
-
-    w0 = pairs[0][0]
-    x = torch.randn(1, w0.shape[1], dtype=w0.dtype, device=w0.device)
-
-    def two_steps(pair):
-        if config is None:
-            return silu_and_mul(torch.nn.functional.linear(x, *pair))
-        return silu_and_mul(gemv(x, *pair, config))
-
-    ref = two_steps(pairs[0]).float()
-    fused = [c for c in FUSED_CONFIGS if gemv_silu_mul(x, *pairs[0], c) is not None]
-
-    def call(cfg, pair):
-        return two_steps(pair) if cfg is None else gemv_silu_mul(x, *pair, cfg)
-
-    return fastest_config([None, *fused], call, pairs, ref)
-
-
-def _fastest(pairs: list[tuple[torch.Tensor, torch.Tensor | None]]):
-    """The fastest config for these same-shape weights, or None where cuBLAS wins."""
-    w0, b0 = pairs[0]
-    x = torch.randn(1, w0.shape[1], dtype=w0.dtype, device=w0.device)
-    ref = torch.nn.functional.linear(x, w0, b0).float()
-
-    def call(cfg, pair):
-        if cfg is None:
-            return torch.nn.functional.linear(x, *pair)
-        return gemv(x, *pair, cfg)
-
-    return fastest_config([None, *CONFIGS], call, pairs, ref)
-
-
-def gemv_config(weight: torch.Tensor, bias: torch.Tensor | None) -> tuple[int, int, int] | None:
-    """The config that beats F.linear at batch 1 for this weight's shape on this device; None
-    when cuBLAS is faster, off CUDA, or while a CUDA graph is being captured (nothing can be
-    timed then). Shapes choose_configs did not see are timed here, on this weight alone."""
-    key = _key(weight, bias)
-    if key not in _choice:
-        if not weight.is_cuda or torch.cuda.is_current_stream_capturing():
-            return None
-        choose_configs([(weight, bias)])
-    return _choice.get(key)

@@ -1,8 +1,8 @@
-"""Weight decoding in inline PTX for the batch-1 quantized GEMV (engine/kernels/wq_splitk.py).
+"""Weight decoding in inline PTX for the batch-1 quantized GEMV (engine/kernels/wq_gemv.py).
 
 Triton compiles an element-wise decode of packed bytes into several integer instructions per
 byte, and a 4-bit code-table lookup into a memory load per code; a batch-1 GEMV needs about
-16 bytes per SM clock, so both cap it below the bandwidth (session 6 SASS and ncu). These
+16 bytes per SM clock, so both cap it below the bandwidth (sm_90 SASS and ncu, H200). These
 helpers decode a whole 32-bit word of packed weights with byte permutes (`prmt`), in registers:
 
 - int8: four weights a word, each `prmt` + one subtraction (the 2^23 trick).
@@ -192,7 +192,9 @@ def codes8_dot(words, t0, t1, t2, t3, t4, t5, t6, t7, x0, x1, x2, x3, BF16: tl.c
 
 
 _tables: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
-"""(table address, device, dtype) -> (the table, kept so its memory is not reused; words)."""
+"""(table address, device, dtype) -> (the table, kept so its memory is not reused; words): a
+cache of constants derived from each table's values, not a choice (each engine's tables are
+its own tensors, so its own entries)."""
 
 
 def table_words(code: torch.Tensor, dtype: torch.dtype = torch.float16) -> torch.Tensor | None:

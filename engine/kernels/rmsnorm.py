@@ -1,8 +1,8 @@
 """Triton kernel for RMSNorm, optionally fused with the residual add (rms_norm).
 
-Computes what engine.models.layers.RMSNorm computes, rounding where it rounds: the residual sum
-in the input dtype, the normalisation in fp32, the normalised row cast back to the input dtype
-and only then multiplied by the weight (Hugging Face's order).
+Computes what RMSNorm (engine/models/layers.py) computes, rounding where it rounds: the
+residual sum in the input dtype, the normalisation in fp32, the normalised row cast back to the
+input dtype and only then multiplied by the weight (Hugging Face's order).
 """
 
 from __future__ import annotations

@@ -5,13 +5,11 @@ At batch 1 each is a tiny kernel whose cost is mostly launch and latency (H200, 
 3.3 us for RoPE, 1.3 us for the store, 32 layers a token); one launch saves one of them. The
 program layout is rope.py's: (token, j), q head blocks first, then k head blocks; a k block also
 writes its rotated K rows and the matching V rows into the cache slot (skipped for slot -1,
-CUDA-graph padding). Whether the engine uses it is decided on the device (choose), after an
-exact comparison with the two kernels.
+CUDA-graph padding). Whether the engine uses it is decided on the device at start-up
+(engine/tuning.py), after an exact comparison with the two kernels.
 """
 
 from __future__ import annotations
-
-import logging
 
 import torch
 import triton
@@ -22,10 +20,8 @@ from engine.kernels.launch_math import next_power_of_2
 from engine.kernels.rope import _check as check_rope
 from engine.kernels.rope import _rope_one, cos_sin, heads_per_program, rotate
 from engine.kernels.store_kv import _check as check_store
-from engine.timing import fastest_config
 
 _CACHE_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
-log = logging.getLogger(__name__)
 
 
 @triton.jit
@@ -115,62 +111,3 @@ def rope_store(
     )
     # fmt: on
     return q, k
-
-
-_choice: dict[tuple, bool] = {}
-"""(q heads, kv heads, head_dim, dtype, device) -> rope_store timed faster than the two kernels
-at one token, and equal to them."""
-
-
-def choose(
-    num_heads: int,
-    num_kv_heads: int,
-    head_dim: int,
-    dtype: torch.dtype,
-    cos: torch.Tensor,
-    sin: torch.Tensor,
-    num_layers: int = 32,
-) -> bool:
-    """Decide on the device whether decode steps use rope_store with a `dtype` cache (the
-    activation dtype): it must equal apply_rope then store_kv bit for bit on random inputs,
-    and take less time over `num_layers` calls of one token in a CUDA graph (a batch-1 step's
-    layers). Scratch caches, not the model's."""
-    from engine.kernels.rope import apply_rope
-    from engine.kernels.store_kv import store_kv
-
-    device = cos.device
-    key = (num_heads, num_kv_heads, head_dim, dtype, device)
-    if key in _choice:
-        return _choice[key]
-    g = torch.Generator(device=device).manual_seed(0)
-    width = (num_heads + 2 * num_kv_heads) * head_dim
-    qkv0 = torch.randn(1, width, device=device, dtype=dtype, generator=g)
-    caches = torch.zeros(2, 4, 16, num_kv_heads, head_dim, device=device, dtype=dtype)
-    slots = torch.tensor([21], device=device)
-    pos = torch.tensor([7], device=device)
-    sizes = [num_heads * head_dim, num_kv_heads * head_dim, num_kv_heads * head_dim]
-
-    def run(fused: bool, qkv: torch.Tensor) -> torch.Tensor:
-        qkv.copy_(qkv0)
-        q, k, v = (t.view(1, -1, head_dim) for t in qkv.split(sizes, -1))
-        if fused:
-            rope_store(q, k, v, pos, cos, sin, caches[0], caches[1], slots)
-        else:
-            apply_rope(q, k, pos, cos, sin)
-            store_kv(k, v, caches[0], caches[1], slots)
-        return qkv
-
-    items = [torch.empty_like(qkv0) for _ in range(num_layers)]
-    equal = False
-    try:
-        ref = (run(False, items[0]).clone(), caches.clone())
-        equal = all(map(torch.equal, (run(True, items[0]), caches), ref))
-        if not equal:
-            log.warning("rope_store differs from RoPE + KV store on this device: not used")
-    except Exception as e:  # a launch this GPU cannot compile or run: keep the two kernels
-        log.warning("rope_store failed on this device (%s): not used", e)
-    _choice[key] = equal and fastest_config([False, True], run, items, ref[0]) is True
-    log.info("decode steps: RoPE + KV store %s", "fused" if _choice[key] else "as two kernels")
-    del items
-    torch.cuda.empty_cache()  # the memory check reads the graph pool's growth after this
-    return _choice[key]

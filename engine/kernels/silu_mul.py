@@ -1,7 +1,8 @@
 """Triton kernel for the gated MLP activation silu(gate) * up (silu_and_mul).
 
-Computes what engine.models.layers.silu_and_mul computes, rounding where it rounds: silu(gate)
-in fp32 rounded to x's dtype, then the product with up in fp32 rounded to x's dtype.
+Computes what silu_and_mul (engine/models/layers.py) computes, rounding where it rounds:
+silu(gate) in fp32 rounded to x's dtype, then the product with up in fp32 rounded to x's
+dtype.
 """
 
 from __future__ import annotations

@@ -1,9 +1,9 @@
 """Triton GEMM for decode batches (2-256 rows) with weight-only quantized weights, dequantizing
-in the kernel: out[M, N] = x[M, K] @ dequant(W).T (+ bias), layouts as engine/kernels/wq_gemv.py.
+in the kernel: out[M, N] = x[M, K] @ dequant(W).T (+ bias), in engine/quant/format.py's layouts.
 
 Without it a batch of more than 16 rows dequantizes every weight to 16 bits and calls cuBLAS,
 in every decode step: int8 reads 1 byte a weight, writes 2 and cuBLAS reads those 2 again (5
-bytes of traffic a weight); int4 about 4.5. (2-16 rows take wq_gemv's tl.dot kernel.) Here
+bytes of traffic a weight); int4 about 4.5. (2-16 rows take wq_matmul's tl.dot kernel.) Here
 each weight is read once in its packed form (1 byte int8, half a byte int4 plus its group's
 scale) and widened in registers, so a decode batch should cost little more than a batch-1
 step.
@@ -15,18 +15,17 @@ the weight tile, widened in registers, is the operand that may stay there.
   the fp32 sum once, in the epilogue.
 - int4: a K-step is one or more whole scale groups. Each code's table value is multiplied by
   its group's scale in fp32 and rounded once to x's type. The value comes from the 16-entry
-  table in L1 (the weights quant.dequantize_to gives), or on CUDA, where a config asks for
-  words, from int32 words of eight codes decoded in registers against the table in fp16
-  (ptx_decode.codes8_to_f32: up to 2.6e-4 of a value off for NF4). The decoded values are put
-  back in k order in registers (tl.join), so x is read in its own order, 16 bytes a load.
+  table in L1 (the weights engine/quant/reference.py's dequantize_to gives), or on CUDA, where a
+  config asks for words, from int32 words of eight codes decoded in registers against the
+  table in fp16 (ptx_decode.codes8_to_f32: up to 2.6e-4 of a value off for NF4). The decoded
+  values are put back in k order in registers (tl.join), so x is read in its own order, 16
+  bytes a load.
 Programs split K (SPLIT_K) when the tiles alone give too few programs; a second kernel sums the
 fp32 partials. Which config, and whether at all (against dequantize + cuBLAS), is timed per
-weight shape and row bucket at start-up (choose(), below).
+weight shape and row bucket at start-up (engine/quant/tuning.py); the caller passes it.
 """
 
 from __future__ import annotations
-
-import logging
 
 import torch
 import triton
@@ -36,10 +35,8 @@ from engine.kernels import interpreting
 from engine.kernels.gemv import num_sms_for
 from engine.kernels.launch_math import cdiv
 from engine.kernels.ptx_decode import codes8_to_f32, table_words
-from engine.kernels.wq_choice import by_shape, layer_key, read_tables
-from engine.kernels.wq_splitk import as_words
+from engine.kernels.wq_gemv import as_words
 
-log = logging.getLogger(__name__)
 MAX_ROWS = 256
 """The most rows this kernel is timed for; more (prefill) dequantize and use cuBLAS."""
 
@@ -270,10 +267,6 @@ CONFIGS = {
         256: [(64, 128, 1, 4, 3, 0, 1), (64, 128, 2, 4, 3, 0, 1), (128, 128, 1, 8, 3, 0, 1)],
     },
 }  # fmt: skip
-Layer = tuple  # (qweight, scales, code or None, bias or None, group_size), as in wq_choice
-_choice: dict[tuple, tuple | None] = {}
-"""(wq_choice.layer_key, row bucket) -> the config that beat the path without this kernel
-(and the other configs), or None where that path won."""
 BUCKETS = tuple(sorted(CONFIGS["int8"]))
 """Row buckets, the same for both kinds."""
 
@@ -281,56 +274,3 @@ BUCKETS = tuple(sorted(CONFIGS["int8"]))
 def bucket_for(rows: int) -> int | None:
     """The smallest row bucket holding `rows`; None past MAX_ROWS."""
     return next((b for b in BUCKETS if rows <= b), None)
-
-
-def _key(layer: Layer, dtype: torch.dtype, bucket: int | None) -> tuple:
-    return (*layer_key(layer, dtype), bucket)
-
-
-def choose(layers: list[Layer], dtype: torch.dtype, max_rows: int, timed: int = 8) -> None:
-    """Per weight shape of `layers` and row bucket up to max_rows' (CUDA, before capture): time
-    each config and the path without this kernel (quant.linear_without_gemm: dequantize +
-    cuBLAS, or wq_gemv's kernel up to 16 rows) at the bucket's rows, each over up to `timed`
-    of that shape's weights in a CUDA graph, and keep the fastest that matches the reference
-    (None: the path without it)."""
-    from engine.models.quant import linear_without_gemm, wq_matmul_ref
-    from engine.timing import fastest_config
-
-    last = bucket_for(min(max_rows, MAX_ROWS))
-    for bucket in [b for b in BUCKETS if b <= last]:
-        keyed = by_shape(layers, lambda layer, bucket=bucket: _key(layer, dtype, bucket))
-        for key, same in keyed.items():
-            if key in _choice:
-                continue
-            q, s, code, bias, group = same[0]
-            k = q.shape[1] * (2 if q.dtype == torch.uint8 else 1)
-            x = torch.randn(bucket, k, dtype=dtype, device=q.device)
-            _choice[key] = None
-            if not supports(q, s, x, group):
-                continue
-            ref = wq_matmul_ref(x, q, s, code, bias, group).float()
-            read_tables(same, torch.float16)  # int4 words' registers, not in a capture
-
-            def call(cfg, layer, x=x):
-                if cfg is None:
-                    return linear_without_gemm(x, layer)
-                return wq_gemm(x, *layer, cfg)
-
-            configs = CONFIGS["int4" if code is not None else "int8"][bucket]
-            _choice[key] = fastest_config([None, *configs], call, same[:timed], ref)
-            log.info(
-                "wq_gemm %s %s, %d rows: %s", "int4" if code is not None else "int8",
-                (q.shape[0], k), bucket, _choice[key] or "the path without the GEMM",
-            )  # fmt: skip
-    torch.cuda.empty_cache()
-
-
-def gemm_for(x: torch.Tensor, layer: Layer) -> torch.Tensor | None:
-    """x @ dequant(W).T + bias by this kernel where choose() kept a config for the layer's
-    shape and x's row bucket; None (the caller takes quant.linear_without_gemm) otherwise."""
-    x2 = x.reshape(-1, x.shape[-1])
-    bucket = bucket_for(x2.shape[0])
-    config = _choice.get(_key(layer, x.dtype, bucket)) if bucket is not None else None
-    if config is None or not supports(layer[0], layer[1], x2, layer[4]):
-        return None
-    return wq_gemm(x2, *layer, config).view(*x.shape[:-1], -1)

@@ -30,55 +30,43 @@ def fused_kernels_enabled() -> bool:
 
 
 class Linear(nn.Linear):
-    """nn.Linear whose batch-1 calls on CUDA may run the split-K Triton GEMV, where it measured
-    faster than cuBLAS for this shape on this device (engine/kernels/gemv.py;
-    APPLIANCE_TRITON_GEMV=0 turns it off). Batches of 2+ rows stay on cuBLAS: a tiled Triton
-    GEMM, best config per shape, timed 1.5-1.7x slower at 256 rows (H200, session 4 results)."""
+    """nn.Linear whose batch-1 calls on CUDA run the split-K Triton GEMV where start-up timing
+    found it faster than cuBLAS for this shape on this device (engine/kernels/gemv.py, chosen
+    by engine/tuning.py; APPLIANCE_TRITON_GEMV=0 turns it off). Batches of 2+ rows stay on
+    cuBLAS: a tiled Triton GEMM, best config per shape, timed 1.5-1.7x slower at 256 rows
+    (H200)."""
+
+    gemv_config: tuple[int, int, int] | None = None
+    """The split-K GEMV config start-up timing kept for one row; None: cuBLAS."""
+    silu_config: tuple[int, int, int] | None = None
+    """Gate-and-up projections: gemv_silu_mul's config where start-up timing found it faster
+    than the GEMV then silu_and_mul; None: the two steps."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.is_cuda and x.dim() == 2 and x.shape[0] == 1 and _gemv_enabled():
-            from engine.kernels.gemv import gemv, gemv_config
+        if self.gemv_config is not None and x.is_cuda and x.dim() == 2 and x.shape[0] == 1:
+            from engine.kernels.gemv import gemv
 
-            config = gemv_config(self.weight, self.bias)
-            if config is not None:
-                return gemv(x, self.weight, self.bias, config)
+            return gemv(x, self.weight, self.bias, self.gemv_config)
         return F.linear(x, self.weight, self.bias)
 
-    def silu_mul_forward(self, x: torch.Tensor) -> torch.Tensor:
-        """silu_and_mul(self(x)) for a gate-and-up projection: one fused kernel at batch 1
-        where it timed faster than the two steps (choose_batch1_linears), else the two."""
-        if x.is_cuda and x.dim() == 2 and x.shape[0] == 1 and _gemv_enabled():
-            from engine.kernels.gemv import fused_silu_config, gemv_silu_mul
+    def fused_silu_mul(self, x: torch.Tensor) -> torch.Tensor | None:
+        """silu_and_mul(self(x)) in one kernel for a gate-and-up projection at one CUDA row,
+        where start-up timing kept the fused form; None: the caller runs the two steps."""
+        if self.silu_config is None or not x.is_cuda or x.dim() != 2 or x.shape[0] != 1:
+            return None
+        from engine.kernels.gemv import gemv_silu_mul
 
-            config = fused_silu_config(self.weight, self.bias)
-            if config is not None:
-                out = gemv_silu_mul(x, self.weight, self.bias, config)
-                if out is not None:
-                    return out
-        return silu_and_mul(self(x))
-
-
-def choose_batch1_linears(model: nn.Module) -> None:
-    """Time cuBLAS against the split-K GEMV for each Linear shape of the model, over its own
-    weights, so decode graphs capture the faster one (CUDA only; before capture)."""
-    named = [(n, (m.weight, m.bias)) for n, m in model.named_modules() if isinstance(m, Linear)]
-    if not named or not named[0][1][0].is_cuda or not _gemv_enabled():
-        return
-    from engine.kernels import gemv
-
-    gated = [p for n, p in named if n.endswith("gate_up_proj") and fused_kernels_enabled()]
-    gemv.choose_configs([p for _, p in named], gated)
+        return gemv_silu_mul(x, self.weight, self.bias, self.silu_config)
 
 
 @cache
-def _gemv_enabled() -> bool:
+def gemv_enabled() -> bool:
+    """Start-up timing may pick the split-K GEMV for 16-bit Linears (Triton is available and
+    APPLIANCE_TRITON_GEMV is not 0)."""
     from engine.kernels import triton_available
 
-    return triton_available() and os.environ.get("APPLIANCE_TRITON_GEMV", "1") not in (
-        "0",
-        "false",
-        "off",
-    )
+    off = os.environ.get("APPLIANCE_TRITON_GEMV", "1") in ("0", "false", "off")
+    return triton_available() and not off
 
 
 class RMSNorm(nn.Module):
@@ -177,7 +165,8 @@ class PagedAttention(nn.Module):
         self.v_scales: torch.Tensor | None = None
         self.backend: AttentionBackend | None = None
         self.fuse_rope_store = False
-        """Set by choose_rope_store where the fused kernel proved equal and faster."""
+        """Set by start-up timing (engine/tuning.py) where the fused kernel proved equal to the
+        two and faster on this device."""
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         # q: [num_tokens, num_heads, head_dim]; k, v: [num_tokens, num_kv_heads, head_dim]
@@ -197,7 +186,7 @@ class PagedAttention(nn.Module):
         self, rope: RotaryEmbedding, positions: torch.Tensor, q, k, v
     ) -> torch.Tensor | None:
         """RoPE on q and k and the cache write in one kernel, then attention: for steps of
-        fewer than FUSED_ROPE_MAX_TOKENS tokens with a 16-bit cache, where choose_rope_store
+        fewer than FUSED_ROPE_MAX_TOKENS tokens with a 16-bit cache, where start-up timing
         found the fused kernel equal to the two and faster on this device (fuse_rope_store);
         None otherwise (the caller runs them one by one)."""
         if not self.fuse_rope_store or q.shape[0] >= FUSED_ROPE_MAX_TOKENS:
@@ -215,22 +204,3 @@ class PagedAttention(nn.Module):
 FUSED_ROPE_MAX_TOKENS = 512
 """rope_and_store serves steps below this many tokens: every decode graph up to 512 rows and
 short prefills (chosen by timing decode steps; long prefills keep the two kernels)."""
-
-
-def choose_rope_store(model: nn.Module) -> None:
-    """Decide on the device whether decode steps fuse RoPE with the KV-cache write (CUDA, fused
-    kernels on, a 16-bit cache bound; call before capturing the decode graphs)."""
-    layers = [m for m in model.modules() if isinstance(m, PagedAttention)]
-    rope = next((m for m in model.modules() if isinstance(m, RotaryEmbedding)), None)
-    if not layers or rope is None or not fused_kernels_enabled():
-        return
-    attn = layers[0]
-    if attn.k_scales is not None or not attn.k_cache.is_cuda:
-        return
-    from engine.kernels.rope_store import choose
-
-    dtype = attn.k_cache.dtype  # a 16-bit cache holds the activation dtype
-    won = choose(attn.num_heads, attn.num_kv_heads, attn.head_dim, dtype, rope.cos, rope.sin,
-                 len(layers))  # fmt: skip
-    for layer in layers:
-        layer.fuse_rope_store = won

@@ -55,10 +55,11 @@ class MLP(nn.Module):
         self.down_proj = Linear(cfg.intermediate_size, cfg.hidden_size, bias=cfg.mlp_bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate_up = self.gate_up_proj  # a Linear, or a QuantLinear when quantized
-        if hasattr(gate_up, "silu_mul_forward"):
-            return self.down_proj(gate_up.silu_mul_forward(x))
-        return self.down_proj(silu_and_mul(gate_up(x)))
+        # gate_up: a Linear, or a QuantLinear when quantized; None: not fused for this call
+        act = self.gate_up_proj.fused_silu_mul(x)
+        if act is None:
+            act = silu_and_mul(self.gate_up_proj(x))
+        return self.down_proj(act)
 
 
 class DecoderLayer(nn.Module):

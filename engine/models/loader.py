@@ -13,7 +13,8 @@ from torch import nn
 
 from engine.models.config import ModelConfig
 from engine.models.llama import LlamaForCausalLM
-from engine.models.quant import QuantLinear, WeightQuant, quantize_model
+from engine.quant.format import WeightQuant
+from engine.quant.modules import QuantLinear, quantize_model
 
 
 def resolve_model_folder(model: str | Path | None) -> Path:
@@ -99,7 +100,7 @@ def load_model(
         _materialize(model, device)
         init_random_weights(model, gen)
     elif quant.prequantized:
-        from engine.models.bnb_checkpoint import convert_bnb_weights
+        from engine.quant.bnb import convert_bnb_weights
 
         quantize_model(model, quant, device)  # empty: the checkpoint fills them
         _materialize(model, device)

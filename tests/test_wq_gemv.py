@@ -1,20 +1,22 @@
-"""The batch-1 split-K GEMV for int8 / int4 weights against the PyTorch reference: small shapes
-under Triton's CPU interpreter (split 1 and > 1, ragged N, bias, every int8 value, every
-4-bit code), Llama-3-8B shapes and the measured choice on a GPU."""
+"""The batch-1 split-K GEMV for int8 / int4 weights (engine/kernels/wq_gemv.py) against the
+PyTorch reference: small shapes under Triton's CPU interpreter (split 1 and > 1, ragged N, bias,
+every int8 value, every 4-bit code), Llama-3-8B shapes and the measured choice on a GPU."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from engine.models.quant import wq_matmul_ref
+from engine.quant.dispatch import QuantKernels, fused_silu, quant_linear
+from engine.quant.format import QuantizedWeight
+from engine.quant.reference import wq_matmul_ref
+from engine.quant.tuning import QuantChoices, choose_gemv, choose_gemv_silu
 from tests.quant_weights import random_quant_weight
 from tests.triton_modules import HAS_CUDA, import_kernel_modules
 
-(_gemv, _wq, _splitk) = import_kernel_modules(
-    [("gemv", "_gemv_kernel"), ("wq_gemv", "_wq_matmul_kernel"), ("wq_splitk", "_wq_splitk_kernel")]
+(_gemv, _wq_matmul, _wq_gemv) = import_kernel_modules(
+    [("gemv", "_gemv_kernel"), ("wq_matmul", "_wq_matmul_kernel"), ("wq_gemv", "_wq_gemv_kernel")]
 )
-from engine.kernels import wq_choice  # noqa: E402  (after the kernel modules: it reads them)
 
 DEVICE = "cuda" if HAS_CUDA else "cpu"
 
@@ -54,7 +56,7 @@ def test_splitk_matches_reference(kind, n, k, group, config, sms, bias):
     (CUDA, second config field >= 1; fp32 x takes the fp32 form) hold the code table in fp16
     (ptx_decode.py): their reference uses that rounded table."""
     x, layer = _layer(kind, n, k, group, bias, torch.float32)
-    got = _splitk.wq_gemv(x, *layer, config, num_sms=sms)
+    got = _wq_gemv.wq_gemv(x, *layer, config, num_sms=sms)
     q, s, code, b, group = layer
     if kind == "int4" and config[1] >= 1 and x.is_cuda:
         code = code.half().float()
@@ -72,14 +74,14 @@ def test_int4_dot_form_within_its_rounding_gpu(dtype, config, sms):
     form (second field 1) is held to the same bound, as a check the bound is not loose."""
     x, layer = _layer("int4", 200, 2048, 64, True, dtype, seed=3)
     q, s, code, b, group = layer
-    got = _splitk.wq_gemv(x, *layer, config, num_sms=sms).float()
+    got = _wq_gemv.wq_gemv(x, *layer, config, num_sms=sms).float()
     table = code.to(dtype).float()
     ref = wq_matmul_ref(x.float(), q, s, table, b.float(), group)
     size = wq_matmul_ref(x.float().abs(), q, s, table.abs(), None, group)  # sum of |products|
     step = 2.0**-8 if dtype == torch.bfloat16 else 2.0**-11
     bound = 4 * step * size + step * ref.abs() + 1e-6
     assert ((got - ref).abs() <= bound).all(), ((got - ref).abs() / bound).max()
-    words = _splitk.wq_gemv(x, *layer, (config[0], 1, config[2]), num_sms=sms).float()
+    words = _wq_gemv.wq_gemv(x, *layer, (config[0], 1, config[2]), num_sms=sms).float()
     assert ((words - ref).abs() <= bound).all()
     assert not torch.equal(got, words)  # the two forms round differently: both ran
 
@@ -113,7 +115,7 @@ def test_silu_fused_matches_the_two_steps(kind, i, k, group, config, bias, dtype
     from engine.kernels.silu_mul import silu_and_mul
 
     x, layer = _layer(kind, 2 * i, k, group, bias, dtype)
-    got = _splitk.wq_gemv_silu(x, *layer, config, num_sms=1)
+    got = _wq_gemv.wq_gemv_silu(x, *layer, config, num_sms=1)
     q, s, code, b, group = layer
     fp32_bias = b.float() if b is not None else None
     want = silu_and_mul(wq_matmul_ref(x.float(), q, s, code, fp32_bias, group).to(dtype))
@@ -124,17 +126,22 @@ def test_silu_fused_matches_the_two_steps(kind, i, k, group, config, bias, dtype
 
 def test_silu_fused_declines_what_needs_split_k():
     x, layer = _layer("int8", 8, 4096, 0, False, torch.float32)
-    assert _splitk.wq_gemv_silu(x, *layer, (2, 64, 1), num_sms=64) is None  # 8 programs
+    assert _wq_gemv.wq_gemv_silu(x, *layer, (2, 64, 1), num_sms=64) is None  # 8 programs
 
 
-def test_only_power_of_two_int4_groups_take_the_splitk_kernel():
+def test_only_power_of_two_int4_groups_take_the_splitk_kernel(monkeypatch):
     x = torch.randn(1, 96)
     q4 = torch.zeros(4, 48, dtype=torch.uint8)
-    assert _splitk.supports(q4, x, 32) and not _splitk.supports(q4, x, 48)
-    assert not _splitk.supports(q4, x, 8)
-    assert _splitk.supports(torch.zeros(4, 96, dtype=torch.int8), x, 0)
-    assert not _splitk.supports(q4, torch.randn(2, 96), 32)  # one row only
-    assert wq_choice.config_for((q4, None, None, None, 32), x) is None  # CPU: not taken
+    assert _wq_gemv.supports(q4, x, 32) and not _wq_gemv.supports(q4, x, 48)
+    assert not _wq_gemv.supports(q4, x, 8)
+    assert _wq_gemv.supports(torch.zeros(4, 96, dtype=torch.int8), x, 0)
+    assert not _wq_gemv.supports(q4, torch.randn(2, 96), 32)  # one row only
+    # off CUDA the reference serves one row, even with a config chosen for the shape
+    w = QuantizedWeight(q4, torch.rand(4, 3), torch.linspace(-1, 1, 16), None, 32)
+    calls = []
+    monkeypatch.setattr(_wq_gemv, "wq_gemv", lambda *a: calls.append(a))
+    got = quant_linear(x, w, QuantKernels(torch.float32, gemv=(16, 0, 4)))
+    assert not calls and torch.equal(got, wq_matmul_ref(x, *w.kernel_args()))
 
 
 LLAMA3_SHAPES = [(6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336)]
@@ -147,29 +154,44 @@ LLAMA3_SHAPES = [(6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336)]
 def test_splitk_llama3_shapes_gpu(kind, n, k):
     x, layer = _layer(kind, n, k, 64, False, torch.bfloat16)
     ref = wq_matmul_ref(x.float(), *layer[:3], None, 64)
-    for config in _splitk.CONFIGS[kind]:
-        got = _splitk.wq_gemv(x, *layer, config)
+    for config in _wq_gemv.CONFIGS[kind]:
+        got = _wq_gemv.wq_gemv(x, *layer, config)
         torch.testing.assert_close(got.float(), ref, rtol=2e-2, atol=5e-2 * ref.abs().max())
-    chosen = wq_choice.config_for(layer, x)  # timed against the other configs
-    assert chosen in _splitk.CONFIGS[kind]
-    got = _wq.wq_matmul(x, *layer[:4], group_size=64)  # the engine's path: the split-K kernel
+    w = QuantizedWeight(*layer)
+    choices = QuantChoices()
+    choose_gemv([w], choices, x.dtype)  # timed against the other configs
+    kernels = choices.kernels_for(w, x.dtype)
+    assert kernels.gemv in _wq_gemv.CONFIGS[kind]
+    got = quant_linear(x, w, kernels)  # the engine's path: the split-K kernel at that config
     torch.testing.assert_close(got.float(), ref, rtol=2e-2, atol=5e-2 * ref.abs().max())
-    print(f"{kind} {n}x{k}: {chosen}")
+    print(f"{kind} {n}x{k}: {kernels.gemv}")
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
 @pytest.mark.parametrize("kind", ["int8", "int4"])
 def test_silu_choice_on_llama3_gate_up_gpu(kind):
-    """choose_silu times the fused kernel against the two steps on the real gate_up shape;
-    whatever it keeps gives silu(gate) * up."""
+    """choose_gemv_silu times the fused kernel against the two steps on the real gate_up shape;
+    the path it keeps, and the fused kernel at the GEMV's config whether kept or not, give
+    silu(gate) * up."""
     from engine.kernels.silu_mul import silu_and_mul
 
-    layers = [_layer(kind, 28672, 4096, 64, False, torch.bfloat16, seed)[1] for seed in (0, 1)]
+    weights = [
+        QuantizedWeight(*_layer(kind, 28672, 4096, 64, False, torch.bfloat16, seed)[1])
+        for seed in (0, 1)
+    ]
     x = _layer(kind, 28672, 4096, 64, False, torch.bfloat16)[0]
-    wq_choice.choose_silu(layers, torch.bfloat16)
-    config = wq_choice.silu_config_for(layers[0], x)
-    ref = silu_and_mul(wq_matmul_ref(x.float(), *layers[0]).to(torch.bfloat16)).float()
-    got = (_splitk.wq_gemv_silu(x, *layers[0], config) if config else ref).float()
-    torch.testing.assert_close(got, ref, rtol=2e-2, atol=5e-2 * ref.abs().max().item())
-    print(f"{kind} gate_up silu: {config or 'two steps'}")
+    choices = QuantChoices()
+    choose_gemv_silu(weights, choices, torch.bfloat16)
+    kernels = choices.kernels_for(weights[0], torch.bfloat16)
+    assert kernels.gemv in _wq_gemv.CONFIGS[kind]
+    ref = silu_and_mul(wq_matmul_ref(x.float(), *weights[0].kernel_args()).to(torch.bfloat16))
+    tol = dict(rtol=2e-2, atol=5e-2 * ref.abs().max().item())
+    fused = fused_silu(x, weights[0], kernels)  # None where the two steps won
+    assert (fused is None) == (kernels.gemv_silu is None)
+    kept = fused if fused is not None else silu_and_mul(quant_linear(x, weights[0], kernels))
+    torch.testing.assert_close(kept.float(), ref.float(), **tol)
+    forced = _wq_gemv.wq_gemv_silu(x, *weights[0].kernel_args(), kernels.gemv)
+    assert forced is not None  # gate_up's rows alone fill the device: no split K needed
+    torch.testing.assert_close(forced.float(), ref.float(), **tol)
+    print(f"{kind} gate_up silu: {kernels.gemv_silu or 'two steps'}")
