@@ -35,7 +35,7 @@ from engine.memory_check import (
 from engine.models.config import ModelConfig
 from engine.models.loader import load_model
 from engine.pending_step import PendingStep
-from engine.planning import resolve_weight_quant
+from engine.quant.format import resolve_weight_quant
 from engine.sampler import sample
 from engine.scheduler import ScheduledBatch
 from engine.tuning import KernelChoices, choose_kernels

@@ -11,7 +11,7 @@ import torch
 from engine.config import EngineConfig
 from engine.models.config import ModelConfig
 from engine.planner import Device, Plan, PlanRequest, plan, read_device
-from engine.quant.format import BNB_4BIT_BLOCKS, resolve_weight_quant  # noqa: F401 (re-exported)
+from engine.quant.format import resolve_weight_quant
 
 TORCH_DTYPES = {
     "float32": torch.float32,

@@ -21,7 +21,7 @@ from scripts.bench_floor import (
     verdict,
 )
 
-H200 = Hardware(bandwidth=4.28e12, matmul_flops=784e12)  # DESIGN.md's measured rates
+H200 = Hardware(bandwidth=4.28e12, matmul_flops=784e12)  # the H200's measured rates (docs/performance.md)
 PRESETS = ["llama-3-8b", "qwen3-0.6b", "qwen2.5-7b", "mistral-7b", "llama-2-7b"]
 
 
@@ -52,7 +52,7 @@ def test_presets_have_the_public_shapes():
 
 
 def test_kv_bytes_per_token_uses_kv_heads():
-    # DESIGN.md's worked examples: Llama-3-8B 128 KiB/token (GQA), Llama-2-7B 512 KiB (MHA).
+    # the KV-cache formula's worked examples: Llama-3-8B 128 KiB/token (GQA), Llama-2-7B 512 KiB (MHA).
     assert shape("llama-3-8b").kv_bytes_per_token == 131072
     assert shape("llama-2-7b").kv_bytes_per_token == 512 * 1024
     assert kv_bytes_per_token(28, 8, 128, 2) == shape("qwen3-0.6b").kv_bytes_per_token
@@ -77,7 +77,7 @@ def test_throughput_floor_of_workload_a_matches_design():
     floor = throughput_floor(shape("llama-3-8b"), H200, prompts, [512] * 256)
     assert floor.num_decode_steps == 511
     assert floor.output_tokens == 256 * 512
-    assert floor.tok_s == pytest.approx(16_000, rel=0.04)  # DESIGN.md: ~16k
+    assert floor.tok_s == pytest.approx(16_000, rel=0.04)  # workload A's floor: ~16k
     assert 2.5 < floor.prefill_s < 3.5  # ~144k prompt tokens x 16 GFLOP / 784 TFLOP/s
 
 

@@ -1,6 +1,6 @@
 """plan(): from a device budget and a model shape to engine settings, by arithmetic.
 
-The budget splits as (docs/design.md, "The memory plan"):
+The budget splits as (docs/design.md, "Memory: the KV-cache formula and the planner"):
 
     budget    = total x utilization - memory other processes hold
     KV pool   = budget - weights - activation peak - CUDA graph pool - CUDA context

@@ -103,8 +103,9 @@ class ModelShape(Protocol):
 
 
 def resolve_weight_quant(config: EngineConfig, model: ModelShape) -> WeightQuant | None:
-    """How linear weights are stored: None = 16-bit. `auto` stays 16-bit in the engine (the
-    appliance planner turns it into int8/int4 when memory demands it)."""
+    """How linear weights are stored: None = 16-bit (and for `auto`, which the planner resolves
+    to a format before the model loads: engine.planning.plan_engine). A checkpoint bitsandbytes
+    quantized keeps its own format."""
     wanted = config.quantization
     quant = checkpoint_quant(model.quantization_config, config.quant_block_size)
     if quant is not None:
