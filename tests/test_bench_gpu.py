@@ -21,7 +21,7 @@ from scripts.bench_floor import (
     verdict,
 )
 
-H200 = Hardware(bandwidth=4.28e12, matmul_flops=784e12)  # the H200's measured rates (docs/performance.md)
+H200 = Hardware(bandwidth=4.28e12, matmul_flops=784e12)  # measured on the H200
 PRESETS = ["llama-3-8b", "qwen3-0.6b", "qwen2.5-7b", "mistral-7b", "llama-2-7b"]
 
 
@@ -52,7 +52,7 @@ def test_presets_have_the_public_shapes():
 
 
 def test_kv_bytes_per_token_uses_kv_heads():
-    # the KV-cache formula's worked examples: Llama-3-8B 128 KiB/token (GQA), Llama-2-7B 512 KiB (MHA).
+    # the KV-cache formula: Llama-3-8B 128 KiB/token (GQA), Llama-2-7B 512 KiB (MHA)
     assert shape("llama-3-8b").kv_bytes_per_token == 131072
     assert shape("llama-2-7b").kv_bytes_per_token == 512 * 1024
     assert kv_bytes_per_token(28, 8, 128, 2) == shape("qwen3-0.6b").kv_bytes_per_token

@@ -1,7 +1,7 @@
 """Programmatic dependent launch (PDL, Hopper and later) for the batch-1 decode kernels.
 
 A decode step at batch 1 is a chain of short kernels; each GEMV used to pay a few microseconds
-of launch, ramp-up and tail before its first weight bytes arrived (H200, 2026-11-29, profiled: about 4 us
+of launch, ramp-up and tail before its first weight bytes arrived (H200, profiled: about 4 us
 on the int8 o_proj's 7.8 us). With PDL a kernel launched with `launch_pdl=True` may start while
 the kernel before it still runs, once that one's programs have all called
 `gdc_launch_dependents`. The rule that keeps it correct, in every kernel here that takes part:
