@@ -3,7 +3,7 @@ under APPLIANCE_MEMORY_CAP_GIB caps, one weight format each, printing the predic
 measured peak after warm-up, each item's error, and the KV blocks planned against those kept.
 
     PYTHONPATH=. python scripts/bench_plan.py [--model llama-3-8b] [--caps 16,24]
-        [--formats none,int8,int4] [--out DIR]
+        [--formats none,int8,int4] [--cases 16:int8,24:none] [--out DIR]
 
 Each case runs in its own process (a cap is per process). A format that cannot fit a cap (bf16
 Llama-3-8B on 16 GiB) prints the planner's refusal. Needs a CUDA GPU (and bitsandbytes for
@@ -67,20 +67,26 @@ def main() -> int:
     ap.add_argument("--model", default="llama-3-8b")
     ap.add_argument("--caps", default="16,24")
     ap.add_argument("--formats", default="none,int8,int4")
+    ap.add_argument("--cases", default=None, help="CAP:FORMAT pairs instead of caps x formats")
     ap.add_argument("--out", default=None)
     ap.add_argument("--timeout", type=float, default=240)
     args = ap.parse_args()
+    if args.cases:
+        pairs = [(float(c), f) for c, f in (p.split(":") for p in args.cases.split(","))]
+    else:
+        pairs = [(float(c), f) for c in args.caps.split(",") for f in args.formats.split(",")]
     cases = []
-    for cap in (float(c) for c in args.caps.split(",")):
-        for fmt in args.formats.split(","):
-            case = run_case(args.model, cap, fmt, args.timeout)
-            cases.append(case)
-            print(row(case), flush=True)
-            if args.out:
-                Path(args.out).mkdir(parents=True, exist_ok=True)
-                (Path(args.out) / "bench_plan.json").write_text(json.dumps(cases, indent=1))
-    print("\ncap / weights / KV dtype / sequences / predicted -> measured peak / blocks planned "
-          "-> kept / per item predicted/measured GiB")  # fmt: skip
+    for cap, fmt in pairs:
+        case = run_case(args.model, cap, fmt, args.timeout)
+        cases.append(case)
+        print(row(case), flush=True)
+        if args.out:
+            Path(args.out).mkdir(parents=True, exist_ok=True)
+            (Path(args.out) / "bench_plan.json").write_text(json.dumps(cases, indent=1))
+    print(
+        "\ncap / weights / KV dtype / sequences / predicted -> measured peak / blocks planned "
+        "-> kept / per item predicted/measured GiB"
+    )
     for case in cases:
         print(row(case))
     return 0
