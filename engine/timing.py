@@ -67,6 +67,7 @@ def fastest_config(configs: list, call, items: list, ref: torch.Tensor):
     graph, takes least time; a config whose output for items[0] is not close to `ref`, or that
     this device cannot run (config_errors), is skipped. None if none ran."""
     best, best_s = None, float("inf")
+    ref = ref.float()  # outputs are compared in fp32, whatever their dtype
     atol = 2e-2 * max(1.0, ref.abs().max().item())  # 16-bit rounding of large sums
     skipped = config_errors()
     for cfg in configs:

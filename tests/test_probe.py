@@ -99,9 +99,8 @@ def test_probe_with_partial_nvml_readings(monkeypatch):
 def test_device_counts_what_other_processes_hold():
     readings = DeviceReadings("cuda", "NVIDIA GeForce RTX 4090", 24 * GIB, 20 * GIB)
     assert device_for(readings, PROFILES).used_bytes == 4 * GIB
-    # this process's own cache (0.5 GiB) and context (the class's 0.5 GiB) are planned as
-    # items, not as others' memory
-    own = DeviceReadings("cuda", "NVIDIA GeForce RTX 4090", 24 * GIB, 19 * GIB, GIB // 2,
+    # this process's own context (the class's 0.5 GiB) is planned as an item, not as used
+    own = DeviceReadings("cuda", "NVIDIA GeForce RTX 4090", 24 * GIB, int(19.5 * GIB),
                          has_own_context=True)  # fmt: skip
     assert device_for(own, PROFILES).used_bytes == 4 * GIB
 

@@ -136,9 +136,6 @@ class DeviceReadings:
     name: str | None = None
     total_bytes: int | None = None
     free_bytes: int | None = None
-    own_bytes: int = 0
-    """What this process's allocator already holds there: the plan counts its own memory, so
-    only other processes' memory is `used`."""
     has_own_context: bool = False
     """This process's CUDA context exists and is counted in free_bytes (the plan counts it as
     the class profile's cuda_context_gib)."""
@@ -182,7 +179,7 @@ def device_for(readings: DeviceReadings, profiles: dict[str, GpuProfile] | None 
     context = int((prof.cuda_context_gib if prof else 0.5) * GIB)
     used = 0
     if r.free_bytes is not None:
-        used = total - r.free_bytes - r.own_bytes - (context if r.has_own_context else 0)
+        used = total - r.free_bytes - (context if r.has_own_context else 0)
     cap = memory_cap_bytes()  # APPLIANCE_MEMORY_CAP_GIB: plan as if the card were that size
     if cap is not None and cap < total:
         total = cap  # what others hold still counts in full
@@ -220,18 +217,18 @@ def read_cpu() -> DeviceReadings:
 
 
 def read_cuda() -> DeviceReadings:
-    """cuda:0 through torch: name, memory (free and total, as CUDA reports them), bf16."""
+    """cuda:0 through torch: name, memory (free and total, as CUDA reports them), bf16. What
+    this process already holds (another engine, the caller's tensors) counts as used: the new
+    engine cannot plan with it, and its memory check measures it."""
     import torch
 
     props = torch.cuda.get_device_properties(0)
-    own = torch.cuda.memory_reserved(0) if torch.cuda.is_initialized() else 0
     free, total = torch.cuda.mem_get_info(0)  # creates this process's context if needed
     return DeviceReadings(
         "cuda",
         props.name,
         total,
         free,
-        own,
         has_own_context=True,
         bf16_supported=torch.cuda.is_bf16_supported(),
         compute_capability=(props.major, props.minor),
