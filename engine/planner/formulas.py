@@ -24,10 +24,11 @@ every feature on (penalties, top-k/top-p sort, min-p, logprobs, seeded draws); m
 H200 (2026-11-29, 256 rows): 26.8 B on the Llama-3-8B shape, 25.4 B on Qwen2.5-7B."""
 GRAPH_OVERHEAD_BYTES = 2 * MIB
 """Per captured CUDA graph (kernel parameters, graph bookkeeping)."""
-GRAPH_POOL_BASE_BYTES = 300 * MIB
+GRAPH_POOL_BASE_BYTES = 256 * MIB
 """What the graph pool holds whatever max_num_seqs is (library workspaces captured into it):
-`appliance profile --measure` on the H200 (2026-11-29, Llama-3-8B) measured a 0.34 GiB pool
-with 20 captured sizes up to 256 and 0.32 GiB with 7 up to 32."""
+on the H200 (2026-12-01, Llama-3-8B and Qwen2.5-7B shapes, kernels chosen before the capture)
+the pool measured 0.15-0.19 GiB with max_model_len 1,024 and 0.27-0.29 GiB with 8,192, for
+24 to 256 sequences."""
 
 
 def size_text(n: float) -> str:
@@ -82,8 +83,10 @@ def kv_bytes_per_token(m: ModelConfig, kv_dtype: str) -> int:
 def activation_bytes(
     m: ModelConfig, num_tokens: int, num_rows: int, dtype_bytes: int, fmt: str = "none"
 ) -> int:
-    """Peak of one step over num_tokens tokens sampling num_rows rows: the larger of the
-    forward's peak and the sampling's (the forward's temporaries are gone when sampling runs).
+    """Peak of live tensors in one step over num_tokens tokens sampling num_rows rows: the
+    forward's peak plus the sampling's. (Measured on the H200, 2026-12-01, Llama-3-8B and
+    Qwen2.5-7B shapes: 256 sampled rows add the sampling's bytes to the forward's peak; a few
+    dozen rows add less than this counts.)
 
     Forward, per token: 4 x hidden (the loop's residual stream and layer input, the layer's
     normed input and new residual) plus the larger sub-layer: the MLP's gate_up output and
@@ -98,19 +101,29 @@ def activation_bytes(
     if fmt != "none":
         dequantized = 2 * i * h * dtype_bytes
         forward = max(forward, num_tokens * dtype_bytes * (4 * h + 2 * i) + dequantized)
+    return forward + sampling_bytes(m, num_tokens, num_rows, dtype_bytes)
+
+
+def sampling_bytes(m: ModelConfig, num_tokens: int, num_rows: int, dtype_bytes: int) -> int:
+    """The final hidden states plus SAMPLING_BYTES_PER_LOGIT per sampled row and vocab entry."""
     rows = min(num_rows, num_tokens)
-    sampling = num_tokens * h * dtype_bytes + rows * m.vocab_size * SAMPLING_BYTES_PER_LOGIT
-    return max(forward, sampling)
+    return num_tokens * m.hidden_size * dtype_bytes + rows * m.vocab_size * SAMPLING_BYTES_PER_LOGIT
 
 
-def allocator_bytes(m: ModelConfig, num_tokens: int, dtype_bytes: int, fmt: str = "none") -> int:
-    """What the caching allocator holds at the peak beyond live tensors: blocks freed by steps of
-    other shapes and cached, of about the size of the largest temporaries (the gate_up output
-    of a full-budget step, and a quantized model's dequantized gate_up weight)."""
+def allocator_bytes(
+    m: ModelConfig, num_tokens: int, num_rows: int, dtype_bytes: int, fmt: str = "none"
+) -> int:
+    """What the caching allocator holds at the peak beyond live tensors: blocks cached after
+    steps of other shapes. Fitted to `appliance profile --measure` and the GPU memory tests on
+    the H200 (2026-12-01; Llama-3-8B and Qwen2.5-7B shapes, 24 to 256 sequences, 16 and 24 GiB
+    caps and none; measured 0.58-1.79 GiB, this within -0.3 / +0.2 GiB of each): twice the
+    largest forward temporary (a full-budget step's gate_up output), half the sampling's bytes,
+    and a quantized model's dequantized gate_up weight."""
     largest = num_tokens * 2 * m.intermediate_size * dtype_bytes
+    cached = 2 * largest + sampling_bytes(m, num_tokens, num_rows, dtype_bytes) // 2
     if fmt != "none":
-        largest += 2 * m.intermediate_size * m.hidden_size * dtype_bytes
-    return largest
+        cached += 2 * m.intermediate_size * m.hidden_size * dtype_bytes
+    return cached
 
 
 def graph_batch_sizes(max_num_seqs: int) -> list[int]:

@@ -107,7 +107,9 @@ def _activation(d: _Draft, fmt: str) -> int:
 
 
 def _allocator(d: _Draft, fmt: str) -> int:
-    return 0 if d.dev.kind == "cpu" else allocator_bytes(d.m, d.tokens, d.dtype_bytes, fmt)
+    return (
+        0 if d.dev.kind == "cpu" else allocator_bytes(d.m, d.tokens, d.seqs_cap, d.dtype_bytes, fmt)
+    )
 
 
 def _weights_and_kv_dtype(d: _Draft) -> None:
@@ -308,13 +310,36 @@ def _finish(d: _Draft) -> Plan:
 
 
 def tightened(m: ModelConfig, dev: Device, req: PlanRequest, first: Plan) -> Plan:
-    """The first pass sizes the activation peak and the graph pool for the class's max_num_seqs;
-    where it chose fewer, plan again with them sized for its choice (and no more sequences),
-    so the memory they no longer need goes to the KV pool. By this arithmetic a 24 GiB card
-    with Llama-3-8B plans 48 sequences, not 256, and about 700 more KV blocks."""
+    """The first pass sizes the overheads that grow with sequences (sampled rows, graphs) for
+    the class's max_num_seqs; where it chose fewer, plan again with them sized for the
+    sequences chosen. The weight and KV formats are those of the pass sized for the first
+    pass's choice; max_num_seqs is then the most sequences (a multiple of 8) that still fit in
+    those formats once the overheads are sized for them, so the memory they do not need goes to
+    the KV pool. By this arithmetic a 24 GiB card with Llama-3-8B at max_model_len 1,024 plans
+    16 sequences where the first pass left room for 8."""
     if req.max_num_seqs is not None or first.max_num_seqs >= dev.max_num_seqs:
         return first
     try:
-        return attempt(m, dev, req, seqs_ceiling=first.max_num_seqs)
+        base = attempt(m, dev, req, seqs_ceiling=first.max_num_seqs)
     except Misfit:  # cannot happen with more room, but the first plan is sound
         return first
+    quality = (base.quantization, base.kv_cache_dtype)
+
+    def sized_for(seqs: int) -> Plan | None:
+        """The plan sized for `seqs`, if it holds them in the base's formats."""
+        try:
+            p = attempt(m, dev, req, seqs_ceiling=seqs)
+        except Misfit:
+            return None
+        same = (p.quantization, p.kv_cache_dtype) == quality
+        return p if p.max_num_seqs == seqs and same else None
+
+    best, lo, hi = base, 1, dev.max_num_seqs // 8
+    while lo <= hi:  # more sequences need more room: the fitting ones come first
+        mid = (lo + hi) // 2
+        found = sized_for(8 * mid)
+        if found is not None:
+            best, lo = found, mid + 1
+        else:
+            hi = mid - 1
+    return best
