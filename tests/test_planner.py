@@ -183,7 +183,6 @@ def test_more_memory_never_yields_a_smaller_plan(model, small, extra, pins):
 
 
 REFUSALS = [
-    (LLAMA2, 24, {"quantization": "none", "max_num_seqs": 64, "max_model_len": 4096}),
     (LLAMA2, 24, {"max_model_len": 10000}),
     (LLAMA2, 24, {"num_kv_blocks": 100_000}),
     (LLAMA2, 24, {"quantization": "none", "max_num_batched_tokens": 1_000_000}),
@@ -208,6 +207,16 @@ def test_every_refusal_names_one_number_and_the_suggestion_fits(model, gib, pins
     assert message.endswith(f"set {err.setting} to {err.value}")
     assert message.count(" set ") == 1  # never two suggestions
     plan(model, device, replace(req, **{err.setting: err.value}))  # the suggestion fits
+
+
+def test_pinned_sequences_past_the_pool_are_served_with_preemption():
+    """More pinned sequences than the pool holds at max_model_len is not refused: requests are
+    rarely that long, and the scheduler preempts when the pool runs out. The reason says so."""
+    pins = {"quantization": "none", "max_num_seqs": 64, "max_model_len": 4096}
+    p = plan(LLAMA2, gpu(24), PlanRequest(**pins))
+    held = p.num_kv_blocks // (4096 // p.block_size)
+    assert p.max_num_seqs == 64 and held < 64 and p.concurrency_at_max_len == held
+    assert f"the pool holds {held} sequences of max_model_len at once" in p.reasons["max_num_seqs"]
 
 
 def test_refusal_prefers_the_setting_at_fault():

@@ -45,7 +45,8 @@ def test_llm_plans_what_serve_plans(monkeypatch):
     assert {k: getattr(engine.config, k) for k in served.engine_kwargs()} == served.engine_kwargs()
     pinned = LLM(device="cpu", max_num_seqs=4).engine
     assert pinned.plan == plan_for_serve(ServeSettings(device="cpu", max_num_seqs=4))
-    assert pinned.config.max_num_seqs == 4 and pinned.plan.reasons["max_num_seqs"] == "pinned"
+    assert pinned.config.max_num_seqs == 4
+    assert pinned.plan.reasons["max_num_seqs"].startswith("pinned")
 
 
 def test_unpinned_cpu_plan_keeps_the_kv_pool_small():

@@ -238,17 +238,13 @@ def _max_num_seqs(d: _Draft) -> None:
     req, dev = d.req, d.dev
     if req.max_num_seqs is not None:
         d.seqs = req.max_num_seqs
-        # A pinned pool may be oversubscribed on purpose: the scheduler preempts, nothing OOMs.
-        need = d.seqs * d.per_seq
-        if req.max_model_len is not None and req.num_kv_blocks is None and need > d.blocks:
-            raise Misfit(
-                6,
-                "max_num_seqs",
-                f"max_num_seqs={d.seqs} x max_model_len={d.max_len} needs "
-                f"{size_text(need * d.block_bytes)} of KV; the pool holds "
-                f"{size_text(d.blocks * d.block_bytes)}",
-            )
         d.why["max_num_seqs"] = "pinned"
+        held = d.blocks // d.per_seq
+        if d.seqs > held:  # allowed: the scheduler preempts when the pool runs out, nothing OOMs
+            d.why["max_num_seqs"] = (
+                f"pinned; the pool holds {held} sequences of max_model_len at once (past that "
+                "the scheduler preempts)"
+            )
     else:
         by_typical = d.blocks // -(-d.typical // d.bs)
         seqs = max(1, min(d.seqs_cap, by_typical))
