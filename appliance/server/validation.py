@@ -64,7 +64,7 @@ def _problem(error: ErrorDetails, annotation: Any, metadata: list) -> str:
     if kind == "finite_number":
         return "must be a finite number"
     if kind in _KINDS:
-        return f"must be {_KINDS[kind]}, got {json_type(value)}"
+        return f"must be {_KINDS[kind]}, got {_json_type(value)}"
     if kind in _RANGE:
         return f"must be {_range(metadata)}, got {value}"
     if kind == "literal_error":
@@ -84,7 +84,7 @@ def _resolve(model: type[BaseModel], loc: tuple) -> tuple[tuple, Any, list]:
     """Follow `loc` through the model's fields, list items and dict values as far as it names
     them (it stops at a union's branch tag): (that prefix, the type there, its constraints and
     markers)."""
-    annotation, metadata = _unwrap(model)
+    annotation, metadata = model, []
     depth = 0
     for part in loc:
         fields = getattr(annotation, "model_fields", None)
@@ -145,7 +145,7 @@ def _range(metadata: list) -> str:
     return f"in {'(' if lo_open else '['}{lo}, {hi}]"
 
 
-def json_type(value: Any) -> str:
+def _json_type(value: Any) -> str:
     """How a JSON value's type reads in a message: "a string", "an array", "null"..."""
     return {dict: "an object", list: "an array", str: "a string", bool: "a boolean"}.get(
         type(value), "null" if value is None else "a number"

@@ -7,14 +7,13 @@ Fields marked (extension) are not in OpenAI's API; vLLM accepts the same names.
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal, get_args
+from typing import Annotated, Any, Literal
 
 from pydantic import Field
 
 from appliance.server.schema.base import Allowed, Part, RequestModel, unsupported
 
 Role = Literal["system", "developer", "user", "assistant", "tool"]
-ROLES = get_args(Role)
 MAX_N = 128
 MAX_STOP = 16
 MAX_LOGPROBS = 20
