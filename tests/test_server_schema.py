@@ -9,6 +9,9 @@ import json
 import pytest
 
 from appliance.server import openapi
+from appliance.server.generation import Choice
+from appliance.server.records import ChoiceRecord
+from appliance.server.responses import Formatter
 from appliance.server.schema.requests import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -27,6 +30,8 @@ from appliance.server.schema.responses import (
     ModelList,
     TokenizeResponse,
 )
+from engine.request import RequestMetrics, RequestOutput
+from engine.sampling_params import SamplingParams
 from tests.fake_engine import STALL_MARK, fake_client
 from tests.test_server_api import sse_events
 
@@ -74,6 +79,23 @@ async def test_every_body_fits_its_response_model():
         stalled = {"prompt": f"w{STALL_MARK} w9", "max_tokens": 5, "stream": True}
         events = sse_events(await (await client.post(COMPLETIONS, json=stalled)).text())
         ErrorResponse.model_validate(events[-1])
+
+
+def test_stream_chunks_carry_any_text_and_fit_the_models():
+    text = ' 100% "quoted" \\ back\nslash, é 漢字 %s %d'
+    for endpoint, model in (("chat", ChatCompletionChunk), ("completions", CompletionChunk)):
+        fmt = Formatter(endpoint, "r%d", "m%s", 1, tokenizer=None)
+        choice = Choice(ChoiceRecord(2, "e", 0, 3), [1], SamplingParams())
+        sent = ""
+        for end, finished in ((9, False), (len(text), False), (len(text), True)):
+            choice.last = RequestOutput("e", [1], [], text[:end], finished, "stop" if finished
+                                        else None, RequestMetrics(arrival_time=0.0))  # fmt: skip
+            chunk = model.model_validate_json(fmt.delta_chunk(choice, with_usage=True))
+            (item,) = chunk.choices
+            assert chunk.id.endswith("-r%d") and chunk.model == "m%s" and item.index == 2
+            sent += (item.delta.content or "") if endpoint == "chat" else item.text
+            assert (item.finish_reason == "stop") == finished
+        assert sent == text
 
 
 # --- /openapi.json -------------------------------------------------------------------------

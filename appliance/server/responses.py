@@ -2,7 +2,7 @@
 
 The bodies follow the models in appliance.server.schema.responses (tests validate them there).
 Stream chunks are written from a per-request serialised envelope plus the one choice that
-changed, so a token costs one small json.dumps rather than a whole chunk's.
+changed; a token that brings only text (most of them) costs one json.dumps of that text.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from engine.request import Logprob
 
 _PROBE_INDEX = 918273645
 _PROBE_TEXT = "\x00probe"
+"""Placeholders no real choice holds, replaced by %d and %s to make the text-only template."""
 
 
 def dumps(obj) -> str:
