@@ -71,6 +71,13 @@ BAD_COMPLETIONS = [
     ({"echo": True}, "'echo' is not supported"),
     ({"logit_bias": {"5": 1}}, "'logit_bias' is not supported"),
     ({"n": 20}, "this server allows at most 16"),
+    ({"temperature": 10**400}, "'temperature' must be a finite number"),
+    ({"stop_token_ids": [5, -1]}, "stop_token_ids[1] must be >= 0, got -1"),
+    (
+        {"stream_options": {"include_usage": "yes"}},
+        "stream_options.include_usage must be a boolean",
+    ),
+    ({"best_of": 3}, "'best_of' different from 'n' is not supported"),
 ]
 
 
@@ -92,6 +99,13 @@ BAD_CHATS = [
     ({"tools": [{"type": "function"}]}, "'tools' is not supported"),
     ({"top_logprobs": 2}, "'top_logprobs' needs 'logprobs': true"),
     ({"max_completion_tokens": 0}, "'max_completion_tokens' must be >= 1"),
+    ({"messages": [5]}, "messages[0] must be an object, got a number"),
+    (
+        {"messages": [{"role": "user", "content": "x", "tool_calls": [{"id": "c1"}]}]},
+        "messages[0].tool_calls is not supported",
+    ),
+    ({"response_format": {"type": "json_object"}}, "'response_format' is not supported"),
+    ({"tool_choice": "required"}, "'tool_choice' is not supported"),
 ]
 
 
@@ -100,6 +114,30 @@ async def test_bad_chat_parameters(patch, message):
     async with fake_client() as client:
         body = {"messages": [{"role": "user", "content": "w1"}], "max_tokens": 2, **patch}
         await expect_error(await client.post(CHAT, json=body), 400, message)
+
+
+async def test_param_is_the_parameters_json_path():
+    async with fake_client() as client:
+        msg = {"role": "user", "content": "w1"}
+        for path, body, param in [
+            (COMPLETIONS, {"prompt": "w1", "top_p": 2}, "top_p"),
+            (COMPLETIONS, {"prompt": "w1", "extra_thing": 1}, "extra_thing"),
+            (COMPLETIONS, {"prompt": "w1", "metadata": {"team": 7}}, "metadata.team"),
+            (CHAT, {"messages": [msg, {"role": "robot", "content": "x"}]}, "messages[1].role"),
+            (CHAT, {"messages": [msg, {"role": "user"}]}, "messages[1].content"),
+            (CHAT, {"messages": [msg], "tools": [{"type": "function"}]}, "tools"),
+        ]:
+            err = await expect_error(await client.post(path, json=body), 400, param)
+            assert err["param"] == param
+
+
+async def test_null_means_the_default():
+    async with fake_client() as client:
+        body = {"prompt": "w1", "max_tokens": 2, "temperature": None, "stop": None, "n": None}
+        r = await client.post(COMPLETIONS, json=body)
+        assert r.status == 200 and len((await r.json())["choices"]) == 1
+        await expect_error(await client.post(COMPLETIONS, json={**body, "nope": None}), 400,
+                           "Unrecognized request argument supplied: nope")  # fmt: skip
 
 
 async def test_invalid_json_utf8_and_non_objects_are_400():

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from appliance.server.protocol import CHAT_FIELDS, COMPLETION_FIELDS
+from appliance.server.schema.requests import ChatCompletionRequest, CompletionRequest
 from tests.fake_engine import FakeEngine, fake_client
 
 json_leaf = (
@@ -80,8 +80,8 @@ def body_for(fields: set[str], required: list[str]):
 
 
 ENDPOINTS = {
-    "/v1/completions": body_for(COMPLETION_FIELDS, ["prompt"]),
-    "/v1/chat/completions": body_for(CHAT_FIELDS, ["messages"]),
+    "/v1/completions": body_for(set(CompletionRequest.model_fields), ["prompt"]),
+    "/v1/chat/completions": body_for(set(ChatCompletionRequest.model_fields), ["messages"]),
     "/tokenize": body_for({"model", "prompt", "add_special_tokens"}, ["prompt"])
     | body_for({"model", "messages"}, ["messages"]),
     "/detokenize": body_for({"model", "tokens"}, ["tokens"]),

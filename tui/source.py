@@ -8,6 +8,8 @@ from collections.abc import AsyncIterator
 
 import aiohttp
 
+from tui.sse import events
+
 STREAM_PATH = "/v1/stats/stream"
 TRACE_PATH = "/v1/requests/{id}"
 
@@ -51,16 +53,10 @@ class StatsSource:
         """Each stats document as the server sends it."""
         async with self._client().get(self.url + STREAM_PATH) as resp:
             await _check(resp)
-            data: list[str] = []
-            async for raw in resp.content:
-                line = raw.decode("utf-8", "replace").rstrip("\r\n")
-                if line.startswith("data:"):
-                    data.append(line[5:].lstrip())
-                elif not line and data:
-                    doc = _parse("".join(data))
-                    data = []
-                    if doc is not None:
-                        yield doc
+            async for data in events(resp.content):
+                doc = _parse(data)
+                if doc is not None:
+                    yield doc
 
     async def trace(self, request_id: str) -> dict:
         """The request's trace; SourceError when the server no longer knows it."""
@@ -81,6 +77,7 @@ async def _check(resp: aiohttp.ClientResponse) -> None:
 
 
 def _parse(payload: str) -> dict | None:
+    """A stats document, or None for data that is not a JSON object (skipped, not fatal)."""
     try:
         doc = json.loads(payload)
     except json.JSONDecodeError:

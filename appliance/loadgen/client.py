@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 import aiohttp
 
 from appliance.loadgen.workload import WorkItem
+from tui.sse import events
 
 
 @dataclass
@@ -98,13 +99,7 @@ async def send(
                     await resp.read()
                     result.error = f"http {resp.status}"
                     return result
-                async for raw in resp.content:
-                    line = raw.strip()
-                    if not line.startswith(b"data:"):
-                        continue
-                    data = line[5:].strip()
-                    if data == b"[DONE]":
-                        break
+                async for data in events(resp.content):
                     chunk = json.loads(data)
                     if "error" in chunk:
                         result.error = "stream"

@@ -15,6 +15,7 @@ from appliance.server.openai_routes import SSE_HEADERS, check_model, offload
 from appliance.server.openapi import openapi_spec
 from appliance.server.protocol import parse_detokenize, parse_tokenize, read_json
 from appliance.server.responses import dumps, send_event
+from appliance.server.schema.responses import DetokenizeResponse, HealthResponse, TokenizeResponse
 from appliance.server.state import Phase
 
 routes = web.RouteTableDef()
@@ -28,10 +29,11 @@ async def health(request: web.Request) -> web.Response:
     status = state.phase.value
     if state.phase is Phase.READY and not state.async_engine.is_running:
         status = Phase.FAILED.value
-    body: dict = {"status": status}
-    if status == Phase.FAILED.value and state.load_error:
-        body["error"] = state.load_error
-    return web.json_response(body, status=200 if status == "ok" else 503)
+    error = state.load_error if status == Phase.FAILED.value else None
+    body = HealthResponse(status=status, error=error or None)
+    return web.json_response(
+        body.model_dump(exclude_none=True), status=200 if status == "ok" else 503
+    )
 
 
 @routes.get("/metrics")
@@ -59,9 +61,10 @@ async def tokenize(request: web.Request) -> web.Response:
     else:
         encode = partial(engine.tokenizer.encode, prompt, add_special_tokens=add_special)
         tokens = await offload(request.app, encode, len(prompt))
-    return web.json_response(
-        {"tokens": tokens, "count": len(tokens), "max_model_len": engine.config.max_model_len}
+    body = TokenizeResponse(
+        tokens=tokens, count=len(tokens), max_model_len=engine.config.max_model_len
     )
+    return web.json_response(body.model_dump())
 
 
 @routes.post("/detokenize")
@@ -71,7 +74,8 @@ async def detokenize(request: web.Request) -> web.Response:
     data = await read_json(request)
     tokens = parse_detokenize(data, len(state.engine.tokenizer))
     check_model(state, data.get("model"))
-    return web.json_response({"prompt": state.engine.tokenizer.decode(tokens)})
+    body = DetokenizeResponse(prompt=state.engine.tokenizer.decode(tokens))
+    return web.json_response(body.model_dump())
 
 
 @routes.get("/v1/stats")

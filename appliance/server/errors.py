@@ -8,6 +8,7 @@ import logging
 from aiohttp import web
 
 from appliance.server.request_keys import REQUEST_ID
+from appliance.server.schema.responses import ErrorBody, ErrorResponse
 
 logger = logging.getLogger("appliance.server")
 
@@ -47,14 +48,8 @@ class APIError(Exception):
         self.headers = headers or {}
 
     def to_dict(self) -> dict:
-        return {
-            "error": {
-                "message": self.message,
-                "type": self.type,
-                "param": self.param,
-                "code": self.code,
-            }
-        }
+        body = ErrorBody(message=self.message, type=self.type, param=self.param, code=self.code)
+        return ErrorResponse(error=body).model_dump()
 
     def response(self) -> web.Response:
         return web.json_response(self.to_dict(), status=self.status, headers=self.headers)

@@ -15,6 +15,7 @@ from appliance.server.protocol import GenerateRequest, parse_chat, parse_complet
 from appliance.server.records import ChoiceRecord, RequestRecord
 from appliance.server.request_keys import KEY_NAME, RECEIVED_AT, REQUEST_ID
 from appliance.server.responses import Formatter, dumps, send_event, usage
+from appliance.server.schema.responses import ModelCard, ModelList
 from appliance.server.state import ServerState
 
 routes = web.RouteTableDef()
@@ -31,7 +32,7 @@ SSE_HEADERS = {
 async def list_models(request: web.Request) -> web.Response:
     state = request.app[STATE]
     state.require_ready()
-    return web.json_response({"object": "list", "data": [_model_card(state)]})
+    return web.json_response(ModelList(data=[_model_card(state)]).model_dump())
 
 
 @routes.get("/v1/models/{model}")
@@ -39,18 +40,17 @@ async def get_model(request: web.Request) -> web.Response:
     state = request.app[STATE]
     state.require_ready()
     check_model(state, request.match_info["model"])
-    return web.json_response(_model_card(state))
+    return web.json_response(_model_card(state).model_dump())
 
 
-def _model_card(state: ServerState) -> dict:
-    return {
-        "id": state.model_name,
-        "object": "model",
-        "created": int(state.started_at),
-        "owned_by": "llm-appliance",
-        "root": state.engine.model_name,
-        "max_model_len": state.engine.config.max_model_len,
-    }
+def _model_card(state: ServerState) -> ModelCard:
+    return ModelCard(
+        id=state.model_name,
+        created=int(state.started_at),
+        owned_by="llm-appliance",
+        root=state.engine.model_name,
+        max_model_len=state.engine.config.max_model_len,
+    )
 
 
 def check_model(state: ServerState, model: str | None) -> None:

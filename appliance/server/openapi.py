@@ -1,154 +1,151 @@
-"""The OpenAPI 3 description of every route (a test keeps it equal to the router's table)."""
+"""/openapi.json, generated: each route is listed once here with its summary and body models,
+and every schema comes from those pydantic models (a test keeps the list equal to the router's).
+"""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from functools import cache
 
-_NUM = {"type": "number"}
-_INT = {"type": "integer"}
-_BOOL = {"type": "boolean"}
-_STR = {"type": "string"}
-_STOP = {"oneOf": [_STR, {"type": "array", "items": _STR, "maxItems": 16}]}
+from pydantic import BaseModel
+from pydantic.json_schema import GenerateJsonSchema, models_json_schema
 
-_SAMPLING = {
-    "model": _STR,
-    "max_tokens": {**_INT, "minimum": 1},
-    "temperature": {**_NUM, "minimum": 0, "maximum": 2},
-    "top_p": {**_NUM, "exclusiveMinimum": 0, "maximum": 1},
-    "top_k": {**_INT, "minimum": -1},
-    "min_p": {**_NUM, "minimum": 0, "maximum": 1},
-    "n": {**_INT, "minimum": 1, "maximum": 128},
-    "stream": _BOOL,
-    "stream_options": {"type": "object", "properties": {"include_usage": _BOOL}},
-    "stop": _STOP,
-    "stop_token_ids": {"type": "array", "items": {**_INT, "minimum": 0}},
-    "presence_penalty": {**_NUM, "minimum": -2, "maximum": 2},
-    "frequency_penalty": {**_NUM, "minimum": -2, "maximum": 2},
-    "repetition_penalty": {**_NUM, "exclusiveMinimum": 0, "maximum": 2},
-    "seed": {**_INT, "minimum": 0},
-    "ignore_eos": _BOOL,
-    "skip_special_tokens": _BOOL,
-    "user": _STR,
+from appliance.server.schema.base import RequestModel
+from appliance.server.schema.requests import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    DetokenizeRequest,
+    TokenizeRequest,
+)
+from appliance.server.schema.responses import (
+    ChatCompletionChunk,
+    ChatCompletionResponse,
+    CompletionChunk,
+    CompletionResponse,
+    DetokenizeResponse,
+    ErrorResponse,
+    HealthResponse,
+    ModelCard,
+    ModelList,
+    TokenizeResponse,
+)
+
+REF = "#/components/schemas/{model}"
+ABOUT = (
+    "An OpenAI-compatible server for one model. In request bodies, null for a field means its "
+    "default; fields marked (extension) are not in OpenAI's API. Every error is an "
+    "ErrorResponse."
+)
+
+
+@dataclass(frozen=True)
+class Route:
+    summary: str
+    body: type[BaseModel] | None = None
+    response: type[BaseModel] | None = None
+    """The 200 body; None for a body that is not JSON or has no fixed schema."""
+    media: str = "application/json"
+    stream: type[BaseModel] | None = None
+    """With "stream": true, the data of each Server-Sent Event."""
+    params: tuple[str, ...] = ()
+
+
+ROUTES: dict[tuple[str, str], Route] = {
+    ("/v1/completions", "post"): Route(
+        "Text completion (OpenAI)", CompletionRequest, CompletionResponse, stream=CompletionChunk
+    ),
+    ("/v1/chat/completions", "post"): Route(
+        "Chat completion (OpenAI)",
+        ChatCompletionRequest,
+        ChatCompletionResponse,
+        stream=ChatCompletionChunk,
+    ),
+    ("/v1/models", "get"): Route("The served model", response=ModelList),
+    ("/v1/models/{model}", "get"): Route(
+        "One model by name", response=ModelCard, params=("model",)
+    ),
+    ("/health", "get"): Route(
+        "200 when serving; 503 while loading, draining or failed", response=HealthResponse
+    ),
+    ("/metrics", "get"): Route("Prometheus metrics (vLLM names)", media="text/plain"),
+    ("/tokenize", "post"): Route(
+        "Prompt or chat messages to token ids", TokenizeRequest, TokenizeResponse
+    ),
+    ("/detokenize", "post"): Route("Token ids to text", DetokenizeRequest, DetokenizeResponse),
+    ("/v1/stats", "get"): Route("Engine, queue, KV, throughput, latency and recent traces"),
+    ("/v1/stats/stream", "get"): Route(
+        "/v1/stats as Server-Sent Events (~4/s)", media="text/event-stream"
+    ),
+    ("/v1/requests/{request_id}", "get"): Route(
+        "One recent request's trace", params=("request_id",)
+    ),
+    ("/openapi.json", "get"): Route("This document"),
 }
-_MESSAGES = {
-    "type": "array",
-    "minItems": 1,
-    "items": {
-        "type": "object",
-        "required": ["role", "content"],
-        "properties": {
-            "role": {"enum": ["system", "developer", "user", "assistant", "tool"]},
-            "content": {
-                "oneOf": [
-                    _STR,
-                    {
-                        "type": "array",
-                        "items": {
-                            "type": "object",
-                            "required": ["type", "text"],
-                            "properties": {"type": {"enum": ["text"]}, "text": _STR},
-                        },
-                    },
-                ]
-            },
-            "name": _STR,
-        },
-    },
-}
-_PROMPT = {
-    "oneOf": [
-        {**_STR, "minLength": 1},
-        {"type": "array", "items": {**_INT, "minimum": 0}, "minItems": 1},
-        {"type": "array", "items": {**_STR, "minLength": 1}, "minItems": 1},
-    ]
-}
-_ERROR = {
-    "type": "object",
-    "properties": {
-        "error": {
-            "type": "object",
-            "properties": {"message": _STR, "type": _STR, "param": {}, "code": {}},
-        }
-    },
-}
 
 
-def _body(props: dict, required: list[str]) -> dict:
-    return {
-        "required": True,
-        "content": {
-            "application/json": {
-                "schema": {"type": "object", "properties": props, "required": required}
-            }
-        },
-    }
+class _Schema(GenerateJsonSchema):
+    def field_title_should_be_set(self, schema) -> bool:
+        return False  # "Top P" under top_p says nothing the name does not
 
 
-def _op(summary: str, body: dict | None = None, stream: bool = False, params=()) -> dict:
-    content = {"application/json": {"schema": {"type": "object"}}}
-    if stream:
-        content["text/event-stream"] = {"schema": _STR}
+def _ref(model: type[BaseModel]) -> dict:
+    return {"$ref": REF.format(model=model.__name__)}
+
+
+def _operation(route: Route) -> dict:
+    schema = _ref(route.response) if route.response else {"type": "object"}
+    if route.media != "application/json":
+        schema = {"type": "string"}
+    content = {route.media: {"schema": schema}}
+    description = "OK"
+    if route.stream is not None:
+        content["text/event-stream"] = {"schema": _ref(route.stream)}
+        description = (
+            f'OK. With "stream": true, Server-Sent Events: each data line holds a '
+            f"{route.stream.__name__}, and the last is [DONE]."
+        )
     op: dict = {
-        "summary": summary,
+        "summary": route.summary,
         "responses": {
-            "200": {"description": "OK", "content": content},
+            "200": {"description": description, "content": content},
             "default": {
                 "description": "Error (OpenAI envelope)",
-                "content": {"application/json": {"schema": _ERROR}},
+                "content": {"application/json": {"schema": _ref(ErrorResponse)}},
             },
         },
     }
-    if body is not None:
-        op["requestBody"] = body
-    if params:
+    if route.body is not None:
+        op["requestBody"] = {
+            "required": True,
+            "content": {"application/json": {"schema": _ref(route.body)}},
+        }
+    if route.params:
         op["parameters"] = [
-            {"name": p, "in": "path", "required": True, "schema": _STR} for p in params
+            {"name": p, "in": "path", "required": True, "schema": {"type": "string"}}
+            for p in route.params
         ]
     return op
 
 
 @cache
 def openapi_spec() -> dict:
-    completion = {
-        **_SAMPLING,
-        "prompt": _PROMPT,
-        "logprobs": {**_INT, "minimum": 0, "maximum": 20},
-        "echo": _BOOL,
-        "best_of": {**_INT, "minimum": 1},
-    }
-    chat = {
-        **_SAMPLING,
-        "messages": _MESSAGES,
-        "max_completion_tokens": {**_INT, "minimum": 1},
-        "logprobs": _BOOL,
-        "top_logprobs": {**_INT, "minimum": 0, "maximum": 20},
-    }
-    tokenize = {"model": _STR, "prompt": _STR, "messages": _MESSAGES, "add_special_tokens": _BOOL}
-    detokenize = {"model": _STR, "tokens": {"type": "array", "items": {**_INT, "minimum": 0}}}
-    paths = {
-        "/v1/completions": {
-            "post": _op("Text completion (OpenAI)", _body(completion, ["prompt"]), stream=True)
-        },
-        "/v1/chat/completions": {
-            "post": _op("Chat completion (OpenAI)", _body(chat, ["messages"]), stream=True)
-        },
-        "/v1/models": {"get": _op("The served model")},
-        "/v1/models/{model}": {"get": _op("One model by name", params=["model"])},
-        "/health": {"get": _op("200 when serving; 503 while loading, draining or failed")},
-        "/metrics": {"get": _op("Prometheus metrics (vLLM names)")},
-        "/tokenize": {"post": _op("Prompt or chat messages to token ids", _body(tokenize, []))},
-        "/detokenize": {"post": _op("Token ids to text", _body(detokenize, ["tokens"]))},
-        "/v1/stats": {"get": _op("Engine, queue, KV, throughput, latency and recent traces")},
-        "/v1/stats/stream": {"get": _op("/v1/stats as Server-Sent Events (~4/s)", stream=True)},
-        "/v1/requests/{request_id}": {
-            "get": _op("One recent request's trace", params=["request_id"])
-        },
-        "/openapi.json": {"get": _op("This document")},
-    }
+    """The OpenAPI 3.1 document (its schemas are JSON Schema 2020-12, as pydantic writes them)."""
+    models = {ErrorResponse}
+    for route in ROUTES.values():
+        models.update(m for m in (route.body, route.response, route.stream) if m is not None)
+    keyed = [
+        (m, "validation" if issubclass(m, RequestModel) else "serialization")
+        for m in sorted(models, key=lambda m: m.__name__)
+    ]
+    _, defs = models_json_schema(keyed, ref_template=REF, schema_generator=_Schema)
+    paths: dict = {}
+    for (path, method), route in ROUTES.items():
+        paths.setdefault(path, {})[method] = _operation(route)
     return {
-        "openapi": "3.0.3",
-        "info": {"title": "llm-appliance", "version": "0.1.0"},
+        "openapi": "3.1.0",
+        "info": {"title": "llm-appliance", "version": "0.1.0", "description": ABOUT},
         "components": {
+            "schemas": defs["$defs"],
             "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
         },
         "security": [{"bearer": []}],

@@ -1,4 +1,9 @@
-"""OpenAI response bodies: completion and chat objects, stream chunks, logprobs, usage."""
+"""OpenAI response bodies: completion and chat objects, stream chunks, logprobs, usage.
+
+The bodies follow the models in appliance.server.schema.responses (tests validate them there).
+Stream chunks are written from a per-request serialised envelope plus the one choice that
+changed; a token that brings only text (most of them) costs one json.dumps of that text.
+"""
 
 from __future__ import annotations
 
@@ -9,12 +14,17 @@ from aiohttp import web
 from appliance.server.generation import Choice
 from engine.request import Logprob
 
+_PROBE_INDEX = 918273645
+_PROBE_TEXT = "\x00probe"
+"""Placeholders no real choice holds, replaced by %d and %s to make the text-only template."""
+
 
 def dumps(obj) -> str:
     return json.dumps(obj, ensure_ascii=False, separators=(",", ":"))
 
 
 async def send_event(resp: web.StreamResponse, payload: dict | str) -> None:
+    """One SSE event; a str payload is sent as it is (serialised JSON, or "[DONE]")."""
     data = payload if isinstance(payload, str) else dumps(payload)
     await resp.write(f"data: {data}\n\n".encode())
 
@@ -41,6 +51,13 @@ class Formatter:
         self.model = model
         self.created = created
         self.tokenizer = tokenizer
+        envelope = dumps(self._envelope([], chunk=True))
+        self._chunk_head = envelope[: -len("]}")]
+        """A serialised chunk up to its choices array's opening bracket."""
+        # Most tokens bring text only: their choice is this template (%d the index, %s the JSON
+        # string), made from the general item so that the two cannot differ.
+        probe = dumps(self._delta_item(_PROBE_INDEX, _PROBE_TEXT, None, None))
+        self._text_item = probe.replace(str(_PROBE_INDEX), "%d").replace(dumps(_PROBE_TEXT), "%s")
 
     def _envelope(self, choices: list[dict], chunk: bool) -> dict:
         if self.chat:
@@ -77,17 +94,35 @@ class Formatter:
             out.append(item)
         return {**self._envelope(out, chunk=False), "usage": usage_}
 
-    # --- streaming ----------------------------------------------------------------------
-    def role_chunk(self, index: int, with_usage: bool) -> dict:
+    # --- streaming: serialised chunks ---------------------------------------------------
+    def _chunk(self, choice: str, with_usage: bool, usage_: str = "null") -> str:
+        """A chunk around one serialised choice (or none); "usage" only when asked for."""
+        tail = f'],"usage":{usage_}}}' if with_usage else "]}"
+        return f"{self._chunk_head}{choice}{tail}"
+
+    def role_chunk(self, index: int, with_usage: bool) -> str:
         choice = {
             "index": index,
             "delta": {"role": "assistant", "content": ""},
             "logprobs": None,
             "finish_reason": None,
         }
-        return self._with_usage(self._envelope([choice], chunk=True), with_usage)
+        return self._chunk(dumps(choice), with_usage)
 
-    def delta_chunk(self, c: Choice, with_usage: bool) -> dict | None:
+    def _delta_item(self, index: int, text: str, lps: dict | None, out) -> dict:
+        """A choice of a chunk; `out` is the finished output, or None while it runs."""
+        item: dict = {"index": index, "logprobs": lps, "finish_reason": None}
+        if out is not None:
+            item["finish_reason"] = out.finish_reason
+        if self.chat:
+            item["delta"] = {"content": text} if text or out is None else {}
+        else:
+            item["text"] = text
+        if out is not None:
+            item["stop_reason"] = out.stop_reason
+        return item
+
+    def delta_chunk(self, c: Choice, with_usage: bool) -> str | None:
         """The next chunk of a choice (new text/logprobs, or its finish), or None if nothing new."""
         out = c.last
         text = out.text[c.sent_text :]
@@ -98,24 +133,13 @@ class Formatter:
             return None
         c.sent_text = len(out.text)
         c.sent_logprobs = len(out.logprobs or [])
-        finish = out.finish_reason if out.finished else None
-        item: dict = {"index": c.record.index, "logprobs": lps, "finish_reason": finish}
-        if self.chat:
-            item["delta"] = {"content": text} if text or not out.finished else {}
-        else:
-            item["text"] = text
-        if out.finished:
-            item["stop_reason"] = out.stop_reason
-        return self._with_usage(self._envelope([item], chunk=True), with_usage)
+        if lps is None and not out.finished:
+            return self._chunk(self._text_item % (c.record.index, dumps(text)), with_usage)
+        item = self._delta_item(c.record.index, text, lps, out if out.finished else None)
+        return self._chunk(dumps(item), with_usage)
 
-    def usage_chunk(self, usage_: dict) -> dict:
-        return {**self._envelope([], chunk=True), "usage": usage_}
-
-    @staticmethod
-    def _with_usage(chunk: dict, with_usage: bool) -> dict:
-        if with_usage:
-            chunk["usage"] = None
-        return chunk
+    def usage_chunk(self, usage_: dict) -> str:
+        return self._chunk("", True, dumps(usage_))
 
     # --- logprobs -----------------------------------------------------------------------
     def _token(self, token_id: int) -> str:

@@ -1,0 +1,161 @@
+"""Request bodies of /v1/completions, /v1/chat/completions, /tokenize and /detokenize.
+
+The server validates every body through these models (appliance.server.protocol) and
+/openapi.json is generated from them, so a field, its range and its default are written once.
+Fields marked (extension) are not in OpenAI's API; vLLM accepts the same names.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import Field
+
+from appliance.server.schema.base import Allowed, Part, RequestModel, unsupported
+
+Role = Literal["system", "developer", "user", "assistant", "tool"]
+MAX_N = 128
+MAX_STOP = 16
+MAX_LOGPROBS = 20
+MAX_SEED = (1 << 63) - 1
+MAX_TOP_K = 1 << 20
+
+NonEmptyStr = Annotated[str, Field(min_length=1)]
+TokenId = Annotated[int, Field(ge=0)]
+TokenIds = Annotated[list[TokenId], Field(min_length=1)]
+
+
+class StreamOptions(Part):
+    include_usage: bool = Field(False, description="End the stream with a chunk holding usage.")
+
+
+class TextPart(Part):
+    type: Literal["text"]
+    text: str
+
+
+class ChatMessage(Part):
+    role: Role = Field(description='"developer" is read as "system".')
+    content: Annotated[
+        str | list[TextPart],
+        Allowed(
+            'a string or a list of text parts ({"type": "text", "text": "..."}); '
+            "only text parts are supported"
+        ),
+    ]
+    name: str | None = None
+    tool_calls: unsupported(Any, []) = None
+
+
+Messages = Annotated[
+    list[ChatMessage], Field(min_length=1), Allowed("a non-empty list of messages")
+]
+Stop = Annotated[
+    NonEmptyStr | Annotated[list[NonEmptyStr], Field(max_length=MAX_STOP)],
+    Allowed(f"a non-empty string or a list of at most {MAX_STOP} of them"),
+]
+Prompt = Annotated[
+    NonEmptyStr | TokenIds | Annotated[list[NonEmptyStr | TokenIds], Field(min_length=1)],
+    Allowed(
+        "a string, a list of token ids (integers >= 0), or a non-empty list of either, "
+        "none of them empty"
+    ),
+]
+
+
+class SamplingRequest(RequestModel):
+    """The fields both generation endpoints take."""
+
+    model: str | None = Field(None, description="The served model's name; omitted = that one.")
+    n: int = Field(
+        1, ge=1, le=MAX_N, description="Choices per prompt (the server caps prompts x n)."
+    )
+    stream: bool = Field(False, description="Send Server-Sent Events, ending with [DONE].")
+    stream_options: StreamOptions | None = None
+    stop: Stop | None = Field(None, description="The output ends before the first of these.")
+    stop_token_ids: Annotated[list[TokenId], Allowed("a list of token ids")] | None = Field(
+        None, description="(extension) Token ids that end the output, besides end-of-sequence."
+    )
+    temperature: float = Field(1.0, ge=0.0, le=2.0, description="0 = greedy.")
+    top_p: float = Field(1.0, gt=0.0, le=1.0, description="Nucleus sampling mass.")
+    top_k: int = Field(
+        -1, ge=-1, le=MAX_TOP_K, description="(extension) Keep the k likeliest tokens; -1 = all."
+    )
+    min_p: float = Field(
+        0.0,
+        ge=0.0,
+        le=1.0,
+        description="(extension) Drop tokens below min_p x the likeliest token's probability.",
+    )
+    repetition_penalty: float = Field(
+        1.0,
+        gt=0.0,
+        le=2.0,
+        description="(extension) > 1 discourages tokens already in the prompt or the output.",
+    )
+    presence_penalty: float = Field(0.0, ge=-2.0, le=2.0)
+    frequency_penalty: float = Field(0.0, ge=-2.0, le=2.0)
+    seed: int | None = Field(
+        None, ge=0, le=MAX_SEED, description="Same seed, same tokens; choice i uses seed + i."
+    )
+    ignore_eos: bool = Field(
+        False, description="(extension) Keep generating past end-of-sequence (for benchmarks)."
+    )
+    skip_special_tokens: bool = Field(
+        True, description="(extension) Leave special tokens out of the text."
+    )
+    logit_bias: unsupported(dict[str, float], {}) = None
+    user: str | None = Field(None, description="Accepted and ignored.")
+    metadata: dict[str, str] | None = Field(None, description="Accepted and ignored.")
+    store: bool | None = Field(None, description="Accepted and ignored.")
+    service_tier: str | None = Field(None, description="Accepted and ignored.")
+    parallel_tool_calls: bool | None = Field(None, description="Accepted and ignored.")
+
+
+class CompletionRequest(SamplingRequest):
+    """POST /v1/completions."""
+
+    prompt: Prompt = Field(description="Each prompt gets n choices.")
+    max_tokens: int = Field(16, ge=1, description="Most tokens to generate per choice.")
+    logprobs: int | None = Field(
+        None, ge=0, le=MAX_LOGPROBS, description="Return this many top alternatives per token."
+    )
+    echo: unsupported(bool, False) = False
+    suffix: unsupported(str, "") = None
+    best_of: int | None = Field(None, ge=1, le=MAX_N, description="Only equal to n is supported.")
+
+
+class ChatCompletionRequest(SamplingRequest):
+    """POST /v1/chat/completions."""
+
+    messages: Messages
+    max_tokens: int | None = Field(
+        None, ge=1, description="Most tokens per choice; omitted = the rest of the context."
+    )
+    max_completion_tokens: int | None = Field(None, ge=1, description="Overrides max_tokens.")
+    logprobs: bool = Field(False, description="Return each output token's logprob.")
+    top_logprobs: int | None = Field(
+        None, ge=0, le=MAX_LOGPROBS, description="Alternatives per token; needs logprobs."
+    )
+    tools: unsupported(Any, []) = None
+    tool_choice: unsupported(Any, "none", "auto") = None
+    functions: unsupported(Any, []) = None
+    function_call: unsupported(Any, "none", "auto") = None
+    response_format: unsupported(Any, {"type": "text"}) = None
+    modalities: unsupported(Any, ["text"]) = None
+
+
+class TokenizeRequest(RequestModel):
+    """POST /tokenize: exactly one of prompt and messages."""
+
+    model: str | None = None
+    prompt: str | None = Field(None, description="Text, encoded as-is.")
+    messages: Messages | None = Field(None, description="Rendered with the chat template.")
+    add_special_tokens: bool = Field(True, description="For prompt: add BOS and the like.")
+
+
+class DetokenizeRequest(RequestModel):
+    """POST /detokenize."""
+
+    model: str | None = None
+    tokens: Annotated[list[TokenId], Allowed("a list of token ids")]

@@ -1,0 +1,170 @@
+"""Response bodies: completions, chat completions and their stream chunks, logprobs, usage,
+models, tokenize, detokenize, health and the error envelope.
+
+They document what the server sends (/openapi.json) and tests validate every body against them.
+The per-token path does not build them: appliance.server.responses writes the same keys from
+pre-serialised parts, which is cheaper than constructing and dumping a model per chunk.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from appliance.server.schema.base import ResponseModel
+
+FinishReason = Literal["stop", "length", "abort"]
+StopReason = str | int | None
+"""The stop string or stop token id that ended a choice; null for end-of-sequence or length."""
+
+
+class ErrorBody(ResponseModel):
+    message: str = Field(description="What went wrong and what to change.")
+    type: str = Field(description="invalid_request_error, rate_limit_error, ...")
+    param: str | None = Field(description="The request parameter at fault, as a JSON path.")
+    code: str | None = Field(description="A stable code: context_length_exceeded, ...")
+
+
+class ErrorResponse(ResponseModel):
+    """Every error, and the last event of a stream that fails after it started."""
+
+    error: ErrorBody
+
+
+class Usage(ResponseModel):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+
+
+class CompletionLogprobs(ResponseModel):
+    tokens: list[str]
+    token_logprobs: list[float]
+    top_logprobs: list[dict[str, float]]
+    text_offset: list[int]
+
+
+class TopLogprob(ResponseModel):
+    token: str
+    logprob: float
+    bytes: list[int]
+
+
+class TokenLogprob(TopLogprob):
+    top_logprobs: list[TopLogprob]
+
+
+class ChatLogprobs(ResponseModel):
+    content: list[TokenLogprob]
+
+
+class _Envelope(ResponseModel):
+    id: str
+    object: str
+    created: int
+    model: str
+    system_fingerprint: None = None
+
+
+class CompletionChoice(ResponseModel):
+    index: int
+    text: str
+    logprobs: CompletionLogprobs | None
+    finish_reason: FinishReason | None
+    stop_reason: StopReason
+
+
+class CompletionResponse(_Envelope):
+    object: Literal["text_completion"]
+    choices: list[CompletionChoice]
+    usage: Usage
+
+
+class AssistantMessage(ResponseModel):
+    role: Literal["assistant"]
+    content: str
+
+
+class ChatChoice(ResponseModel):
+    index: int
+    message: AssistantMessage
+    logprobs: ChatLogprobs | None
+    finish_reason: FinishReason | None
+    stop_reason: StopReason
+
+
+class ChatCompletionResponse(_Envelope):
+    object: Literal["chat.completion"]
+    choices: list[ChatChoice]
+    usage: Usage
+
+
+class ChatDelta(ResponseModel):
+    role: Literal["assistant"] | None = Field(None, description="In each choice's first chunk.")
+    content: str | None = None
+
+
+class ChatChunkChoice(ResponseModel):
+    index: int
+    delta: ChatDelta
+    logprobs: ChatLogprobs | None
+    finish_reason: FinishReason | None
+    stop_reason: StopReason = Field(None, description="Only in a choice's last chunk.")
+
+
+class ChatCompletionChunk(_Envelope):
+    """One event of a streamed /v1/chat/completions."""
+
+    object: Literal["chat.completion.chunk"]
+    choices: list[ChatChunkChoice]
+    usage: Usage | None = Field(
+        None, description="With include_usage: null, then the totals in a last chunk."
+    )
+
+
+class CompletionChunkChoice(ResponseModel):
+    index: int
+    text: str
+    logprobs: CompletionLogprobs | None
+    finish_reason: FinishReason | None
+    stop_reason: StopReason = Field(None, description="Only in a choice's last chunk.")
+
+
+class CompletionChunk(_Envelope):
+    """One event of a streamed /v1/completions."""
+
+    object: Literal["text_completion"]
+    choices: list[CompletionChunkChoice]
+    usage: Usage | None = Field(
+        None, description="With include_usage: null, then the totals in a last chunk."
+    )
+
+
+class ModelCard(ResponseModel):
+    id: str = Field(description="The name requests use (--served-model-name).")
+    object: Literal["model"] = "model"
+    created: int
+    owned_by: str
+    root: str = Field(description="The model the engine loaded.")
+    max_model_len: int
+
+
+class ModelList(ResponseModel):
+    object: Literal["list"] = "list"
+    data: list[ModelCard]
+
+
+class TokenizeResponse(ResponseModel):
+    tokens: list[int]
+    count: int
+    max_model_len: int
+
+
+class DetokenizeResponse(ResponseModel):
+    prompt: str
+
+
+class HealthResponse(ResponseModel):
+    status: Literal["ok", "loading", "draining", "error"]
+    error: str | None = Field(None, description="Why loading failed (status error).")
