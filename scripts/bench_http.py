@@ -1,5 +1,5 @@
 """The serving path's own ceiling: `appliance serve`'s HTTP/SSE side with a stand-in engine
-whose step costs a fixed time and no compute (tests/fake_engine.py), driven by `appliance
+whose step costs a fixed time and no compute (tests/support/fake_engine.py), driven by `appliance
 bench` from another process. Output tok/s here bounds what any GPU can deliver to clients.
 
     .venv/bin/python scripts/bench_http.py [--step-ms 5] [--concurrency 64,256] [--out DIR]
@@ -22,7 +22,7 @@ sys.path.insert(0, {root!r})
 from aiohttp import web
 from appliance.server import create_app
 from appliance.settings import ServeSettings
-from tests.fake_engine import FakeEngine
+from tests.support.fake_engine import FakeEngine
 engine = FakeEngine(step_time={step}, markers=False, max_num_seqs=512, max_model_len=4096,
                     max_num_batched_tokens=8192, num_kv_blocks=200000, block_size=16)
 web.run_app(create_app(ServeSettings(warmup=False, max_queue=4096), engine),

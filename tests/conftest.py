@@ -1,12 +1,16 @@
 """Shared fixtures: tiny random-weight models of each supported architecture, saved with
-transformers' save_pretrained together with a small byte-level tokenizer."""
+transformers' save_pretrained together with a small byte-level tokenizer.
+
+GPU tests carry one mark, `@pytest.mark.gpu` (or `pytestmark = pytest.mark.gpu`): without a
+CUDA GPU they are skipped here, and `pytest -m gpu` selects every one of them on a GPU machine.
+Helpers the tests share live in tests/support/."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from tests.tiny_models import ARCHS, make_tiny_model
+from tests.support.tiny_models import ARCHS, make_tiny_model
 
 
 def pytest_collection_modifyitems(config, items):

@@ -10,7 +10,7 @@ import pytest
 
 from engine.async_engine import AsyncEngine, EngineDeadError
 from engine.sampling_params import SamplingParams
-from tests.fake_engine import STALL_MARK, FakeEngine
+from tests.support.fake_engine import STALL_MARK, FakeEngine
 
 
 @pytest.fixture

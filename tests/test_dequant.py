@@ -13,8 +13,8 @@ from engine.quant.dispatch import dequantized
 from engine.quant.format import QuantizedWeight
 from engine.quant.reference import dequantize_to, wq_matmul_ref
 from engine.quant.tuning import QuantChoices, choose_dequant, dequant_key
-from tests.quant_weights import random_quant_weight
-from tests.triton_modules import HAS_CUDA, import_kernel_modules
+from tests.support.quant_weights import random_quant_weight
+from tests.support.triton_modules import HAS_CUDA, import_kernel_modules
 
 (_dequant,) = import_kernel_modules([("dequant", "_dequant_kernel")])
 DEVICE = "cuda" if HAS_CUDA else "cpu"
@@ -138,7 +138,6 @@ def test_choose_lets_an_unexpected_error_through(monkeypatch):
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
 @pytest.mark.parametrize("kind", ["int8", "int4"])
 def test_choice_and_batched_linear_gpu(kind, monkeypatch):
     """On Llama-3-8B's gate_up shape: bf16 bit for bit, the start-up choice made (either way)

@@ -11,7 +11,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from engine import LLM, SamplingParams
-from tests.greedy_reference import assert_greedy_agrees
+from tests.support.greedy_reference import assert_greedy_agrees
 
 PROMPT_LENS = [1, 3, 7, 16, 17, 33, 60, 100]
 NEW_TOKENS = 20

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from engine.models.layers import RMSNorm, RotaryEmbedding, silu_and_mul
-from tests.triton_modules import HAS_CUDA, import_kernel_modules
+from tests.support.triton_modules import HAS_CUDA, import_kernel_modules
 
 DEVICE = "cuda" if HAS_CUDA else "cpu"
 LLAMA3_SCALING = dict(
@@ -32,8 +32,7 @@ def _interpret_without_cuda(monkeypatch):
         monkeypatch.setenv("TRITON_INTERPRET", "1")
 
 
-gpu = pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
-GPU = [gpu, pytest.mark.gpu]  # marks of the larger, real-model shapes
+GPU = pytest.mark.gpu  # the larger, real-model shapes
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 # Against the PyTorch layer run in the same dtype. The kernels round where it rounds, so what
 # is left is reduction order (RMSNorm's mean) and exp/rsqrt's last bits: a few fp32 ulps, and
@@ -220,7 +219,7 @@ def test_empty_batches_launch_nothing():
 # ---------------------------------------------------------------- GPU: CUDA graphs
 
 
-@gpu
+@pytest.mark.gpu
 @pytest.mark.gpu
 def test_fused_kernels_replay_in_a_cuda_graph():
     """Captured once, replayed on new inputs written into the same buffers: no host sync or

@@ -10,7 +10,7 @@ import torch.nn.functional as F
 
 from engine.models.layers import Linear
 from engine.tuning import KernelChoices, choose_batch1_linears, choose_gemv_configs, gemv_key
-from tests.triton_modules import HAS_CUDA, import_kernel_modules
+from tests.support.triton_modules import HAS_CUDA, import_kernel_modules
 
 DEVICE = "cuda" if HAS_CUDA else "cpu"
 (_gemv_mod,) = import_kernel_modules([("gemv", "_gemv_kernel")])
@@ -73,7 +73,6 @@ LLAMA3_SHAPES = [(6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336), (1282
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
 @pytest.mark.parametrize("n,k", LLAMA3_SHAPES)
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_gemv_llama3_shapes_gpu(n, k, dtype):
@@ -90,7 +89,6 @@ def test_gemv_llama3_shapes_gpu(n, k, dtype):
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
 def test_linear_with_gemv_replays_in_a_cuda_graph():
     layer = Linear(4096, 14336, bias=False).to(DEVICE, torch.bfloat16)
     layer.gemv_config = _gemv_mod.CONFIGS[0]  # the Triton GEMV, whatever timing would keep
@@ -106,7 +104,6 @@ def test_linear_with_gemv_replays_in_a_cuda_graph():
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
 def test_choice_is_made_per_shape_over_all_weights_before_capture():
     layers = [Linear(1024, 3072, bias=False) for _ in range(4)] + [Linear(1024, 512, bias=True)]
     model = torch.nn.ModuleList(layers).to(DEVICE, torch.bfloat16)
@@ -141,7 +138,6 @@ def test_gemv_silu_mul_matches_the_two_steps(dtype, bias):
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
 def test_gate_up_projection_times_the_fused_form_and_matches_the_two_steps():
     from engine.kernels.silu_mul import silu_and_mul
 

@@ -8,7 +8,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from engine import LLM, SamplingParams
-from tests.greedy_reference import assert_greedy_agrees
+from tests.support.greedy_reference import assert_greedy_agrees
 
 pytestmark = pytest.mark.gpu
 

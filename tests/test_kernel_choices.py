@@ -9,8 +9,8 @@ import pytest
 import torch
 
 import engine.timing as timing
-from tests.quant_weights import random_quant_weight
-from tests.triton_modules import HAS_CUDA, import_kernel_modules
+from tests.support.quant_weights import random_quant_weight
+from tests.support.triton_modules import HAS_CUDA, import_kernel_modules
 
 (_wq_gemv, _gemm) = import_kernel_modules(
     [("wq_gemv", "_wq_gemv_kernel"), ("wq_gemm", "_wq_gemm_kernel")]

@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from engine.kernels.torch_ref import decode_attention_ref, prefill_attention_ref, store_kv_ref
-from tests.paged_kv import paged_tables
-from tests.triton_modules import HAS_CUDA, import_kernel_modules
+from tests.support.paged_kv import paged_tables
+from tests.support.triton_modules import HAS_CUDA, import_kernel_modules
 
 DEVICE = "cuda" if HAS_CUDA else "cpu"
 
@@ -32,7 +32,6 @@ def _interpret_without_cuda(monkeypatch):
         monkeypatch.setenv("TRITON_INTERPRET", "1")
 
 
-gpu = pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
 # Max abs error against an fp32 reference (values are O(1)): fp32 exact up to reassociation;
 # 16-bit inputs round the output (and, on GPU, the probabilities fed to the PV matmul).
 ATOL = {torch.float32: 1e-4, torch.float16: 4e-3, torch.bfloat16: 3e-2}
@@ -307,7 +306,7 @@ def test_triton_available_follows_interpreter_flag(monkeypatch):
 # ---------------------------------------------------------------- GPU, real model shapes
 
 
-@gpu
+@pytest.mark.gpu
 @pytest.mark.gpu
 @pytest.mark.parametrize("num_heads,num_kv_heads", [(32, 8), (16, 8)])
 @pytest.mark.parametrize("num_splits", [None, 1, 16])
@@ -317,7 +316,7 @@ def test_decode_attention_gpu_bf16(num_heads, num_kv_heads, num_splits):
     _check_decode(seq_lens, num_heads, num_kv_heads, 128, 16, torch.bfloat16, num_splits, gen)
 
 
-@gpu
+@pytest.mark.gpu
 @pytest.mark.gpu
 @pytest.mark.parametrize("num_heads,num_kv_heads", [(32, 8), (16, 8)])
 def test_prefill_attention_gpu_bf16(num_heads, num_kv_heads):

@@ -19,8 +19,8 @@ from engine.kernels.torch_ref import (
     quantize_kv_ref,
     store_kv_ref,
 )
-from tests.paged_kv import paged_tables
-from tests.triton_modules import HAS_CUDA, import_kernel_modules
+from tests.support.paged_kv import paged_tables
+from tests.support.triton_modules import HAS_CUDA, import_kernel_modules
 
 DEVICE = "cuda" if HAS_CUDA else "cpu"
 _store_mod, _decode_mod, _prefill_mod = import_kernel_modules(

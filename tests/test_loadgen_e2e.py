@@ -11,7 +11,7 @@ import pytest
 from appliance.bench_cmd import add_bench_parser, run_bench
 from appliance.loadgen import SLO, ClientConfig, LengthDist, LoadSession, Stage, WorkloadSpec
 from appliance.loadgen.report import summarize
-from tests.serve_process import start_server
+from tests.support.serve_process import start_server
 
 
 @pytest.fixture(scope="module")

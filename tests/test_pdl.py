@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.triton_modules import HAS_CUDA
+from tests.support.triton_modules import HAS_CUDA
 
 pytest.importorskip("triton")
 
@@ -22,7 +22,6 @@ def test_not_used_off_cuda_or_for_several_rows(monkeypatch):
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
 def test_decode_chain_is_the_same_with_and_without_pdl_gpu(monkeypatch):
     from engine.kernels.gemv import gemv
     from engine.kernels.rmsnorm import rms_norm

@@ -11,8 +11,8 @@ from engine.quant import dispatch
 from engine.quant.dispatch import QuantKernels, fused_silu, quant_linear
 from engine.quant.format import QuantizedWeight
 from engine.quant.reference import wq_matmul_ref
-from tests.quant_weights import random_quant_weight
-from tests.triton_modules import HAS_CUDA, import_kernel_modules
+from tests.support.quant_weights import random_quant_weight
+from tests.support.triton_modules import HAS_CUDA, import_kernel_modules
 
 (_dequant, _wq_matmul, _wq_gemv, _gemm) = import_kernel_modules(
     [
@@ -103,7 +103,6 @@ def test_the_fused_silu_form_serves_one_row_where_chosen(ran):
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
 @pytest.mark.parametrize("rows", list(TABLE))
 @pytest.mark.parametrize("chosen", [True, False], ids=["chosen", "nothing-timed"])
 def test_each_row_count_takes_its_path_gpu(rows, chosen, ran):

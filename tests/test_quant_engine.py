@@ -21,7 +21,7 @@ from engine.models.loader import iter_safetensors
 from engine.quant.bnb import code_table, quantize_4bit, quantize_int8
 from engine.quant.format import WeightQuant, checkpoint_quant
 from engine.quant.reference import dequantize_ref
-from tests.tiny_models import byte_tokenizer
+from tests.support.tiny_models import byte_tokenizer
 
 pytestmark = pytest.mark.skipif(
     importlib.util.find_spec("bitsandbytes") is None, reason="bitsandbytes is not installed"
@@ -208,7 +208,7 @@ def _quant_dequant(w: torch.Tensor, kind: str) -> torch.Tensor:
 @pytest.mark.parametrize("kind", ["int8", "int4"])
 @pytest.mark.parametrize("arch", ["llama", "qwen2"])  # untied and tied embeddings
 def test_quantized_embeddings_and_head_match_dequantized_weights(kind, arch, tmp_path):
-    from tests.tiny_models import make_tiny_model
+    from tests.support.tiny_models import make_tiny_model
 
     folder = make_tiny_model(arch, tmp_path / "model")
     model = _hf_model(folder, dtype=torch.float32)

@@ -16,7 +16,6 @@ from engine import LLM, SamplingParams
 
 pytestmark = [
     pytest.mark.gpu,
-    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
     pytest.mark.skipif(
         importlib.util.find_spec("bitsandbytes") is None, reason="bitsandbytes is not installed"
     ),

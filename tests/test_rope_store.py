@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from engine.models.layers import RotaryEmbedding
-from tests.triton_modules import HAS_CUDA, import_kernel_modules
+from tests.support.triton_modules import HAS_CUDA, import_kernel_modules
 
 DEVICE = "cuda" if HAS_CUDA else "cpu"
 (_norm, _rope, _store, _fused) = import_kernel_modules(
@@ -19,7 +19,7 @@ DEVICE = "cuda" if HAS_CUDA else "cpu"
         ("rope_store", "_rope_store_kernel"),
     ]
 )
-GPU = [pytest.mark.gpu, pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")]
+GPU = pytest.mark.gpu
 
 
 @pytest.fixture(autouse=True)
@@ -134,7 +134,6 @@ def test_choice_keeps_the_fused_kernel_only_when_equal_and_faster(
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
 def test_choose_compares_and_times_on_the_device(monkeypatch):
     """With Llama-3-8B's heads on the device: the choice is made, each attention layer holds
     it, and a second call (a re-capture) keeps it without timing again."""

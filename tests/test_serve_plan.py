@@ -17,7 +17,7 @@ from appliance.settings import ServeSettings
 from engine import LLM
 from engine.memory_check import MemoryItems, MemoryReport
 from engine.planner import GIB, Device
-from tests.serve_process import start_server
+from tests.support.serve_process import start_server
 
 MIB = 1024**2
 

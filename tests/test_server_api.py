@@ -6,13 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 
-from tests.fake_engine import EOS_MARK, FakeEngine, fake_client
-
-
-def sse_events(text: str) -> list:
-    events = [line[len("data: ") :] for line in text.split("\n") if line.startswith("data: ")]
-    assert events[-1] == "[DONE]"
-    return [json.loads(e) for e in events[:-1]]
+from tests.support.fake_engine import EOS_MARK, FakeEngine, fake_client, sse_events
 
 
 async def test_completion_shape_and_usage():

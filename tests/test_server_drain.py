@@ -7,7 +7,7 @@ import asyncio
 import json
 
 from appliance.server.keys import STATE
-from tests.fake_engine import STALL_MARK, FakeEngine, fake_client
+from tests.support.fake_engine import STALL_MARK, FakeEngine, fake_client
 
 COMPLETIONS = "/v1/completions"
 

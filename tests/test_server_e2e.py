@@ -14,7 +14,7 @@ import urllib.request
 
 import pytest
 
-from tests.serve_process import start_server
+from tests.support.serve_process import start_server
 
 openai = pytest.importorskip("openai")
 

@@ -11,7 +11,7 @@ import time
 import aiohttp
 import pytest
 
-from tests.fake_engine import STALL_MARK, FakeEngine, fake_client
+from tests.support.fake_engine import STALL_MARK, FakeEngine, fake_client
 
 CHAT = "/v1/chat/completions"
 COMPLETIONS = "/v1/completions"

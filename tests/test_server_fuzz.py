@@ -10,7 +10,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from appliance.server.schema.requests import ChatCompletionRequest, CompletionRequest
-from tests.fake_engine import FakeEngine, fake_client
+from tests.support.fake_engine import FakeEngine, fake_client
 
 json_leaf = (
     st.none() | st.booleans() | st.integers(-(2**70), 2**70)

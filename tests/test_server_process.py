@@ -16,7 +16,7 @@ import pytest
 
 from appliance.serve import make_ssl_context, serve
 from appliance.settings import ServeSettings
-from tests.fake_engine import FakeEngine
+from tests.support.fake_engine import FakeEngine
 
 
 async def wait_for_url(capsys, task: asyncio.Task) -> str:

@@ -32,8 +32,7 @@ from appliance.server.schema.responses import (
 )
 from engine.request import RequestMetrics, RequestOutput
 from engine.sampling_params import SamplingParams
-from tests.fake_engine import STALL_MARK, fake_client
-from tests.test_server_api import sse_events
+from tests.support.fake_engine import STALL_MARK, fake_client, sse_events
 
 CHAT = "/v1/chat/completions"
 COMPLETIONS = "/v1/completions"

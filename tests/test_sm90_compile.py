@@ -1,6 +1,6 @@
 """The Hopper-only kernel variants (inline PTX, programmatic dependent launch) and the batched
 dequantization compile for sm_90 with Triton's bundled ptxas, no GPU needed
-(tests/sm90_compile.py, in a fresh process): a syntax or type error in the PTX text or a GDC
+(tests/support/sm90_compile.py, in a fresh process): a syntax or type error in the PTX text or a GDC
 call fails here, in CI, instead of at a GPU machine's start-up timing (engine.timing lets such
 errors propagate). Twice: with the venv's Triton, and with the H200's (3.6, which scripts/setup
 puts in .venv/triton-3.6): a constraint string built by an expression compiled with 3.9 and
@@ -28,7 +28,7 @@ def test_hopper_kernel_variants_compile_for_sm90(triton_dir):
             pytest.skip(f"{triton_dir} holds no triton (scripts/setup installs it)")
         env["PYTHONPATH"] = os.pathsep.join([str(triton_dir), str(ROOT)])
     run = subprocess.run(
-        [sys.executable, "-m", "tests.sm90_compile"],
+        [sys.executable, "-m", "tests.support.sm90_compile"],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=600,
     )  # fmt: skip
     assert run.returncode == 0, run.stderr[-3000:]

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 from textual.widgets import DataTable
 
-from tests.test_tui_fakes import (
+from tests.support.tui_fakes import (
     T0,
     FakeStatsServer,
     make_doc,

@@ -12,8 +12,8 @@ import aiohttp
 import pytest
 from textual.widgets import DataTable
 
-from tests.serve_process import start_server
-from tests.test_tui_fakes import screen_text, wait_for
+from tests.support.serve_process import start_server
+from tests.support.tui_fakes import screen_text, wait_for
 from tui import create_app
 from tui.screens.trace import TraceScreen
 

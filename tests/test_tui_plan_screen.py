@@ -11,7 +11,7 @@ from rich.console import Console
 from engine.memory_check import MemoryItems, MemoryReport
 from engine.models.config import ModelConfig
 from engine.planner import GIB, Device, PlanRequest, plan
-from tests.test_tui_fakes import make_doc
+from tests.support.tui_fakes import make_doc
 from tui.model import View
 from tui.screens.plan import render
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import textual
 
-from tests.test_tui_fakes import T0, ReplaySource, make_doc, screen_text, wait_for
+from tests.support.tui_fakes import T0, ReplaySource, make_doc, screen_text, wait_for
 from tui import DashboardApp
 from tui.screens.trace import TraceScreen
 

@@ -9,7 +9,7 @@ import types
 import torch
 
 from appliance.server.stats import GpuReader
-from tests.fake_engine import FakeEngine, fake_client
+from tests.support.fake_engine import FakeEngine, fake_client
 
 
 class BlockEngine(FakeEngine):

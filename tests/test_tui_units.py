@@ -14,8 +14,8 @@ import tui
 from appliance.cli import main
 from appliance.serve import serve_tui
 from appliance.settings import ServeSettings
-from tests.fake_engine import FakeEngine
-from tests.test_tui_fakes import make_doc, make_trace, screen_text, wait_for
+from tests.support.fake_engine import FakeEngine
+from tests.support.tui_fakes import make_doc, make_trace, screen_text, wait_for
 from tui import format as fmt
 from tui import model
 from tui.widgets.timeline import bar

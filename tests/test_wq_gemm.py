@@ -14,8 +14,8 @@ from engine.quant.dispatch import QuantKernels, quant_linear
 from engine.quant.format import QuantizedWeight
 from engine.quant.reference import wq_matmul_ref
 from engine.quant.tuning import QuantChoices, choose_gemm, layer_key
-from tests.quant_weights import random_quant_weight
-from tests.triton_modules import HAS_CUDA, import_kernel_modules
+from tests.support.quant_weights import random_quant_weight
+from tests.support.triton_modules import HAS_CUDA, import_kernel_modules
 
 (_gemm,) = import_kernel_modules([("wq_gemm", "_wq_gemm_kernel")])
 DEVICE = "cuda" if HAS_CUDA else "cpu"
@@ -189,7 +189,6 @@ def test_choose_lets_an_unexpected_error_through(monkeypatch):
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
 @pytest.mark.parametrize("kind", ["int8", "int4"])
 @pytest.mark.parametrize("m", [9, 17, 64, 200])
 def test_llama3_shapes_every_config_gpu(kind, m):
@@ -202,7 +201,6 @@ def test_llama3_shapes_every_config_gpu(kind, m):
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
 @pytest.mark.parametrize("kind", ["int8", "int4"])
 def test_choice_and_batched_linear_gpu(kind, monkeypatch):
     """gate_up at 8, 32 and 64 rows: the choice made for each row bucket is one of its configs
@@ -245,10 +243,10 @@ def test_int4_words_path_in_the_interpreter(
 ):
     """The int4 words path's plumbing (the int32 view, the table registers, the eight decoded
     codes put back in k order, several groups a step) with the PTX decode emulated
-    (tests/ptx_emulation.py, imported now: under the interpreter flag this fixture set)."""
+    (tests/support/ptx_emulation.py, imported now: under the interpreter flag this fixture set)."""
     import importlib
 
-    emulation = importlib.reload(importlib.import_module("tests.ptx_emulation"))
+    emulation = importlib.reload(importlib.import_module("tests.support.ptx_emulation"))
     monkeypatch.setattr(_gemm, "interpreting", lambda: False)
     monkeypatch.setattr(_gemm, "codes8_to_f32", emulation.codes8_to_f32)
     layer = _layer(kind, n, k, group, quant_type, bias)

@@ -11,8 +11,8 @@ from engine.quant.dispatch import QuantKernels, fused_silu, quant_linear
 from engine.quant.format import QuantizedWeight
 from engine.quant.reference import wq_matmul_ref
 from engine.quant.tuning import QuantChoices, choose_gemv, choose_gemv_silu
-from tests.quant_weights import random_quant_weight
-from tests.triton_modules import HAS_CUDA, import_kernel_modules
+from tests.support.quant_weights import random_quant_weight
+from tests.support.triton_modules import HAS_CUDA, import_kernel_modules
 
 (_gemv, _wq_matmul, _wq_gemv) = import_kernel_modules(
     [("gemv", "_gemv_kernel"), ("wq_matmul", "_wq_matmul_kernel"), ("wq_gemv", "_wq_gemv_kernel")]
@@ -64,7 +64,6 @@ def test_splitk_matches_reference(kind, n, k, group, config, sms, bias):
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("config,sms", [((8, 2, 4), 8), ((128, 2, 8), 132), ((64, 2, 2), 1)])
 def test_int4_dot_form_within_its_rounding_gpu(dtype, config, sms):
@@ -87,7 +86,6 @@ def test_int4_dot_form_within_its_rounding_gpu(dtype, config, sms):
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
 @pytest.mark.parametrize("kind,n,k,group,config,sms", CASES)
 @pytest.mark.parametrize("bias", [False, True])
 def test_splitk_matches_reference_gpu(kind, n, k, group, config, sms, bias):
@@ -148,7 +146,6 @@ LLAMA3_SHAPES = [(6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336)]
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
 @pytest.mark.parametrize("kind", ["int8", "int4"])
 @pytest.mark.parametrize("n,k", LLAMA3_SHAPES)
 def test_splitk_llama3_shapes_gpu(kind, n, k):
@@ -168,7 +165,6 @@ def test_splitk_llama3_shapes_gpu(kind, n, k):
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
 @pytest.mark.parametrize("kind", ["int8", "int4"])
 def test_silu_choice_on_llama3_gate_up_gpu(kind):
     """choose_gemv_silu times the fused kernel against the two steps on the real gate_up shape;

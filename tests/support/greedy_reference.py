@@ -15,7 +15,7 @@ from engine.request import RequestOutput
 
 CLEAR_MARGIN = 1e-3
 """Logit gap below which the reference's top two tokens count as tied. Measured on the tiny
-fp32 models (tests/tiny_models.py, CPU): our logprobs and transformers' differ by at most
+fp32 models (tests/support/tiny_models.py, CPU): our logprobs and transformers' differ by at most
 1.4e-6, and the smallest top-2 gap over 640 greedy positions was 1.1e-4."""
 
 

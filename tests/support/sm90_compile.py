@@ -1,8 +1,8 @@
 """Compile the Hopper-only kernel variants (inline PTX, programmatic dependent launch) and the
 batched dequantization for sm_90 with Triton and its bundled ptxas, no GPU needed. Run as
-`python -m tests.sm90_compile` (tests/test_sm90_compile.py does, in a fresh process: Triton's
-interpreter, which the CPU tests switch on, replaces @triton.jit functions at import, even
-Triton's own). Prints one line per variant; a compiler error ends the run with it. With
+`python -m tests.support.sm90_compile` (tests/test_sm90_compile.py does, in a fresh process:
+Triton's interpreter, which the CPU tests switch on, replaces @triton.jit functions at import,
+even Triton's own). Prints one line per variant; a compiler error ends the run with it. With
 `PYTHONPATH=DIR:.`, the Triton installed in DIR compiles them (tests/test_sm90_compile.py runs
 it with the H200's 3.6, which scripts/setup puts in .venv/triton-3.6)."""
 

@@ -10,6 +10,7 @@ at admission, so `kv_blocks_used` returns to 0 exactly when requests finish or a
 from __future__ import annotations
 
 import contextlib
+import json
 import random
 import time
 import zlib
@@ -239,3 +240,10 @@ async def fake_client(engine: FakeEngine | None = None, **settings):
     app = create_app(ServeSettings(**{"warmup": False, **settings}), engine)
     async with TestClient(TestServer(app)) as client:
         yield client
+
+
+def sse_events(text: str) -> list:
+    """The JSON events of an SSE body that ends in `data: [DONE]`."""
+    events = [line[len("data: ") :] for line in text.split("\n") if line.startswith("data: ")]
+    assert events[-1] == "[DONE]"
+    return [json.loads(e) for e in events[:-1]]

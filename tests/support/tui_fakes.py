@@ -1,0 +1,225 @@
+"""Fakes for the dashboard tests: recorded-style /v1/stats documents with fixed values, a small
+aiohttp server that streams them (and can be stopped and restarted on the same port), an
+in-memory source for the snapshots, and screen helpers. tests/test_tui_fakes.py keeps the fakes
+honest against the server."""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import io
+import json
+from collections.abc import AsyncIterator
+
+from aiohttp import web
+
+MODEL = "SmolLM2-135M-Instruct"
+T0 = 1_760_000_000.0
+CONFIG = {
+    "max_model_len": 2048, "max_num_seqs": 16, "max_num_batched_tokens": 2048, "block_size": 16,
+    "num_kv_blocks": 512, "gpu_memory_utilization": 0.9, "dtype": "bfloat16",
+    "kv_cache_dtype": "auto", "quantization": "none", "enforce_eager": False, "seed": 0,
+    "overlap_steps": True, "load_format": "auto", "adaptive_batching": False,
+    "min_num_batched_tokens": 512, "quant_block_size": 64, "quantize_embeddings": False,
+}  # fmt: skip
+GPU = {
+    "name": "NVIDIA H200", "utilization_perc": 87.0, "memory_used_bytes": 120 * 2**30,
+    "memory_total_bytes": 141 * 2**30, "power_w": 512.3, "temperature_c": 61.0,
+    "sm_clock_mhz": 1980.0,
+}  # fmt: skip
+# id, state, prompt, generated, queue, ttft, tpot, kv blocks, preemptions, finish
+ROWS = [
+    ("req-run-a", "running", 900, 120, 0.012, 0.091, None, 64, 1, None),
+    ("req-run-b", "running", 300, 40, 0.004, 0.045, None, 22, 0, None),
+    ("req-run-c", "running", 120, 300, 0.003, 0.030, None, 27, 0, None),
+    ("req-wait-d", "running", 700, 0, None, None, None, 0, 0, None),
+    ("req-done-e", "finished", 500, 256, 0.020, 0.110, 0.0121, 0, 2, "length"),
+    ("req-done-f", "finished", 64, 12, 0.001, 0.021, 0.0098, 0, 0, "stop"),
+    ("req-err-g", "timeout", 1500, 3, 0.900, 1.500, None, 0, 0, None),
+    ("req-done-h", "finished", 220, 90, 0.002, 0.052, 0.0105, 0, 0, "stop"),
+]
+
+
+def _row(spec: tuple, step: int) -> dict:
+    rid, state, prompt, gen, queue, ttft, tpot, kv, pre, finish = spec
+    running = state == "running" and queue is not None
+    return {
+        "id": rid, "endpoint": "chat", "state": state,
+        "http_status": None if state == "running" else (200 if state == "finished" else 504),
+        "received_at": T0, "prompt_tokens": prompt,
+        "completion_tokens": gen + (4 * step if running else 0),
+        "n": 1, "queue_s": queue, "ttft_s": ttft, "tpot_s": tpot,
+        "e2e_s": None if state == "running" else 3.2, "num_preemptions": pre,
+        "finish_reasons": [finish],
+        "error": "ttft_timeout: too slow" if state == "timeout" else None,
+        "kv_blocks": kv + (step if running else 0),
+    }  # fmt: skip
+
+
+def _pct(p50: float, p90: float, p95: float, p99: float) -> dict:
+    return {"p50": p50, "p90": p90, "p95": p95, "p99": p99, "mean": p50, "count": 40}
+
+
+def make_doc(step: int = 0, gpu: bool = True) -> dict:
+    """The /v1/stats document at `step` (values move a little with each step)."""
+    used = 113 + 5 * step
+    latency = {
+        "ttft_s": _pct(0.045, 0.1, 0.11, 1.5), "tpot_s": _pct(0.0105, 0.012, 0.0121, 0.013),
+        "itl_s": _pct(0.01, 0.012, 0.0125, 0.02), "e2e_s": _pct(1.2, 2.9, 3.2, 4.0),
+        "queue_s": _pct(0.003, 0.02, 0.02, 0.9),
+    }  # fmt: skip
+    top = [("req-run-a", 64 + step), ("req-run-c", 27 + step), ("req-run-b", 22 + step)]
+    return {
+        "object": "appliance.stats", "time": T0 + 3723 + step, "status": "ok", "model": MODEL,
+        "uptime_s": 3723.0 + step, "device": "cuda:0", "config": dict(CONFIG), "plan": None,
+        "server": {"max_queue": 128, "auth": False,
+                   "timeouts_s": {"request": 600.0, "ttft": 300.0, "stall": 60.0, "drain": 30.0}},
+        "engine": {"num_running": 3, "num_waiting": 1 + step % 3, "kv_blocks_used": used,
+                   "kv_blocks_total": 512, "num_preemptions_total": 3,
+                   "prompt_tokens_total": 10_000 + 100 * step,
+                   "generation_tokens_total": 4000 + 48 * step, "num_steps": 900 + step,
+                   "last_step_s": 0.011, "num_unfinished": 4, "kv_usage_perc": 100 * used / 512},
+        "kv": {"blocks_used": used, "blocks_total": 512, "usage_perc": 100 * used / 512,
+               "num_preemptions_total": 3,
+               "top_requests": [
+                   {"id": i, "blocks": b, "share_perc": 100 * b / used} for i, b in top],
+               "top_share_perc": 100 * sum(b for _, b in top) / used},
+        "queue": {"num_waiting": 1 + step % 3, "num_running": 3, "rejected_total": 7,
+                  "timed_out_total": 1},
+        "gpu": dict(GPU) if gpu else dict.fromkeys(GPU),
+        "requests_in_flight": 4,
+        "counters": {"requests_total": 60, "finished_total": 50, "rejected_total": 7,
+                     "errors_total": 0, "cancelled_total": 2,
+                     "timeouts_total": {"ttft_timeout": 1, "request_timeout": 0,
+                                        "stall_timeout": 0}},
+        "throughput": {"prompt_tokens_per_s": 1834.5 + step,
+                       "generation_tokens_per_s": 412.25 + step, "window_s": 10.0},
+        "latency": latency,
+        "requests": [_row(spec, step) for spec in ROWS],
+        "traces": [],
+    }  # fmt: skip
+
+
+def make_trace(request_id: str = "req-done-e") -> dict:
+    """A finished request with two prefill chunks and one preemption."""
+    summary = next(_row(s, 0) for s in ROWS if s[0] == request_id)
+    events = [
+        (0.0, "server", None, "received", None), (0.0, "engine", 0, "arrived", None),
+        (0.1, "server", None, "admitted", {"num_choices": 1}),
+        (0.2, "server", None, "queued", {"engine_ids": [request_id]}),
+        (20.0, "engine", 0, "scheduled", None),
+        (20.0, "engine", 0, "prefill_chunk", {"tokens": 256, "start": 0}),
+        (60.0, "engine", 0, "prefill_chunk", {"tokens": 244, "start": 256}),
+        (110.0, "engine", 0, "first_token", None),
+        (900.0, "engine", 0, "preempted", None), (1300.0, "engine", 0, "scheduled", None),
+        (1300.0, "engine", 0, "prefill_chunk", {"tokens": 500, "start": 0}),
+        (1380.0, "engine", 0, "first_token", None),
+        (3190.0, "engine", 0, "finished", {"reason": "length"}),
+        (3200.0, "server", None, "closed", {"status": "finished", "http_status": 200}),
+    ]  # fmt: skip
+    out = []
+    for t_ms, source, choice, event, detail in events:
+        e = {"time": T0 + t_ms / 1000, "event": event, "source": source, "t_ms": t_ms}
+        if choice is not None:
+            e["choice"] = choice
+        if detail:
+            e["detail"] = detail
+        out.append(e)
+    return {**summary, "key_name": None, "stream": True, "choices": [], "events": out}
+
+
+class FakeStatsServer:
+    """Streams `docs` in order (every `interval` s), then keeps the stream open and idle;
+    serves `traces` by id; `stop()` and `start()` simulate a server restart on the same port."""
+
+    def __init__(self, docs: list[dict], interval: float = 0.02, api_key: str | None = None):
+        self.docs, self.interval, self.api_key = docs, interval, api_key
+        self.traces = {"req-done-e": make_trace()}
+        self.port = 0
+        self.runner: web.AppRunner | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def _app(self) -> web.Application:
+        app = web.Application()
+        app.router.add_get("/v1/stats/stream", self._stream)
+        app.router.add_get("/v1/requests/{rid}", self._trace)
+        return app
+
+    def _authorized(self, request: web.Request) -> bool:
+        return not self.api_key or request.headers.get("Authorization") == f"Bearer {self.api_key}"
+
+    async def _stream(self, request: web.Request) -> web.StreamResponse:
+        if not self._authorized(request):
+            body = {
+                "error": {"message": "invalid API key", "type": "x", "param": None, "code": None}
+            }
+            return web.json_response(body, status=401)
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        sent = 0
+        while True:
+            if sent < len(self.docs):
+                await resp.write(f"data: {json.dumps(self.docs[sent])}\n\n".encode())
+                sent += 1
+            await asyncio.sleep(self.interval)
+
+    async def _trace(self, request: web.Request) -> web.Response:
+        trace = self.traces.get(request.match_info["rid"])
+        if trace is None:
+            return web.json_response({"error": {"message": "no recent request"}}, status=404)
+        return web.json_response(trace)
+
+    async def start(self) -> None:
+        self.runner = web.AppRunner(self._app(), shutdown_timeout=0.1)
+        await self.runner.setup()
+        site = web.TCPSite(self.runner, "127.0.0.1", self.port, reuse_address=True)
+        await site.start()
+        self.port = self.runner.addresses[0][1]
+
+    async def stop(self) -> None:
+        if self.runner is not None:
+            await self.runner.cleanup()
+            self.runner = None
+
+
+class ReplaySource:
+    """An in-memory StatsSource for the snapshots: a fixed URL, fixed documents, then silence."""
+
+    url = "http://appliance.lan:8000"
+
+    def __init__(self, docs: list[dict]) -> None:
+        self.docs = docs
+
+    async def stream(self) -> AsyncIterator[dict]:
+        for doc in self.docs:
+            yield copy.deepcopy(doc)
+        await asyncio.Event().wait()
+
+    async def trace(self, request_id: str) -> dict:
+        return make_trace(request_id)
+
+    async def close(self) -> None:
+        pass
+
+
+def screen_text(app) -> str:
+    """The current screen as plain text, the way a terminal without colour shows it."""
+    from rich.console import Console
+
+    width, height = app.size
+    console = Console(width=width, height=height, record=True, color_system=None,
+                      file=io.StringIO(), legacy_windows=False)  # fmt: skip
+    console.print(app.screen._compositor.render_update(full=True))
+    return console.export_text()
+
+
+async def wait_for(pilot, predicate, timeout: float = 10.0, what: str = "") -> None:
+    """Let the app run until predicate() holds (or fail after `timeout` seconds)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while not predicate():
+        assert loop.time() < deadline, f"timed out waiting for {what or predicate}"
+        await pilot.pause(0.02)
