@@ -46,7 +46,7 @@ def _common(p: argparse.ArgumentParser, slo_default: str) -> None:
     p.add_argument("--timeout", default="120s", help="per-request limit")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", type=Path, default=None, help="folder for the JSON and plots")
-    p.add_argument("--no-progress", action="store_true")  # fmt: skip
+    p.add_argument("--no-progress", action="store_true")
 
 
 def add_bench_parser(sub) -> argparse.ArgumentParser:
@@ -68,15 +68,23 @@ def add_bench_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--ramp-steps", type=int, default=4)
     p.add_argument("--num-requests", type=int, default=None, help="per level")
     p.add_argument("--duration", default="30s", help="per level (a ramp: the whole ramp)")
-    return p  # fmt: skip
+    return p
 
 
 def _setup(args) -> tuple[ClientConfig, WorkloadSpec, SLO, Path]:
-    cfg = ClientConfig(url=args.url.rstrip("/"), model=args.model,
-                       api_key=args.api_key or os.environ.get("APPLIANCE_API_KEY") or None,
-                       timeout_s=parse_duration(args.timeout))  # fmt: skip
-    spec = WorkloadSpec(LengthDist.parse(args.input_len), LengthDist.parse(args.output_len),
-                        prefix_len=args.prefix_len, jsonl=args.jsonl, seed=args.seed)  # fmt: skip
+    cfg = ClientConfig(
+        url=args.url.rstrip("/"),
+        model=args.model,
+        api_key=args.api_key or os.environ.get("APPLIANCE_API_KEY") or None,
+        timeout_s=parse_duration(args.timeout),
+    )
+    spec = WorkloadSpec(
+        LengthDist.parse(args.input_len),
+        LengthDist.parse(args.output_len),
+        prefix_len=args.prefix_len,
+        jsonl=args.jsonl,
+        seed=args.seed,
+    )
     slo = SLO.parse(args.slo, args.slo_percentile)
     out = args.out or Path("bench-results") / time.strftime(f"{args.command}-%Y%m%d-%H%M%S")
     return cfg, spec, slo, out
@@ -91,8 +99,9 @@ def bench_stages(args) -> list[Stage]:
     common = dict(num_requests=args.num_requests, duration_s=duration)
     if args.mode == "ramp":
         lo, _, hi = args.concurrency.partition("-")
-        return [Stage("ramp", float(lo), ramp_to=int(hi or lo), ramp_steps=args.ramp_steps,
-                      **common)]  # fmt: skip
+        return [
+            Stage("ramp", float(lo), ramp_to=int(hi or lo), ramp_steps=args.ramp_steps, **common)
+        ]
     if args.mode == "open":
         return [Stage("open", r, burstiness=args.burstiness, **common) for r in _levels(args.rate)]
     return [Stage("closed", c, **common) for c in _levels(args.concurrency)]
@@ -122,8 +131,10 @@ def run_bench(args) -> int:
         return 1
     summaries = summarize_all(session.stages, slo)
     console.print(table(summaries, slo))
-    config = {"argv": {k: str(v) for k, v in vars(args).items() if k != "func"},
-              "server": vars(session.info)}  # fmt: skip
+    config = {
+        "argv": {k: str(v) for k, v in vars(args).items() if k != "func"},
+        "server": vars(session.info),
+    }
     write_bench_json(out / "bench.json", config, summaries, session.stages, session.samples)
     paths = plots.bench_plots(summaries, session.results(), session.samples, slo, out)
     console.print(f"JSON: {out / 'bench.json'}")

@@ -33,10 +33,15 @@ def _top_parser(sub) -> None:
         "It reconnects by itself when the server restarts.",
     )
     p.add_argument("--url", default="http://127.0.0.1:8000", help="the appliance's base URL")
-    p.add_argument("--api-key", help="API key, when the server asks for one "
-                   "(default: $APPLIANCE_TOP_API_KEY)")  # fmt: skip
-    p.add_argument("--no-verify-tls", dest="verify_tls", action="store_false",
-                   help="accept a self-signed HTTPS certificate")  # fmt: skip
+    p.add_argument(
+        "--api-key", help="API key, when the server asks for one (default: $APPLIANCE_TOP_API_KEY)"
+    )
+    p.add_argument(
+        "--no-verify-tls",
+        dest="verify_tls",
+        action="store_false",
+        help="accept a self-signed HTTPS certificate",
+    )
 
 
 def run_top(args: argparse.Namespace) -> int:

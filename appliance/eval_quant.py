@@ -173,8 +173,9 @@ def _measure(llm, prompts: list[Prompt], opts: Options, refs: dict | None) -> di
     engine = llm.engine
     max_len = engine.config.max_model_len
     if opts.chat:
-        prompt_ids = [engine.apply_chat_template([{"role": "user", "content": p.prompt}])
-                      for p in prompts]  # fmt: skip
+        prompt_ids = [
+            engine.apply_chat_template([{"role": "user", "content": p.prompt}]) for p in prompts
+        ]
     else:
         prompt_ids = [engine.encode(p.prompt) for p in prompts]
     params = [
@@ -255,7 +256,7 @@ def _compare(base: dict, res: dict, prompts: list[Prompt]) -> dict:
                 "count": len(v),
             }
             for b, v in sorted(buckets.items())
-        ],  # fmt: skip
+        ],
         "answers": res["answers"],
         "seconds": res["seconds"],
     }
@@ -292,7 +293,7 @@ def evaluate(
                 "num_tokens": len(ids),
             }
             for p, ids in zip(prompts, base["prompt_ids"])
-        ],  # fmt: skip
+        ],
         "reference_tokens": base["ppl_tokens"],
         "scored_tokens": sum(len(s) - 1 for s in base["sequences"]),
         "kl_top_k": TOP_K,

@@ -36,19 +36,27 @@ def add_profile_parser(subparsers: argparse._SubParsersAction) -> argparse.Argum
         "model with the KV-cache formula, and print the arithmetic: the plan `serve` runs. "
         "Pinned settings are kept or refused with the one number to change.",
     )
-    p.add_argument("--model", help="HF model folder, .gguf file or a preset in profiles/models "
-                   f"({', '.join(preset_names())}); default: the embedded SmolLM2")  # fmt: skip
+    p.add_argument(
+        "--model",
+        help="HF model folder, .gguf file or a preset in profiles/models "
+        f"({', '.join(preset_names())}); default: the embedded SmolLM2",
+    )
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument(
         "--measure", action="store_true", help="measure bandwidth, matmul and memory (GPU)"
     )
-    p.add_argument("--device", choices=["auto", "cpu"], default="auto",
-                   help="cpu: plan for the CPU even when a GPU is visible")  # fmt: skip
+    p.add_argument(
+        "--device",
+        choices=["auto", "cpu"],
+        default="auto",
+        help="cpu: plan for the CPU even when a GPU is visible",
+    )
     p.add_argument("--target-num-seqs", type=int, default=8, help="concurrency to leave room for")
     p.add_argument("--useful-context", type=int, default=4096, help="...at this many tokens")
     p.add_argument("--typical-len", type=int, default=1024, help="a typical request's tokens")
-    add_engine_flags(p, (*PINNABLE, "block_size", "enforce_eager", "quant_block_size",
-                         "quantize_embeddings"))  # fmt: skip
+    add_engine_flags(
+        p, (*PINNABLE, "block_size", "enforce_eager", "quant_block_size", "quantize_embeddings")
+    )
     return p
 
 
@@ -116,10 +124,16 @@ def run_profile(args: argparse.Namespace) -> int:
     elif args.measure:
         measured, memory = _measure(folder, config, device, notes)
     if args.json:
-        report = {"model": name, "probe": probe_dict(found), "device": asdict(device),
-                  "plan": result.to_dict(), "engine_config": result.engine_kwargs(),
-                  "measured": measured or None, "notes": notes,
-                  "memory_check": report_dict(memory) if memory else None}  # fmt: skip
+        report = {
+            "model": name,
+            "probe": probe_dict(found),
+            "device": asdict(device),
+            "plan": result.to_dict(),
+            "engine_config": result.engine_kwargs(),
+            "measured": measured or None,
+            "notes": notes,
+            "memory_check": report_dict(memory) if memory else None,
+        }
         print(json.dumps(report, indent=2))
     else:
         print_tables(name, model, found, device, result, measured, notes, memory)

@@ -39,10 +39,11 @@ def print_tables(
         rows += [
             ("GPU memory total / free", f"{total} / {free} GiB"),
             ("compute capability", _na(cc and f"{cc[0]}.{cc[1]}")),
-            ("bf16", _na(gpu.bf16_supported)), ("SMs", _na(gpu.num_sms)),
+            ("bf16", _na(gpu.bf16_supported)),
+            ("SMs", _na(gpu.num_sms)),
             ("bandwidth (NVML)", _na(gpu.bandwidth_gbs, "{:.0f} GB/s")),
             ("driver", _na(gpu.driver_version)),
-        ]  # fmt: skip
+        ]
     ram = cpu.total_ram_bytes and cpu.total_ram_bytes / GIB
     avail = cpu.available_ram_bytes and cpu.available_ram_bytes / GIB
     cores = f"{_na(cpu.num_cores)} cores / {_na(cpu.num_threads)} threads"
@@ -74,19 +75,31 @@ def print_tables(
     mem.add_row("allocator cache", g(p.allocator_bytes), "cached blocks beyond live tensors")
     mem.add_row("CUDA context", g(p.cuda_context_bytes), "from the class profile")
     mem.add_row("safety margin", g(p.margin_bytes), "3% of the budget, at least 256 MiB")
-    mem.add_row("KV bytes / token", f"{p.kv_bytes_per_token:,} B",
-                f"2 x {model.num_layers} layers x {model.num_kv_heads} KV heads x "
-                f"{model.head_dim} x {kv_b} B ({p.kv_cache_dtype})")  # fmt: skip
-    mem.add_row("KV pool", g(p.kv_pool_bytes), f"{p.num_kv_blocks} blocks x {p.block_size} "
-                f"tokens x {p.kv_bytes_per_token:,} B")  # fmt: skip
-    mem.add_row("concurrency", f"{p.concurrency_at_max_len} @ {p.max_model_len}",
-                f"{p.concurrency_at_typical_len} @ a typical {p.typical_len} tokens")  # fmt: skip
+    mem.add_row(
+        "KV bytes / token",
+        f"{p.kv_bytes_per_token:,} B",
+        f"2 x {model.num_layers} layers x {model.num_kv_heads} KV heads x "
+        f"{model.head_dim} x {kv_b} B ({p.kv_cache_dtype})",
+    )
+    mem.add_row(
+        "KV pool",
+        g(p.kv_pool_bytes),
+        f"{p.num_kv_blocks} blocks x {p.block_size} tokens x {p.kv_bytes_per_token:,} B",
+    )
+    mem.add_row(
+        "concurrency",
+        f"{p.concurrency_at_max_len} @ {p.max_model_len}",
+        f"{p.concurrency_at_typical_len} @ a typical {p.typical_len} tokens",
+    )
     if device.bandwidth_gbs:
         floor_s = (p.weight_bytes + p.typical_len * p.kv_bytes_per_token) / (
             device.bandwidth_gbs * 1e9
         )
-        mem.add_row("decode floor", f"{1 / floor_s:,.0f} tok/s", "one sequence: (weights + KV)"
-                    f" / {device.bandwidth_gbs:.0f} GB/s")  # fmt: skip
+        mem.add_row(
+            "decode floor",
+            f"{1 / floor_s:,.0f} tok/s",
+            f"one sequence: (weights + KV) / {device.bandwidth_gbs:.0f} GB/s",
+        )
     console.print(mem)
 
     settings = Table(title="Settings (engine config)")

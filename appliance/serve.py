@@ -60,8 +60,10 @@ def run_server(settings: ServeSettings, loader: Callable[[], Any] | None = None)
         print(f"appliance serve: {refusal}", file=sys.stderr)
         return 2
     if settings.tui and not (sys.stdin.isatty() and sys.stdout.isatty()):
-        print("appliance serve: --tui needs a terminal (stdin and stdout are not a TTY)",
-              file=sys.stderr)  # fmt: skip
+        print(
+            "appliance serve: --tui needs a terminal (stdin and stdout are not a TTY)",
+            file=sys.stderr,
+        )
         return 2
     log_target: dict = {"stream": sys.stderr}
     if settings.tui:
@@ -69,8 +71,9 @@ def run_server(settings: ServeSettings, loader: Callable[[], Any] | None = None)
         try:
             log_path.parent.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
-            print(f"appliance serve: cannot create {log_path.parent}: {exc.strerror}",
-                  file=sys.stderr)  # fmt: skip
+            print(
+                f"appliance serve: cannot create {log_path.parent}: {exc.strerror}", file=sys.stderr
+            )
             return 2
         log_target = {"filename": str(log_path)}
     logging.basicConfig(level=settings.log_level.upper(), format=LOG_FORMAT, **log_target)
@@ -246,8 +249,11 @@ async def _serve_with_dashboard(
         handler.detach()
         state = app[STATE]
         if state.inflight:
-            print(f"appliance: draining {len(state.inflight)} requests (up to "
-                  f"{settings.drain_timeout:g}s)…", file=sys.stderr)  # fmt: skip
+            print(
+                f"appliance: draining {len(state.inflight)} requests (up to "
+                f"{settings.drain_timeout:g}s)…",
+                file=sys.stderr,
+            )
         drained = await state.drain(settings.drain_timeout)
         logger.info("drain %s; stopping", "complete" if drained else "timed out: cut the rest")
         await runner.cleanup()

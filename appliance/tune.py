@@ -12,8 +12,18 @@ from appliance.loadgen.profile import TunedProfile, load_tuned_profile, write_tu
 from appliance.loadgen.report import SLO, LevelSummary, percentile
 from appliance.loadgen.runner import StatsSample
 
-__all__ = ["Drift", "Probe", "SearchResult", "TunedProfile", "build_profile", "check_slo",
-           "detect_drift", "load_tuned_profile", "search", "write_tuned_profile"]  # fmt: skip
+__all__ = [
+    "Drift",
+    "Probe",
+    "SearchResult",
+    "TunedProfile",
+    "build_profile",
+    "check_slo",
+    "detect_drift",
+    "load_tuned_profile",
+    "search",
+    "write_tuned_profile",
+]
 
 MAX_ERROR_FRAC = 0.01
 """More failed requests than this share breaks the SLO, whatever the latencies."""
@@ -163,9 +173,17 @@ def detect_drift(results: list[RequestResult], samples: list[StatsSample]) -> Dr
     return Drift(ratios, None if mem is None else int(mem), kv, notes)
 
 
-def build_profile(name: str, info, result: SearchResult, soak: LevelSummary | None,
-                  drift: Drift | None, slo: SLO, workload: dict,
-                  soak_s: float, chosen: dict | None = None) -> TunedProfile:  # fmt: skip
+def build_profile(
+    name: str,
+    info,
+    result: SearchResult,
+    soak: LevelSummary | None,
+    drift: Drift | None,
+    slo: SLO,
+    workload: dict,
+    soak_s: float,
+    chosen: dict | None = None,
+) -> TunedProfile:
     """The profile of a finished tune (`info` is the server's ServerInfo); `chosen`: the engine
     settings of the winning sweep point, recorded over what the server reported."""
     best = result.best_probe
@@ -191,7 +209,7 @@ def build_profile(name: str, info, result: SearchResult, soak: LevelSummary | No
         hardware={
             "gpu": info.gpu_name or ("cpu" if info.device == "cpu" else None),
             "device": info.device,
-        },  # fmt: skip
+        },
         model={"name": info.model, "dtype": info.dtype, "quantization": info.quantization},
         chosen={
             "max_concurrency": result.best,

@@ -70,7 +70,7 @@ def add_tune_parser(sub) -> argparse.ArgumentParser:
         f"adaptive_batching=off,on ({', '.join(TUNABLE)})",
     )
     p.add_argument("--startup-timeout", default="15m", help="with --serve: wait this long for it")
-    return p  # fmt: skip
+    return p
 
 
 def run_tune(args) -> int:
@@ -108,8 +108,18 @@ def run_tune(args) -> int:
         return 1
 
 
-async def _tune(args, cfg, spec, slo, out, step_s, soak_s, console, launch=None,
-                points: list[dict] | None = None) -> int:  # fmt: skip
+async def _tune(
+    args,
+    cfg,
+    spec,
+    slo,
+    out,
+    step_s,
+    soak_s,
+    console,
+    launch=None,
+    points: list[dict] | None = None,
+) -> int:
     """Search every point (one point, the server at cfg.url, without `launch`), soak the best
     and write the profile. `launch(point, index)` is an async context manager yielding a URL."""
     from appliance.loadgen import plots  # matplotlib loads only when plotting
@@ -126,11 +136,14 @@ async def _tune(args, cfg, spec, slo, out, step_s, soak_s, console, launch=None,
         def report(p: tuning.Probe) -> None:
             verdict = "[green]meets SLO" if p.ok else "[red]" + "; ".join(p.reasons)
             s = p.summary
-            console.print(f"probe {p.order}: concurrency {p.concurrency:>4}  {s.num_ok} ok  "
-                          f"{s.output_token_throughput:8.1f} tok/s  {verdict}")  # fmt: skip
+            console.print(
+                f"probe {p.order}: concurrency {p.concurrency:>4}  {s.num_ok} ok  "
+                f"{s.output_token_throughput:8.1f} tok/s  {verdict}"
+            )
 
-        return await tuning.search(measure, slo, args.start, args.max_concurrency, report,
-                                   getattr(args, "resolution", 0.0))  # fmt: skip
+        return await tuning.search(
+            measure, slo, args.start, args.max_concurrency, report, getattr(args, "resolution", 0.0)
+        )
 
     rows: list[tune_sweep.PointResult] = []
     async with contextlib.AsyncExitStack() as stack:
@@ -138,11 +151,16 @@ async def _tune(args, cfg, spec, slo, out, step_s, soak_s, console, launch=None,
         for index, point in enumerate(points):
             await stack.aclose()
             if len(points) > 1:
-                console.rule(f"sweep point {index + 1}/{len(points)}: "
-                             f"{tune_sweep.point_label(point)}")  # fmt: skip
+                console.rule(
+                    f"sweep point {index + 1}/{len(points)}: {tune_sweep.point_label(point)}"
+                )
             url = await stack.enter_async_context(launch(point, index))
-            async with LoadSession(dataclasses.replace(cfg, url=url), spec, console=console,
-                                   show_progress=not args.no_progress) as session:  # fmt: skip
+            async with LoadSession(
+                dataclasses.replace(cfg, url=url),
+                spec,
+                console=console,
+                show_progress=not args.no_progress,
+            ) as session:
                 result = await measured_search(session)
             rows.append(tune_sweep.PointResult(point, result, session.info))
         winner = tune_sweep.pick_best(rows)
@@ -159,12 +177,18 @@ async def _tune(args, cfg, spec, slo, out, step_s, soak_s, console, launch=None,
             console.rule(f"soak at the best point: {winner.label}")
             url = await stack.enter_async_context(launch(winner.point, len(points)))
         result = winner.result
-        async with LoadSession(dataclasses.replace(cfg, url=url), spec, console=console,
-                               show_progress=not args.no_progress) as session:  # fmt: skip
+        async with LoadSession(
+            dataclasses.replace(cfg, url=url),
+            spec,
+            console=console,
+            show_progress=not args.no_progress,
+        ) as session:
             if soak_s is None:
                 soak_s = 1800.0 if (session.info.device or "cpu").startswith("cuda") else 60.0
-            console.print(f"best concurrency {result.best} (first bad: {result.first_bad}); "
-                          f"soaking {soak_s:g}s")  # fmt: skip
+            console.print(
+                f"best concurrency {result.best} (first bad: {result.first_bad}); "
+                f"soaking {soak_s:g}s"
+            )
             soak_stage = await session.run(Stage("closed", result.best, duration_s=soak_s), "soak")
             soak = summarize(soak_stage, slo)
             drift = tuning.detect_drift(soak_stage.results, session.samples)
@@ -172,17 +196,24 @@ async def _tune(args, cfg, spec, slo, out, step_s, soak_s, console, launch=None,
                 drift.notes.append(f"soak broke the SLO: {reason}")
     info = session.info
     name = args.name or "-".join(
-        x.replace("/", "_").replace(" ", "_") for x in (info.model or "model", info.gpu_name
-                                                        or info.device or "unknown"))  # fmt: skip
-    workload = {"input_len": args.input_len, "output_len": args.output_len,
-                "prefix_len": args.prefix_len, "jsonl": str(args.jsonl or "")}  # fmt: skip
-    prof = tuning.build_profile(name, info, result, soak, drift, slo, workload, soak_s,
-                                chosen=winner.point)  # fmt: skip
+        x.replace("/", "_").replace(" ", "_")
+        for x in (info.model or "model", info.gpu_name or info.device or "unknown")
+    )
+    workload = {
+        "input_len": args.input_len,
+        "output_len": args.output_len,
+        "prefix_len": args.prefix_len,
+        "jsonl": str(args.jsonl or ""),
+    }
+    prof = tuning.build_profile(
+        name, info, result, soak, drift, slo, workload, soak_s, chosen=winner.point
+    )
     path = tuning.write_tuned_profile(prof, args.profile_out)
     summaries = [p.summary for p in sorted(result.probes, key=lambda p: p.concurrency)]
     console.print(table(summaries + [soak], slo, title="appliance tune (probes, then soak)"))
-    console.print(("[green]soak stable" if drift.stable else "[yellow]soak drift: ")
-                  + "; ".join(drift.notes))  # fmt: skip
+    console.print(
+        ("[green]soak stable" if drift.stable else "[yellow]soak drift: ") + "; ".join(drift.notes)
+    )
     paths = [plots.search_path(result.probes, slo, out / "tune_search.png")]
     paths += [out / "tune_sweep.png"] if len(rows) > 1 else []
     paths += plots.bench_plots(summaries, soak_stage.results, session.samples, slo, out)
@@ -202,9 +233,16 @@ def _fixed_url(url: str):
 
 def _write_json(path: Path, profile: Path, rows, winner, drift) -> None:
     def probes(result):
-        return [{"concurrency": p.concurrency, "ok": p.ok, "reasons": p.reasons,
-                 "output_token_throughput": p.summary.output_token_throughput,
-                 "goodput": p.summary.goodput} for p in result.probes]  # fmt: skip
+        return [
+            {
+                "concurrency": p.concurrency,
+                "ok": p.ok,
+                "reasons": p.reasons,
+                "output_token_throughput": p.summary.output_token_throughput,
+                "goodput": p.summary.goodput,
+            }
+            for p in result.probes
+        ]
 
     doc = {
         "profile": str(profile),
@@ -220,7 +258,7 @@ def _write_json(path: Path, profile: Path, rows, winner, drift) -> None:
                 "probes": probes(r.result),
             }
             for r in rows
-        ],  # fmt: skip
+        ],
         "drift_notes": drift.notes,
     }
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -92,8 +92,16 @@ def pick_best(rows: list[PointResult]) -> PointResult | None:
 
 def sweep_table(rows: list[PointResult], winner: PointResult | None, pct: str) -> Table:
     table = Table(title="appliance tune: sweep points")
-    for col in ("point", "best concurrency", "first bad", "out tok/s", "goodput req/s",
-                f"{pct} TTFT ms", f"{pct} TPOT ms", ""):  # fmt: skip
+    for col in (
+        "point",
+        "best concurrency",
+        "first bad",
+        "out tok/s",
+        "goodput req/s",
+        f"{pct} TTFT ms",
+        f"{pct} TPOT ms",
+        "",
+    ):
         table.add_column(col, justify="left" if col == "point" else "right")
     for r in rows:
         p = r.result.best_probe
@@ -103,16 +111,27 @@ def sweep_table(rows: list[PointResult], winner: PointResult | None, pct: str) -
             v = s.get(metric, pct) if s else None
             return "n/a" if v is None else f"{v * 1000:.1f}"
 
-        table.add_row(r.label, str(r.result.best or "none"), str(r.result.first_bad or "-"),
-                      f"{s.output_token_throughput:.1f}" if s else "n/a",
-                      f"{s.goodput:.2f}" if s else "n/a", ms("ttft_s"), ms("tpot_s"),
-                      "[green]best" if r is winner else "")  # fmt: skip
+        table.add_row(
+            r.label,
+            str(r.result.best or "none"),
+            str(r.result.first_bad or "-"),
+            f"{s.output_token_throughput:.1f}" if s else "n/a",
+            f"{s.goodput:.2f}" if s else "n/a",
+            ms("ttft_s"),
+            ms("tpot_s"),
+            "[green]best" if r is winner else "",
+        )
     return table
 
 
 @contextlib.asynccontextmanager
-async def serve_process(model: str | None, serve_args: list[str], point: dict, log_path: Path,
-                        startup_timeout_s: float = 900.0) -> AsyncIterator[str]:  # fmt: skip
+async def serve_process(
+    model: str | None,
+    serve_args: list[str],
+    point: dict,
+    log_path: Path,
+    startup_timeout_s: float = 900.0,
+) -> AsyncIterator[str]:
     """`appliance serve` on a free local port with the point's settings; yields its base URL
     once it prints the serving line, and drains and stops it (SIGTERM) afterwards."""
     cmd = [sys.executable, "-m", "appliance", "serve", "--host", "127.0.0.1", "--port", "0"]
@@ -127,13 +146,16 @@ async def serve_process(model: str | None, serve_args: list[str], point: dict, l
         try:
             url = await asyncio.wait_for(_serving_url(proc, log), startup_timeout_s)
             if url is None:
-                raise RuntimeError(f"appliance serve ({point_label(point)}) exited with "
-                                   f"{proc.returncode}; its log: {log_path}")  # fmt: skip
+                raise RuntimeError(
+                    f"appliance serve ({point_label(point)}) exited with "
+                    f"{proc.returncode}; its log: {log_path}"
+                )
             drain = asyncio.create_task(_copy(proc.stdout, log))
             yield url
         except TimeoutError:
-            raise RuntimeError(f"appliance serve did not start in {startup_timeout_s:g}s; "
-                               f"its log: {log_path}") from None  # fmt: skip
+            raise RuntimeError(
+                f"appliance serve did not start in {startup_timeout_s:g}s; its log: {log_path}"
+            ) from None
         finally:
             if proc.returncode is None:
                 proc.send_signal(signal.SIGTERM)

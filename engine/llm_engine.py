@@ -115,10 +115,18 @@ class LLMEngine:
         vocab = self.model_config.vocab_size
         gen = random.Random(1)
         params = SamplingParams(
-            max_tokens=2, temperature=0.8, top_p=0.9, top_k=50, min_p=0.01,
-            repetition_penalty=1.1, presence_penalty=0.1, frequency_penalty=0.1,
-            logprobs=5, ignore_eos=True, seed=0,
-        )  # fmt: skip
+            max_tokens=2,
+            temperature=0.8,
+            top_p=0.9,
+            top_k=50,
+            min_p=0.01,
+            repetition_penalty=1.1,
+            presence_penalty=0.1,
+            frequency_penalty=0.1,
+            logprobs=5,
+            ignore_eos=True,
+            seed=0,
+        )
         longs = cfg.budget_prompt_lengths(params.max_tokens) or [1]
         for i in range(cfg.max_num_seqs - len(longs)):
             self.add_request(f"__peak-{i}", [gen.randrange(vocab)], params)

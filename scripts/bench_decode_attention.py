@@ -30,9 +30,16 @@ from engine.timing import graph_seconds  # noqa: E402
 from scripts.bench_floor import measure_hardware  # noqa: E402
 
 CONFIGS = [  # (BLOCK_N, num_warps, num_stages)
-    (64, 4, 3), (64, 4, 2), (64, 4, 4), (64, 8, 3), (32, 4, 3), (32, 4, 4),
-    (128, 4, 2), (128, 8, 2), (128, 8, 3),
-]  # fmt: skip
+    (64, 4, 3),
+    (64, 4, 2),
+    (64, 4, 4),
+    (64, 8, 3),
+    (32, 4, 3),
+    (32, 4, 4),
+    (128, 4, 2),
+    (128, 8, 2),
+    (128, 8, 3),
+]
 
 
 def make_case(args, g: torch.Generator):
@@ -82,8 +89,9 @@ def main(argv: list[str] | None = None) -> int:
             paged_args._chosen.clear()
 
             def call(splits=splits, ws=ws):
-                return da.decode_attention(q, k, v, tables, lens, scale, num_splits=splits,
-                                           workspace=ws)  # fmt: skip
+                return da.decode_attention(
+                    q, k, v, tables, lens, scale, num_splits=splits, workspace=ws
+                )
 
             try:
                 err = (call().float() - ref).abs().max().item()
@@ -93,9 +101,14 @@ def main(argv: list[str] | None = None) -> int:
                 continue
             rate = nbytes / (us * 1e-6)
             rows.append(dict(splits=splits, **config, us=us, err=err))
-            table.add_row(str(splits), f"{block_n}, {warps}, {stages}", f"{us:.1f}",
-                          f"{rate / 1e12:.2f}", f"{100 * rate / hw.bandwidth:.0f}%",
-                          f"{err:.3g}")  # fmt: skip
+            table.add_row(
+                str(splits),
+                f"{block_n}, {warps}, {stages}",
+                f"{us:.1f}",
+                f"{rate / 1e12:.2f}",
+                f"{100 * rate / hw.bandwidth:.0f}%",
+                f"{err:.3g}",
+            )
     da.tile_configs = real
     console.print(table)
     if args.out:

@@ -65,15 +65,19 @@ def variants(n: int, k: int, m: int, copies: int, dtype: torch.dtype, paths=PATH
     if "cublas" in paths or "gemv" in paths:
         yield from _bf16(x, n, k, copies, g, paths)
     if "int8" in paths:
-        q8 = [torch.randint(-127, 128, (n, k), device="cuda", dtype=torch.int8, generator=g)
-              for _ in range(copies)]  # fmt: skip
+        q8 = [
+            torch.randint(-127, 128, (n, k), device="cuda", dtype=torch.int8, generator=g)
+            for _ in range(copies)
+        ]
         s8 = torch.rand(n, device="cuda", generator=g) / 127
         yield from _quantized("int8", x, [(q, s8, None, None, 0) for q in q8], n * k + n * 4)
         del q8
     if "int4" in paths:
         group, code = 64, code_table("nf4").cuda()
-        q4 = [torch.randint(0, 256, (n, k // 2), device="cuda", dtype=torch.uint8, generator=g)
-              for _ in range(copies)]  # fmt: skip
+        q4 = [
+            torch.randint(0, 256, (n, k // 2), device="cuda", dtype=torch.uint8, generator=g)
+            for _ in range(copies)
+        ]
         s4 = torch.rand(n, k // group, device="cuda", generator=g)
         layers = [(q, s4, code, None, group) for q in q4]
         yield from _quantized("int4", x, layers, n * k // 2 + s4.numel() * 4)
@@ -142,15 +146,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--m", type=int, default=1, help="rows of x (1 = batch-1 decode)")
     ap.add_argument("--paths", default=",".join(PATHS), help="which of " + ",".join(PATHS))
     ap.add_argument(
-        "--configs", default=None,
+        "--configs",
+        default=None,
         help='JSON {"int8"|"int4": [[BLOCK_N, BLOCK_K or groups, warps(, stages)], ...]}: '
         "time these split-K configs instead of wq_gemv.CONFIGS",
-    )  # fmt: skip
+    )
     ap.add_argument(
-        "--gemm-configs", default=None,
+        "--gemm-configs",
+        default=None,
         help='JSON {"int8"|"int4": [[BLOCK_N, BLOCK_M, BLOCK_K, warps, stages, ahead], ...]}: '
         "time these wq_gemm configs (at --m's row bucket) instead of wq_gemm.CONFIGS",
-    )  # fmt: skip
+    )
     args = ap.parse_args(argv)
     paths = tuple(p for p in args.paths.split(",") if p)
     if unknown := set(paths) - set(PATHS):
@@ -173,9 +179,14 @@ def main(argv: list[str] | None = None) -> int:
             rate = nbytes / (us * 1e-6)
             rows.append(dict(shape=name, n=n, k=k, path=path, us=us, bytes=nbytes, err=err))
             table.add_row(
-                name, f"{n}x{k}", path, f"{us:.1f}", f"{rate / 1e9:.0f}",
-                f"{100 * rate / bw:.0f}%", f"{err:.3g}",
-            )  # fmt: skip
+                name,
+                f"{n}x{k}",
+                path,
+                f"{us:.1f}",
+                f"{rate / 1e9:.0f}",
+                f"{100 * rate / bw:.0f}%",
+                f"{err:.3g}",
+            )
             family = path.split("(")[0]
             best = per_token.setdefault(family, {})
             best[name] = min(best.get(name, float("inf")), us * count)

@@ -49,7 +49,6 @@ from scripts.bench_floor import (  # noqa: E402
     verdict,
 )
 from scripts.bench_presets import (  # noqa: E402
-    load_preset,
     materialise_preset,
     random_lengths,
     random_prompts,
@@ -60,19 +59,50 @@ BIG, SMALL = "llama-3-8b", "qwen3-0.6b"  # A, B, C run on BIG; D on SMALL
 # Workload sizes per mode. "full" is the published workloads'; only full rows are judged against
 # the targets (C also in "quick", where it is unchanged). "tiny" also shrinks the models (--tiny,
 # on a CPU).
-# fmt: off
 SIZES = {
-    "full": dict(a_requests=256, a_prompt=(100, 1024), a_output=512, b_prompt=128, b_output=512,
-                 b_repeats=3, c_prompts=(1024, 4096), c_repeats=5, d_requests=256,
-                 d_prompt=(100, 1024), d_output=(100, 1024), hf_requests=64, hf_output=128),
-    "tiny": dict(a_requests=4, a_prompt=(8, 32), a_output=8, b_prompt=16, b_output=8,
-                 b_repeats=2, c_prompts=(32, 64), c_repeats=2, d_requests=4, d_prompt=(8, 32),
-                 d_output=(4, 12), hf_requests=3, hf_output=4),
+    "full": dict(
+        a_requests=256,
+        a_prompt=(100, 1024),
+        a_output=512,
+        b_prompt=128,
+        b_output=512,
+        b_repeats=3,
+        c_prompts=(1024, 4096),
+        c_repeats=5,
+        d_requests=256,
+        d_prompt=(100, 1024),
+        d_output=(100, 1024),
+        hf_requests=64,
+        hf_output=128,
+    ),
+    "tiny": dict(
+        a_requests=4,
+        a_prompt=(8, 32),
+        a_output=8,
+        b_prompt=16,
+        b_output=8,
+        b_repeats=2,
+        c_prompts=(32, 64),
+        c_repeats=2,
+        d_requests=4,
+        d_prompt=(8, 32),
+        d_output=(4, 12),
+        hf_requests=3,
+        hf_output=4,
+    ),
 }
-SIZES["quick"] = {**SIZES["full"], "a_requests": 32, "a_output": 128, "b_output": 128,
-                  "b_repeats": 1, "c_repeats": 3, "d_requests": 32, "d_output": (100, 256),
-                  "hf_requests": 16, "hf_output": 32}
-# fmt: on
+SIZES["quick"] = {
+    **SIZES["full"],
+    "a_requests": 32,
+    "a_output": 128,
+    "b_output": 128,
+    "b_repeats": 1,
+    "c_repeats": 3,
+    "d_requests": 32,
+    "d_output": (100, 256),
+    "hf_requests": 16,
+    "hf_output": 32,
+}
 
 
 # --- workloads ---------------------------------------------------------------------------------
@@ -122,12 +152,17 @@ class Engines:
         else:
             need, seqs = sz["d_prompt"][1] + sz["d_output"][1], sz["d_requests"]
         batched = max(a.max_num_batched_tokens, max(sz["c_prompts"]))  # C: one prefill step
-        # fmt: off
-        return dict(max_model_len=-(-need // 256) * 256, max_num_seqs=seqs,
-                    max_num_batched_tokens=batched, device=a.device, dtype=a.dtype,
-                    load_format="random", seed=0, enforce_eager=a.eager,
-                    gpu_memory_utilization=a.gpu_memory_utilization)
-        # fmt: on
+        return dict(
+            max_model_len=-(-need // 256) * 256,
+            max_num_seqs=seqs,
+            max_num_batched_tokens=batched,
+            device=a.device,
+            dtype=a.dtype,
+            load_format="random",
+            seed=0,
+            enforce_eager=a.eager,
+            gpu_memory_utilization=a.gpu_memory_utilization,
+        )
 
     def get(self, preset: str) -> LLM:
         if preset != self.preset:
@@ -268,51 +303,6 @@ def _profiled_ttft(llm: LLM, prompt: list[list[int]]) -> dict:
     return kernel_table(prof, wall, 1, top=8)
 
 
-def compare_hf(engines: Engines, sz: dict, args: argparse.Namespace) -> dict:
-    """Reduced workload A on our engine, then on transformers' generate_batch (same prompts)."""
-    preset, n, out_len = BIG, sz["hf_requests"], sz["hf_output"]
-    raw = load_preset(preset, args.tiny)
-    prompts = random_prompts(n, *sz["a_prompt"], raw["vocab_size"], seed=40)
-    llm = engines.get(preset)
-    elapsed, outs, _ = _timed_generate(llm, prompts, [out_len] * n)
-    ours = sum(len(o.token_ids) for o in outs) / elapsed
-    engines.drop()
-    try:
-        hf, hf_tokens = _hf_generate_batch(raw, prompts, out_len, args)
-    finally:
-        engines.drop()  # frees transformers' model too
-    return dict(
-        model=preset,
-        requests=n,
-        output_len=out_len,
-        prompt_range=list(sz["a_prompt"]),
-        ours_tok_s=ours,
-        hf_tok_s=hf,
-        hf_output_tokens=hf_tokens,
-        speedup=ours / hf,
-    )
-
-
-def _hf_generate_batch(raw: dict, prompts, out_len: int, args) -> tuple[float, int]:
-    """transformers' continuous batching on random weights: (out tok/s, output tokens)."""
-    from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig
-
-    cfg = AutoConfig.for_model(**{k: v for k, v in raw.items() if k != "torch_dtype"})
-    with torch.device(args.device):
-        model = AutoModelForCausalLM.from_config(cfg, dtype=getattr(torch, args.dtype)).eval()
-
-    def run(batch, tokens):
-        gen = GenerationConfig(max_new_tokens=tokens, do_sample=False, eos_token_id=None)
-        return model.generate_batch(batch, generation_config=gen, max_new_tokens=tokens)
-
-    run([p[:32] for p in prompts[:4]], 4)  # warm-up
-    start = time.perf_counter()
-    results = run(prompts, out_len)
-    elapsed = time.perf_counter() - start
-    num_out = sum(len(r.generated_tokens) for r in results.values())
-    return num_out / elapsed, num_out
-
-
 def write_results(out: Path, results: dict) -> None:
     tmp = out / "bench_gpu.json.tmp"
     tmp.write_text(json.dumps(results, indent=2, default=str))
@@ -329,8 +319,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--dtype", default=None, help="bfloat16 on a GPU, float32 with --tiny")
     ap.add_argument("--tiny", action="store_true", help="tiny shapes (CPU end-to-end check)")
-    ap.add_argument("--planned", action="store_true",
-                    help="engines as plain LLM(folder): every setting planned")  # fmt: skip
+    ap.add_argument(
+        "--planned", action="store_true", help="engines as plain LLM(folder): every setting planned"
+    )
     ap.add_argument("--max-num-batched-tokens", type=int, default=8192)
     ap.add_argument("--gpu-memory-utilization", type=float, default=0.9)
     ap.add_argument("--time-budget", type=float, default=540.0, help="seconds for it all")
@@ -343,6 +334,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from scripts.bench_gpu_hf import compare_hf
+
     args = parse_args(argv)
     mode = "tiny" if args.tiny else "quick" if args.quick else "full"
     sz = SIZES[mode]
@@ -367,7 +360,7 @@ def main(argv: list[str] | None = None) -> int:
             "A": lambda: bench_throughput(engines, hw, sz, "A", full),
             "B": lambda: bench_batch1(engines, hw, sz, full),
             "C": lambda: bench_ttft(engines, hw, sz, c_full),
-            "HF": lambda: compare_hf(engines, sz, args),
+            "HF": lambda: compare_hf(engines, sz, args),  # scripts/bench_gpu_hf.py
             "D": lambda: bench_throughput(engines, hw, sz, "D", full),
         }
         # HF after C and before D: it reuses the big model's engine, then frees the GPU.

@@ -60,9 +60,14 @@ def timed_phases(engine) -> dict[str, float]:
 
         setattr(owner, name, timed)
 
-    for owner, name in [(engine.scheduler, "schedule"), (engine.scheduler, "resolve"),
-                        (model_runner, "prepare_inputs"), (model_runner, "prepare_sampling"),
-                        (model_runner, "sample"), (engine, "_output")]:  # fmt: skip
+    for owner, name in [
+        (engine.scheduler, "schedule"),
+        (engine.scheduler, "resolve"),
+        (model_runner, "prepare_inputs"),
+        (model_runner, "prepare_sampling"),
+        (model_runner, "sample"),
+        (engine, "_output"),
+    ]:
         wrap(owner, name, name)
     return spent
 
@@ -76,9 +81,15 @@ def main(argv: list[str] | None = None) -> None:
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
     folder = materialise_preset("llama-3-8b", "/tmp", tiny=True)
-    llm = LLM(str(folder), device="cpu", load_format="random", max_model_len=8192,
-              max_num_seqs=args.seqs, max_num_batched_tokens=8192,
-              num_kv_blocks=args.seqs * 100 + 1024)  # fmt: skip
+    llm = LLM(
+        str(folder),
+        device="cpu",
+        load_format="random",
+        max_model_len=8192,
+        max_num_seqs=args.seqs,
+        max_num_batched_tokens=8192,
+        num_kv_blocks=args.seqs * 100 + 1024,
+    )
     engine = llm.engine
     cfg = engine.model_config
     engine.runner.model = StubModel(cfg.hidden_size, cfg.vocab_size)
@@ -98,8 +109,10 @@ def main(argv: list[str] | None = None) -> None:
         start = time.perf_counter()
         engine.step()
         times.append((time.perf_counter() - start) * 1e3)
-    print(f"host cost per decode step, {args.seqs} sequences: median "
-          f"{statistics.median(times):.2f} ms, min {min(times):.2f} ms")  # fmt: skip
+    print(
+        f"host cost per decode step, {args.seqs} sequences: median "
+        f"{statistics.median(times):.2f} ms, min {min(times):.2f} ms"
+    )
     for name, seconds in sorted(spent.items(), key=lambda kv: -kv[1]):
         print(f"  {name:18s} {seconds / args.steps * 1e3:6.2f} ms")
 
@@ -116,8 +129,10 @@ def prefill_host(llm: LLM, args: argparse.Namespace) -> None:
         start = time.perf_counter()
         llm.generate(prompt, params)
         times.append((time.perf_counter() - start) * 1e3)
-    print(f"host cost of one {args.prefill}-token request: median "
-          f"{statistics.median(times):.2f} ms, min {min(times):.2f} ms")  # fmt: skip
+    print(
+        f"host cost of one {args.prefill}-token request: median "
+        f"{statistics.median(times):.2f} ms, min {min(times):.2f} ms"
+    )
     for name, seconds in sorted(spent.items(), key=lambda kv: -kv[1]):
         print(f"  {name:18s} {seconds / args.steps * 1e3:6.2f} ms")
 

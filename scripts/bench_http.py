@@ -62,10 +62,25 @@ def main() -> int:
     try:
         url = f"http://127.0.0.1:{port}"
         wait_healthy(url)
-        bench = [sys.executable, "-m", "appliance", "bench", "--url", url, "--no-progress",
-                 "--concurrency", args.concurrency, "--input-len", "16",
-                 "--output-len", args.output_len, "--duration", args.duration,
-                 "--out", args.out]  # fmt: skip
+        bench = [
+            sys.executable,
+            "-m",
+            "appliance",
+            "bench",
+            "--url",
+            url,
+            "--no-progress",
+            "--concurrency",
+            args.concurrency,
+            "--input-len",
+            "16",
+            "--output-len",
+            args.output_len,
+            "--duration",
+            args.duration,
+            "--out",
+            args.out,
+        ]
         return subprocess.call(bench, cwd=ROOT)
     finally:
         server.terminate()

@@ -88,8 +88,14 @@ def kernel_times(contexts: list[int], batches: list[int], bandwidth: float) -> l
 def drift(model: str, length: int, bucket: int, device="cuda", tiny=False) -> list[dict]:
     with tempfile.TemporaryDirectory(prefix="bench-kv-int8-") as tmp:
         folder = materialise_preset(model, tmp, tiny)
-        common = dict(load_format="random", seed=0, max_model_len=length + 16, max_num_seqs=1,
-                      num_kv_blocks=-(-(length + 16) // BLOCK), enforce_eager=True)  # fmt: skip
+        common = dict(
+            load_format="random",
+            seed=0,
+            max_model_len=length + 16,
+            max_num_seqs=1,
+            num_kv_blocks=-(-(length + 16) // BLOCK),
+            enforce_eager=True,
+        )
         dtype = "bfloat16" if device == "cuda" else "float32"
         a = LLM(str(folder), device=device, dtype=dtype, **common)
         b = LLM(str(folder), device=device, dtype=dtype, kv_cache_dtype="int8", **common)
@@ -107,12 +113,17 @@ def drift(model: str, length: int, bucket: int, device="cuda", tiny=False) -> li
         kl, top1 = torch.cat(kls), torch.cat(agree)
     rows = []
     for lo in range(0, kl.shape[0], bucket):
-        row = {"start": lo, "end": min(lo + bucket, kl.shape[0]),
-               "mean_kl": float(kl[lo : lo + bucket].mean()),
-               "top1_agreement": float(top1[lo : lo + bucket].mean())}  # fmt: skip
+        row = {
+            "start": lo,
+            "end": min(lo + bucket, kl.shape[0]),
+            "mean_kl": float(kl[lo : lo + bucket].mean()),
+            "top1_agreement": float(top1[lo : lo + bucket].mean()),
+        }
         rows.append(row)
-        print(f"positions {row['start']:6d}-{row['end']:6d}: KL {row['mean_kl']:.3e} nats, "
-              f"top-1 agreement {row['top1_agreement']:.3f}")  # fmt: skip
+        print(
+            f"positions {row['start']:6d}-{row['end']:6d}: KL {row['mean_kl']:.3e} nats, "
+            f"top-1 agreement {row['top1_agreement']:.3f}"
+        )
     return rows
 
 

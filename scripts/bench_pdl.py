@@ -35,8 +35,12 @@ from engine.tuning import KernelChoices, choose_gemv_configs, gemv_key  # noqa: 
 from scripts.bench_floor import measure_hardware  # noqa: E402
 
 HIDDEN, QKV, INTER = 4096, 6144, 14336
-SHAPES = {"qkv": (QKV, HIDDEN), "o": (HIDDEN, HIDDEN), "gate_up": (2 * INTER, HIDDEN),
-          "down": (HIDDEN, INTER)}  # fmt: skip
+SHAPES = {
+    "qkv": (QKV, HIDDEN),
+    "o": (HIDDEN, HIDDEN),
+    "gate_up": (2 * INTER, HIDDEN),
+    "down": (HIDDEN, INTER),
+}
 
 
 def make_layer(kind: str, g: torch.Generator) -> dict:
@@ -133,9 +137,11 @@ def main(argv: list[str] | None = None) -> int:
             results[setting] = (us, out.float())
         same = torch.equal(results["0"][1], results["1"][1])
         off, on = results["0"][0], results["1"][0]
-        print(f"{kind}: per layer {off:.1f} us PDL off, {on:.1f} us PDL on "
-              f"({off - on:+.1f} us), floor {floor_us:.1f} us; "
-              f"outputs {'identical' if same else 'DIFFER'}")  # fmt: skip
+        print(
+            f"{kind}: per layer {off:.1f} us PDL off, {on:.1f} us PDL on "
+            f"({off - on:+.1f} us), floor {floor_us:.1f} us; "
+            f"outputs {'identical' if same else 'DIFFER'}"
+        )
         layers.clear()
         torch.cuda.empty_cache()
     return 0

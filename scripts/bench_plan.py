@@ -27,8 +27,18 @@ ITEMS = ("weights", "activation", "graph_pool", "kv_pool", "context", "allocator
 
 def run_case(model: str, cap: float, fmt: str, timeout: float) -> dict:
     env = {**os.environ, "APPLIANCE_MEMORY_CAP_GIB": str(cap), "PYTHONUNBUFFERED": "1"}
-    cmd = [sys.executable, "-m", "appliance", "profile", "--model", model, "--measure",
-           "--json", "--quantization", fmt]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "appliance",
+        "profile",
+        "--model",
+        model,
+        "--measure",
+        "--json",
+        "--quantization",
+        fmt,
+    ]
     start = time.monotonic()
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
     case = {"cap_gib": cap, "quantization": fmt, "seconds": round(time.monotonic() - start, 1)}

@@ -11,10 +11,15 @@ import torch
 
 from appliance import model_presets
 
-# fmt: off
-TINY_DIMS = dict(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                 num_attention_heads=4, num_key_value_heads=2, head_dim=16)
-# fmt: on
+TINY_DIMS = dict(
+    vocab_size=512,
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=16,
+)
 
 
 def load_preset(name: str, tiny: bool = False) -> dict:

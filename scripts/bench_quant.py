@@ -39,14 +39,14 @@ from scripts.bench_presets import materialise_preset, random_prompts  # noqa: E4
 
 PRESET = "llama-3-8b"
 GOALS = {"int8": 1.6, "int4": 2.5}  # batch-1 speed-up over none (16-bit)
-# fmt: off
 SIZES = {
-    "full": dict(b_prompt=128, b_output=512, b_repeats=3, a_requests=128, a_prompt=(100, 1024),
-                 a_output=256),
-    "quick": dict(b_prompt=128, b_output=128, b_repeats=1, a_requests=32, a_prompt=(100, 512),
-                  a_output=64),
+    "full": dict(
+        b_prompt=128, b_output=512, b_repeats=3, a_requests=128, a_prompt=(100, 1024), a_output=256
+    ),
+    "quick": dict(
+        b_prompt=128, b_output=128, b_repeats=1, a_requests=32, a_prompt=(100, 512), a_output=64
+    ),
 }
-# fmt: on
 
 
 def weight_memory(folder: Path, kind: str, dtype: torch.dtype) -> int:
@@ -71,10 +71,16 @@ def bench_kind(folder: Path, kind: str, sz: dict, bandwidth: float, eager: bool)
     need = max(sz["a_prompt"][1] + sz["a_output"], sz["b_prompt"] + sz["b_output"])
     start = time.perf_counter()
     llm = LLM(
-        folder, device="cuda", dtype="bfloat16", quantization=kind, load_format="random",
-        max_model_len=-(-need // 256) * 256, max_num_seqs=sz["a_requests"], seed=0,
+        folder,
+        device="cuda",
+        dtype="bfloat16",
+        quantization=kind,
+        load_format="random",
+        max_model_len=-(-need // 256) * 256,
+        max_num_seqs=sz["a_requests"],
+        seed=0,
         enforce_eager=eager,
-    )  # fmt: skip
+    )
     torch.cuda.synchronize()
     row["build_s"] = round(time.perf_counter() - start, 1)
     row["allocated_after_build"] = torch.cuda.memory_allocated()
@@ -99,10 +105,21 @@ def bench_kind(folder: Path, kind: str, sz: dict, bandwidth: float, eager: bool)
 
 def print_table(rows: list[dict], bandwidth: float) -> None:
     base = next((r for r in rows if r["quantization"] == "none" and "b_tok_s" in r), None)
-    table = Table(title=f"weight quantization, {PRESET} shape, bf16 activations "
-                  f"(copy bandwidth {bandwidth / 1e12:.2f} TB/s)")  # fmt: skip
-    for col in ("quant", "weights GiB", "B tok/s", "B floor", "% floor", "B vs none", "goal",
-                "A out tok/s", "A vs none"):  # fmt: skip
+    table = Table(
+        title=f"weight quantization, {PRESET} shape, bf16 activations "
+        f"(copy bandwidth {bandwidth / 1e12:.2f} TB/s)"
+    )
+    for col in (
+        "quant",
+        "weights GiB",
+        "B tok/s",
+        "B floor",
+        "% floor",
+        "B vs none",
+        "goal",
+        "A out tok/s",
+        "A vs none",
+    ):
         table.add_column(col, justify="right")
     for r in rows:
         if "error" in r:
@@ -111,14 +128,22 @@ def print_table(rows: list[dict], bandwidth: float) -> None:
         speed = r["b_tok_s"] / base["b_tok_s"] if base else None
         a_speed = r["a_out_tok_s"] / base["a_out_tok_s"] if base else None
         goal = GOALS.get(r["quantization"])
-        verdict = "" if goal is None or speed is None else (
-            f">= {goal}x " + ("met" if speed >= goal else "MISSED"))  # fmt: skip
+        verdict = (
+            ""
+            if goal is None or speed is None
+            else (f">= {goal}x " + ("met" if speed >= goal else "MISSED"))
+        )
         table.add_row(
-            r["quantization"], f"{r['weight_bytes'] / 2**30:.2f}", f"{r['b_tok_s']:.1f}",
-            f"{r['b_floor_tok_s']:.1f}", f"{100 * r['b_tok_s'] / r['b_floor_tok_s']:.0f}%",
-            "" if speed is None else f"{speed:.2f}x", verdict, f"{r['a_out_tok_s']:.0f}",
+            r["quantization"],
+            f"{r['weight_bytes'] / 2**30:.2f}",
+            f"{r['b_tok_s']:.1f}",
+            f"{r['b_floor_tok_s']:.1f}",
+            f"{100 * r['b_tok_s'] / r['b_floor_tok_s']:.0f}%",
+            "" if speed is None else f"{speed:.2f}x",
+            verdict,
+            f"{r['a_out_tok_s']:.0f}",
             "" if a_speed is None else f"{a_speed:.2f}x",
-        )  # fmt: skip
+        )
     Console().print(table)
 
 

@@ -102,8 +102,10 @@ def main() -> None:
         for overlap in (True, False):
             engine._overlap = overlap
             runs = [ttft_ms(llm, n, seed=2 + i) for i in range(args.repeats)]
-            print(f"TTFT {n} tokens, overlap {overlap}: median {statistics.median(runs):.1f} ms "
-                  f"runs {' '.join(f'{r:.1f}' for r in runs)}")  # fmt: skip
+            print(
+                f"TTFT {n} tokens, overlap {overlap}: median {statistics.median(runs):.1f} ms "
+                f"runs {' '.join(f'{r:.1f}' for r in runs)}"
+            )
         engine._overlap = True
         host, gpu, clocks = enqueue_vs_gpu(llm, n, args.repeats)
         print(

@@ -148,8 +148,13 @@ def test_tiny_run_end_to_end_on_cpu(tmp_path):
         assert c["detail"]["profile"]["wall_ms"] > 0
 
 
-@pytest.mark.parametrize("argv", [["--seqs", "3", "--steps", "2", "--phases"],
-                                  ["--seqs", "1", "--prefill", "40", "--steps", "2"]])  # fmt: skip
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--seqs", "3", "--steps", "2", "--phases"],
+        ["--seqs", "1", "--prefill", "40", "--steps", "2"],
+    ],
+)
 def test_bench_host_runs_with_the_stub_model(argv, capsys):
     """scripts/bench_host.py swaps the model for a stub: it must keep up with the runner's
     calls (a signature change there broke it once)."""

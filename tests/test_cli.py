@@ -77,8 +77,20 @@ def test_serve_refuses_lan_bind_without_key(capsys, monkeypatch):
 
 
 def test_bench_against_no_server_says_so(capsys, tmp_path):
-    code = main(["bench", "--url", "http://127.0.0.1:9", "--num-requests", "1",
-                 "--duration", "2s", "--no-progress", "--out", str(tmp_path)])  # fmt: skip
+    code = main(
+        [
+            "bench",
+            "--url",
+            "http://127.0.0.1:9",
+            "--num-requests",
+            "1",
+            "--duration",
+            "2s",
+            "--no-progress",
+            "--out",
+            str(tmp_path),
+        ]
+    )
     assert code == 1
     assert "cannot reach http://127.0.0.1:9" in capsys.readouterr().err
 
@@ -91,10 +103,21 @@ def test_bad_settings_exit_2(capsys):
 def test_python_dash_m_help():
     out = subprocess.run(
         [sys.executable, "-m", "appliance", "serve", "--help"],
-        capture_output=True, text=True, timeout=60, check=True,
-    )  # fmt: skip
-    flags = ["--max-queue", "--api-key-file", "--drain-timeout", "--ttft-timeout",
-             "--log-requests", "--insecure-no-auth", "--ssl-certfile", "--cors-origin"]  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    flags = [
+        "--max-queue",
+        "--api-key-file",
+        "--drain-timeout",
+        "--ttft-timeout",
+        "--log-requests",
+        "--insecure-no-auth",
+        "--ssl-certfile",
+        "--cors-origin",
+    ]
     for flag in flags:
         assert flag in out.stdout
 

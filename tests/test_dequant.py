@@ -90,9 +90,13 @@ def test_dequantized_takes_the_kernel_only_where_chosen(monkeypatch):
 
 @pytest.mark.parametrize(
     "ours_seconds,wrong,fails,kept",
-    [(1.0, False, False, True), (3.0, False, False, False), (1.0, True, False, False),
-     (1.0, False, True, False)],
-)  # fmt: skip
+    [
+        (1.0, False, False, True),
+        (3.0, False, False, False),
+        (1.0, True, False, False),
+        (1.0, False, True, False),
+    ],
+)
 def test_choose_keeps_the_kernel_only_when_equal_and_faster(
     monkeypatch, ours_seconds, wrong, fails, kept
 ):

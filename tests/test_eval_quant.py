@@ -77,9 +77,25 @@ def test_eval_quant_on_embedded_model_end_to_end(tmp_path, capsys):
     """Real numbers: SmolLM2 is trained. An int8 KV cache barely moves it, and an impossible
     --min-agreement makes the command fail (exit 1) after writing the report."""
     out = tmp_path / "report.json"
-    args = ["eval-quant", "--device", "cpu", "--configs", "kv8", "--limit", "2",
-            "--max-tokens", "8", "--max-score-tokens", "160", "--max-model-len", "1024",
-            "--out", str(out), "--min-agreement", "1.01"]  # fmt: skip
+    args = [
+        "eval-quant",
+        "--device",
+        "cpu",
+        "--configs",
+        "kv8",
+        "--limit",
+        "2",
+        "--max-tokens",
+        "8",
+        "--max-score-tokens",
+        "160",
+        "--max-model-len",
+        "1024",
+        "--out",
+        str(out),
+        "--min-agreement",
+        "1.01",
+    ]
     assert main(args) == 1
     report = json.loads(out.read_text())
     printed = capsys.readouterr()
@@ -113,7 +129,7 @@ def test_exit_status_for_a_failed_config(monkeypatch, capsys):
             "expected_hits": 0,
             "answers": ["a"],
             "seconds": 1.0,
-        },  # fmt: skip
+        },
         "configs": [{"name": "w4", "ok": False, "error": "ValueError: no int4 here"}],
     }
     monkeypatch.setattr(cmd, "evaluate", lambda *a, **k: fake)

@@ -201,10 +201,15 @@ def _write_tiny_f16_llama(path: Path) -> None:
     w.add_tensor("output_norm.weight", np.ones(hidden, np.float32))
     w.add_tensor("output.weight", f16(len(tokens), hidden))
     for i in range(layers):
-        for name, shape in [("attn_q", (hidden, hidden)), ("attn_k", (kv, hidden)),
-                            ("attn_v", (kv, hidden)), ("attn_output", (hidden, hidden)),
-                            ("ffn_gate", (ffn, hidden)), ("ffn_up", (ffn, hidden)),
-                            ("ffn_down", (hidden, ffn))]:  # fmt: skip
+        for name, shape in [
+            ("attn_q", (hidden, hidden)),
+            ("attn_k", (kv, hidden)),
+            ("attn_v", (kv, hidden)),
+            ("attn_output", (hidden, hidden)),
+            ("ffn_gate", (ffn, hidden)),
+            ("ffn_up", (ffn, hidden)),
+            ("ffn_down", (hidden, ffn)),
+        ]:
             w.add_tensor(f"blk.{i}.{name}.weight", f16(*shape))
         w.add_tensor(f"blk.{i}.attn_norm.weight", np.ones(hidden, np.float32))
         w.add_tensor(f"blk.{i}.ffn_norm.weight", np.ones(hidden, np.float32))

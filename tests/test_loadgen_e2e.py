@@ -47,8 +47,9 @@ def check_consistent(stage) -> None:
 
 
 async def test_closed_and_open_loop_are_consistent(url):
-    async with LoadSession(ClientConfig(url=url), SPEC, show_progress=False,
-                           sample_interval_s=0.1) as session:  # fmt: skip
+    async with LoadSession(
+        ClientConfig(url=url), SPEC, show_progress=False, sample_interval_s=0.1
+    ) as session:
         closed = await session.run(Stage("closed", 3, num_requests=6, duration_s=30))
         opened = await session.run(Stage("open", 8.0, num_requests=6, duration_s=30))
     check_consistent(closed)
@@ -68,10 +69,28 @@ async def test_errors_are_counted_not_raised(url):
 def test_bench_command_writes_table_json_and_plots(url, tmp_path, capsys):
     parser = argparse.ArgumentParser()
     add_bench_parser(parser.add_subparsers(dest="command"))
-    args = parser.parse_args(["bench", "--url", url, "--mode", "ramp", "--concurrency", "1-2",
-                              "--ramp-steps", "2", "--duration", "2s", "--input-len", "16",
-                              "--output-len", "3", "--out", str(tmp_path),
-                              "--no-progress"])  # fmt: skip
+    args = parser.parse_args(
+        [
+            "bench",
+            "--url",
+            url,
+            "--mode",
+            "ramp",
+            "--concurrency",
+            "1-2",
+            "--ramp-steps",
+            "2",
+            "--duration",
+            "2s",
+            "--input-len",
+            "16",
+            "--output-len",
+            "3",
+            "--out",
+            str(tmp_path),
+            "--no-progress",
+        ]
+    )
     assert run_bench(args) == 0
     shown = capsys.readouterr().out
     assert "appliance bench" in shown and "1 conc" in shown and "2 conc" in shown

@@ -13,8 +13,9 @@ from engine.memory_check import GIB, Measurement, MemoryItems, blocks_to_shed
 from engine.model_runner import ModelRunner
 
 MIB = 1024**2
-PINS = dict(device="cpu", num_kv_blocks=64, max_model_len=256, max_num_seqs=4,
-            max_num_batched_tokens=256)  # fmt: skip
+PINS = dict(
+    device="cpu", num_kv_blocks=64, max_model_len=256, max_num_seqs=4, max_num_batched_tokens=256
+)
 """Every memory setting pinned: the plan's prediction is the same for every engine built here."""
 
 

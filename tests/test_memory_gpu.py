@@ -74,8 +74,9 @@ def test_plan_matches_measured_and_survives_the_worst_case(
                 finished[out.request_id] = out
     torch.cuda.synchronize()
     assert len(finished) == cfg.max_num_seqs
-    assert all(o.finish_reason == "length" and len(o.token_ids) == OUTPUT_LEN
-               for o in finished.values())  # fmt: skip
+    assert all(
+        o.finish_reason == "length" and len(o.token_ids) == OUTPUT_LEN for o in finished.values()
+    )
     free, total = torch.cuda.mem_get_info()
     outside = total - free - torch.cuda.memory_reserved()
     serving_peak = outside + torch.cuda.max_memory_reserved()

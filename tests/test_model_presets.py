@@ -10,11 +10,23 @@ import pytest
 from appliance import model_presets
 from appliance.settings import SettingsError, load_settings
 
-TINY = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 128256,
-        "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
-        "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
-        "max_position_embeddings": 512, "rope_theta": 500000.0, "rms_norm_eps": 1e-5,
-        "tie_word_embeddings": False, "bos_token_id": 128000, "eos_token_id": 128001}  # fmt: skip
+TINY = {
+    "architectures": ["LlamaForCausalLM"],
+    "model_type": "llama",
+    "vocab_size": 128256,
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 16,
+    "max_position_embeddings": 512,
+    "rope_theta": 500000.0,
+    "rms_norm_eps": 1e-5,
+    "tie_word_embeddings": False,
+    "bos_token_id": 128000,
+    "eos_token_id": 128001,
+}
 
 
 @pytest.fixture

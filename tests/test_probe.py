@@ -39,12 +39,17 @@ def fake_nvml(fail: tuple[str, ...] = (), name: str = "NVIDIA GeForce RTX 4090")
 
     mem = SimpleNamespace(total=24 * GIB, free=20 * GIB, used=4 * GIB)
     readings = {
-        "nvmlInit": None, "nvmlShutdown": None, "nvmlDeviceGetHandleByIndex": "h",
-        "nvmlDeviceGetHandleByUUID": "h", "nvmlDeviceGetName": name.encode(),
-        "nvmlDeviceGetMemoryInfo": mem, "nvmlDeviceGetMaxClockInfo": 10501,
-        "nvmlDeviceGetMemoryBusWidth": 384, "nvmlDeviceGetCudaComputeCapability": (8, 9),
+        "nvmlInit": None,
+        "nvmlShutdown": None,
+        "nvmlDeviceGetHandleByIndex": "h",
+        "nvmlDeviceGetHandleByUUID": "h",
+        "nvmlDeviceGetName": name.encode(),
+        "nvmlDeviceGetMemoryInfo": mem,
+        "nvmlDeviceGetMaxClockInfo": 10501,
+        "nvmlDeviceGetMemoryBusWidth": 384,
+        "nvmlDeviceGetCudaComputeCapability": (8, 9),
         "nvmlSystemGetDriverVersion": "570.1",
-    }  # fmt: skip
+    }
     return SimpleNamespace(NVML_CLOCK_MEM=2, **{k: reading(k, v) for k, v in readings.items()})
 
 
@@ -55,8 +60,14 @@ def no_torch_gpu(monkeypatch):
 def fake_torch_gpu(monkeypatch, name: str, total_gib: float):
     """A GPU torch can use, for the probe's report and for the planner's device reading."""
     total = int(total_gib * GIB)
-    gpu = GpuProbe(name=name, total_bytes=total, compute_capability=(8, 0),
-                   bf16_supported=True, num_sms=108, torch_cuda=True)  # fmt: skip
+    gpu = GpuProbe(
+        name=name,
+        total_bytes=total,
+        compute_capability=(8, 0),
+        bf16_supported=True,
+        num_sms=108,
+        torch_cuda=True,
+    )
     monkeypatch.setattr(probe_mod, "_probe_torch", lambda problems: (gpu, "1234"))
     readings = DeviceReadings("cuda", name, total, total, bf16_supported=True)
     monkeypatch.setattr(device_mod, "read_cuda", lambda: readings)
@@ -100,8 +111,9 @@ def test_device_counts_what_other_processes_hold():
     readings = DeviceReadings("cuda", "NVIDIA GeForce RTX 4090", 24 * GIB, 20 * GIB)
     assert device_for(readings, PROFILES).used_bytes == 4 * GIB
     # this process's own context (the class's 0.5 GiB) is planned as an item, not as used
-    own = DeviceReadings("cuda", "NVIDIA GeForce RTX 4090", 24 * GIB, int(19.5 * GIB),
-                         has_own_context=True)  # fmt: skip
+    own = DeviceReadings(
+        "cuda", "NVIDIA GeForce RTX 4090", 24 * GIB, int(19.5 * GIB), has_own_context=True
+    )
     assert device_for(own, PROFILES).used_bytes == 4 * GIB
 
 
@@ -138,16 +150,27 @@ def test_every_gpu_class_has_a_profile():
 
 @pytest.mark.parametrize(
     ("name", "gib", "key"),
-    [("NVIDIA GeForce RTX 4090", 23.99, "rtx-4090"), ("NVIDIA A100-PCIE-40GB", 40, "a100-40g"),
-     ("NVIDIA A100-SXM4-80GB", 80, "a100-80g"), ("NVIDIA A10", 22.5, "a10"),
-     ("NVIDIA A10G", 22.3, "a10"), ("NVIDIA L4", 22.5, "l4"), ("NVIDIA L40S", 45, None),
-     ("Tesla T4", 15, "t4"), ("NVIDIA H100 80GB HBM3", 79.6, "h100"), ("NVIDIA H200", 140, "h200"),
-     ("Orin", 61.4, "jetson-orin"), ("NVIDIA GeForce RTX 4060 Ti", 8, None),
-     ("NVIDIA GeForce RTX 4060 Ti", 16, "rtx-4060-ti-16g"),
-     ("NVIDIA GeForce RTX 4070 Ti", 12, None),
-     ("NVIDIA GeForce RTX 4070", 12, "rtx-4070"), ("NVIDIA GeForce RTX 3060", 12, "rtx-3060-12g"),
-     ("NVIDIA GeForce RTX 3090", 24, "rtx-3090"), ("NVIDIA GeForce RTX 5090", 31.4, "rtx-5090")],
-)  # fmt: skip
+    [
+        ("NVIDIA GeForce RTX 4090", 23.99, "rtx-4090"),
+        ("NVIDIA A100-PCIE-40GB", 40, "a100-40g"),
+        ("NVIDIA A100-SXM4-80GB", 80, "a100-80g"),
+        ("NVIDIA A10", 22.5, "a10"),
+        ("NVIDIA A10G", 22.3, "a10"),
+        ("NVIDIA L4", 22.5, "l4"),
+        ("NVIDIA L40S", 45, None),
+        ("Tesla T4", 15, "t4"),
+        ("NVIDIA H100 80GB HBM3", 79.6, "h100"),
+        ("NVIDIA H200", 140, "h200"),
+        ("Orin", 61.4, "jetson-orin"),
+        ("NVIDIA GeForce RTX 4060 Ti", 8, None),
+        ("NVIDIA GeForce RTX 4060 Ti", 16, "rtx-4060-ti-16g"),
+        ("NVIDIA GeForce RTX 4070 Ti", 12, None),
+        ("NVIDIA GeForce RTX 4070", 12, "rtx-4070"),
+        ("NVIDIA GeForce RTX 3060", 12, "rtx-3060-12g"),
+        ("NVIDIA GeForce RTX 3090", 24, "rtx-3090"),
+        ("NVIDIA GeForce RTX 5090", 31.4, "rtx-5090"),
+    ],
+)
 def test_gpu_class_matching(name, gib, key):
     found = match_gpu_profile(name, int(gib * GIB), PROFILES)
     assert (found.key if found else None) == key

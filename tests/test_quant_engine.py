@@ -104,8 +104,11 @@ def _bnb_dequantized(folder, kind: str) -> dict[str, torch.Tensor]:
         if kind == "int8":
             out[prefix] = bnb_f.int8_vectorwise_dequant(t, tensors[f"{prefix}.SCB"])
         else:
-            parts = {k.removeprefix(name + "."): v for k, v in tensors.items()
-                     if k.startswith(name + ".")}  # fmt: skip
+            parts = {
+                k.removeprefix(name + "."): v
+                for k, v in tensors.items()
+                if k.startswith(name + ".")
+            }
             state = bnb_f.QuantState.from_dict(parts, device=torch.device("cpu"))
             out[prefix] = bnb_f.dequantize_4bit(t, state)
     assert len(out) == 7 * 2  # seven projections in each of the two layers
@@ -189,8 +192,10 @@ def test_bad_settings_fail_clearly(tiny_llama):
     with pytest.raises(ValueError, match="bitsandbytes quantizes 4-bit weights in blocks of"):
         _engine(tiny_llama, quantization="int4", quant_block_size=48)
     with pytest.raises(ValueError, match="quant_type"):
-        checkpoint_quant({"quant_method": "bitsandbytes", "load_in_4bit": True,
-                          "bnb_4bit_quant_type": "int4"}, 64)  # fmt: skip
+        checkpoint_quant(
+            {"quant_method": "bitsandbytes", "load_in_4bit": True, "bnb_4bit_quant_type": "int4"},
+            64,
+        )
     assert WeightQuant("int4").group_size == 64
 
 

@@ -38,8 +38,14 @@ def test_graphs_with_the_gemm_match_eager(tiny_llama, kind, monkeypatch):
     def gemm_always(configs, call, items, ref):  # the GEMM even where it is not the fastest
         return real([c for c in configs if c is not None], call, items, ref)
 
-    common = dict(device="cuda", dtype="bfloat16", quantization=kind, max_num_seqs=24, seed=0,
-                  max_model_len=128)  # fmt: skip
+    common = dict(
+        device="cuda",
+        dtype="bfloat16",
+        quantization=kind,
+        max_num_seqs=24,
+        seed=0,
+        max_model_len=128,
+    )
     eager = LLM(str(tiny_llama), enforce_eager=True, **common)
     refs = eager.generate(_prompts(), PARAMS)
     assert not eager.engine.runner.kernel_choices.quant.gemm  # eager steps time no GEMM

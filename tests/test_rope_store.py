@@ -58,10 +58,14 @@ CASES = [
 ] + [pytest.param(t, 32, 8, 128, marks=GPU) for t in (1, 37, 256)]
 
 
-@pytest.mark.parametrize("dtype,cache_dtype", [
-    (torch.float32, torch.float32), (torch.bfloat16, torch.bfloat16),
-    (torch.float16, torch.float16),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "dtype,cache_dtype",
+    [
+        (torch.float32, torch.float32),
+        (torch.bfloat16, torch.bfloat16),
+        (torch.float16, torch.float16),
+    ],
+)
 @pytest.mark.parametrize("num_tokens,num_heads,num_kv_heads,head_dim", CASES)
 def test_rope_store_equals_rope_then_store(
     num_tokens, num_heads, num_kv_heads, head_dim, dtype, cache_dtype
@@ -168,8 +172,10 @@ def test_engine_with_the_fused_kernel_generates_what_it_does_without(tiny_model,
 
     _, folder = tiny_model
     g = torch.Generator().manual_seed(3)
-    groups = [[torch.randint(0, 256, (n,), generator=g).tolist() for n in ns]
-              for ns in ((1, 9, 40, 70), (520,))]  # fmt: skip
+    groups = [
+        [torch.randint(0, 256, (n,), generator=g).tolist() for n in ns]
+        for ns in ((1, 9, 40, 70), (520,))
+    ]
     greedy = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
     llm = LLM(str(folder), device="cpu")
     plain = [[o.token_ids for o in llm.generate(p, greedy)] for p in groups]

@@ -37,8 +37,14 @@ def test_same_seed_same_tokens_alone_and_in_busy_batch(llm):
 
 
 def test_same_seed_survives_preemption(tiny_llama):
-    small = LLM(str(tiny_llama), device="cpu", num_kv_blocks=8, max_num_batched_tokens=32,
-                max_model_len=128, max_num_seqs=4)  # fmt: skip
+    small = LLM(
+        str(tiny_llama),
+        device="cpu",
+        num_kv_blocks=8,
+        max_num_batched_tokens=32,
+        max_model_len=128,
+        max_num_seqs=4,
+    )
     prompts = [PROMPT, list(range(1, 70)), list(range(100, 160))]
     outs = small.generate(prompts, _seeded(11))
     assert sum(o.metrics.num_preemptions for o in outs) > 0

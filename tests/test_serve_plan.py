@@ -36,8 +36,14 @@ def test_pins_reach_the_planner_and_the_rest_is_planned():
 def test_llm_plans_what_serve_plans(monkeypatch):
     """The offline engine, with no settings, runs the plan `appliance serve` makes for the same
     model on the same device."""
-    device = Device(kind="cpu", name="fixed", total_bytes=8 * GIB, utilization=0.5,
-                    max_num_seqs=16, max_kv_bytes=GIB)  # fmt: skip
+    device = Device(
+        kind="cpu",
+        name="fixed",
+        total_bytes=8 * GIB,
+        utilization=0.5,
+        max_num_seqs=16,
+        max_kv_bytes=GIB,
+    )
     monkeypatch.setattr("engine.planning.read_device", lambda kind: device)  # both read it
     served = plan_for_serve(ServeSettings(device="cpu"))
     engine = LLM(device="cpu").engine

@@ -80,13 +80,20 @@ async def test_stop_string_cuts_the_text():
 
 async def test_logprobs_in_both_apis():
     async with fake_client() as client:
-        r = await client.post("/v1/completions", json={"prompt": "w8 w9", "max_tokens": 3,
-                                                        "logprobs": 2})  # fmt: skip
+        r = await client.post(
+            "/v1/completions", json={"prompt": "w8 w9", "max_tokens": 3, "logprobs": 2}
+        )
         lp = (await r.json())["choices"][0]["logprobs"]
         assert len(lp["tokens"]) == 3 and len(lp["top_logprobs"][0]) == 2
-        r = await client.post("/v1/chat/completions", json={
-            "messages": [{"role": "user", "content": "w9"}], "max_tokens": 2,
-            "logprobs": True, "top_logprobs": 3})  # fmt: skip
+        r = await client.post(
+            "/v1/chat/completions",
+            json={
+                "messages": [{"role": "user", "content": "w9"}],
+                "max_tokens": 2,
+                "logprobs": True,
+                "top_logprobs": 3,
+            },
+        )
         content = (await r.json())["choices"][0]["logprobs"]["content"]
         assert len(content) == 2 and len(content[0]["top_logprobs"]) == 3
         assert content[0]["bytes"] == list(content[0]["token"].encode())
@@ -98,8 +105,9 @@ async def test_models_tokenize_detokenize():
         assert models["data"][0]["id"] == "fake-model"
         tok = await (await client.post("/tokenize", json={"prompt": "w7 w8 w9"})).json()
         assert tok["tokens"] == [7, 8, 9] and tok["count"] == 3
-        chat = await (await client.post("/tokenize", json={
-            "messages": [{"role": "user", "content": "w7"}]})).json()  # fmt: skip
+        chat = await (
+            await client.post("/tokenize", json={"messages": [{"role": "user", "content": "w7"}]})
+        ).json()
         assert chat["count"] == 3  # "user:", "w7", "assistant:"
         detok = await (await client.post("/detokenize", json={"tokens": [7, 8]})).json()
         assert detok["prompt"] == " w7 w8"
@@ -107,14 +115,25 @@ async def test_models_tokenize_detokenize():
 
 async def test_request_id_is_honoured_and_trace_is_kept():
     async with fake_client() as client:
-        r = await client.post("/v1/completions", json={"prompt": "w1", "max_tokens": 3},
-                              headers={"X-Request-Id": "my-req-1"})  # fmt: skip
+        r = await client.post(
+            "/v1/completions",
+            json={"prompt": "w1", "max_tokens": 3},
+            headers={"X-Request-Id": "my-req-1"},
+        )
         assert r.headers["X-Request-Id"] == "my-req-1"
         assert (await r.json())["id"] == "cmpl-my-req-1"
         trace = await (await client.get("/v1/requests/my-req-1")).json()
         events = [e["event"] for e in trace["events"]]
-        for name in ("received", "queued", "arrived", "scheduled", "prefill_chunk",
-                     "first_token", "finished", "closed"):  # fmt: skip
+        for name in (
+            "received",
+            "queued",
+            "arrived",
+            "scheduled",
+            "prefill_chunk",
+            "first_token",
+            "finished",
+            "closed",
+        ):
             assert name in events, name
         assert events.index("received") < events.index("first_token") < events.index("closed")
         assert trace["completion_tokens"] == 3 and trace["finish_reasons"] == ["length"]
@@ -138,11 +157,17 @@ async def test_stats_and_metrics_reflect_work():
         text = await (await client.get("/metrics")).text()
         assert 'vllm:generation_tokens_total{model_name="fake-model"} 12.0' in text
         assert 'vllm:time_to_first_token_seconds_count{model_name="fake-model"} 3.0' in text
-        for name in ("vllm:num_requests_running", "vllm:num_requests_waiting",
-                     "vllm:kv_cache_usage_perc", "vllm:num_preemptions_total",
-                     "vllm:prompt_tokens_total", "vllm:time_per_output_token_seconds",
-                     "vllm:inter_token_latency_seconds", "vllm:request_queue_time_seconds",
-                     "vllm:e2e_request_latency_seconds"):  # fmt: skip
+        for name in (
+            "vllm:num_requests_running",
+            "vllm:num_requests_waiting",
+            "vllm:kv_cache_usage_perc",
+            "vllm:num_preemptions_total",
+            "vllm:prompt_tokens_total",
+            "vllm:time_per_output_token_seconds",
+            "vllm:inter_token_latency_seconds",
+            "vllm:request_queue_time_seconds",
+            "vllm:e2e_request_latency_seconds",
+        ):
             assert name in text, name
 
 
@@ -176,16 +201,21 @@ async def test_cors_only_when_configured():
     async with fake_client(cors_origin=["http://x.example"]) as client:
         r = await client.get("/health", headers={"Origin": "http://x.example"})
         assert r.headers["Access-Control-Allow-Origin"] == "http://x.example"
-        pre = await client.options("/v1/completions", headers={
-            "Origin": "http://x.example", "Access-Control-Request-Method": "POST"})  # fmt: skip
+        pre = await client.options(
+            "/v1/completions",
+            headers={"Origin": "http://x.example", "Access-Control-Request-Method": "POST"},
+        )
         assert pre.status == 204
 
 
 async def test_request_log_is_written(tmp_path):
     path = tmp_path / "requests.jsonl"
     async with fake_client(FakeEngine(), log_requests=str(path)) as client:
-        await client.post("/v1/completions", json={"prompt": "w1", "max_tokens": 2},
-                          headers={"X-Request-Id": "logged"})  # fmt: skip
+        await client.post(
+            "/v1/completions",
+            json={"prompt": "w1", "max_tokens": 2},
+            headers={"X-Request-Id": "logged"},
+        )
     lines = [json.loads(x) for x in path.read_text().splitlines()]
     assert lines[0]["id"] == "logged" and lines[0]["completion_tokens"] == 2
 

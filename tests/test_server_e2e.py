@@ -30,8 +30,12 @@ class Server:
 
     def call(self, method: str, path: str, body: dict | None = None) -> tuple[int, dict | str]:
         data = json.dumps(body).encode() if body is not None else None
-        req = urllib.request.Request(f"{self.url}{path}", data=data, method=method, headers={
-            "Authorization": f"Bearer {KEY}", "Content-Type": "application/json"})  # fmt: skip
+        req = urllib.request.Request(
+            f"{self.url}{path}",
+            data=data,
+            method=method,
+            headers={"Authorization": f"Bearer {KEY}", "Content-Type": "application/json"},
+        )
         try:
             with urllib.request.urlopen(req, timeout=60) as resp:
                 raw, status, ctype = resp.read(), resp.status, resp.headers["Content-Type"]
@@ -140,9 +144,13 @@ def test_stats_and_metrics_from_the_real_engine(server):
 def test_sigterm_drains_then_exits_0(server):
     """Runs last: in-flight completes, new requests get 503, the process exits 0."""
     stream = server.client.completions.create(
-        model=MODEL, prompt="Once upon a time", max_tokens=60, temperature=0,
-        extra_body={"ignore_eos": True}, stream=True,
-    )  # fmt: skip
+        model=MODEL,
+        prompt="Once upon a time",
+        max_tokens=60,
+        temperature=0,
+        extra_body={"ignore_eos": True},
+        stream=True,
+    )
     chunks = [next(iter(stream))]
     server.proc.send_signal(signal.SIGTERM)
     time.sleep(0.2)

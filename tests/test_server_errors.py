@@ -44,8 +44,12 @@ async def test_context_length_message_names_the_numbers():
         prompt = " ".join(f"w{10 + i}" for i in range(100))
         r = await client.post(COMPLETIONS, json={"prompt": prompt, "max_tokens": 50})
         err = await expect_error(
-            r, 400, "This model's maximum context length is 128 tokens; the request asks for "
-            "150 (100 in the prompt, 50 to generate)", type_="invalid_request_error")  # fmt: skip
+            r,
+            400,
+            "This model's maximum context length is 128 tokens; the request asks for "
+            "150 (100 in the prompt, 50 to generate)",
+            type_="invalid_request_error",
+        )
         assert err["code"] == "context_length_exceeded"
 
 
@@ -136,8 +140,11 @@ async def test_null_means_the_default():
         body = {"prompt": "w1", "max_tokens": 2, "temperature": None, "stop": None, "n": None}
         r = await client.post(COMPLETIONS, json=body)
         assert r.status == 200 and len((await r.json())["choices"]) == 1
-        await expect_error(await client.post(COMPLETIONS, json={**body, "nope": None}), 400,
-                           "Unrecognized request argument supplied: nope")  # fmt: skip
+        await expect_error(
+            await client.post(COMPLETIONS, json={**body, "nope": None}),
+            400,
+            "Unrecognized request argument supplied: nope",
+        )
 
 
 async def test_invalid_json_utf8_and_non_objects_are_400():
@@ -156,14 +163,16 @@ async def test_invalid_json_utf8_and_non_objects_are_400():
 
 async def test_unknown_model_route_and_method():
     async with fake_client() as client:
-        r = await client.post(CHAT, json={"model": "gpt-4", "messages": [{"role": "user",
-                                          "content": "x"}]})  # fmt: skip
+        r = await client.post(
+            CHAT, json={"model": "gpt-4", "messages": [{"role": "user", "content": "x"}]}
+        )
         err = await expect_error(r, 404, "The model 'gpt-4' does not exist", "'fake-model'")
         assert err["code"] == "model_not_found"
         await expect_error(await client.get("/v1/nothing"), 404, "no such route")
         await expect_error(await client.get(COMPLETIONS), 405, "not allowed")
-        r = await client.post(COMPLETIONS, json={"model": "fake-model", "prompt": "w1",
-                                                 "max_tokens": 1})  # fmt: skip
+        r = await client.post(
+            COMPLETIONS, json={"model": "fake-model", "prompt": "w1", "max_tokens": 1}
+        )
         assert r.status == 200
 
 
@@ -185,10 +194,14 @@ async def test_api_keys(tmp_path, caplog):
         await expect_error(await client.post(COMPLETIONS, json=body, headers=bad), 401, "invalid")
         await expect_error(await client.get("/v1/stats"), 401)
         assert (await client.get("/health")).status == 200
-        for key, name in [("sk-alice-0123456789", "alice"), ("sk-anon-0123456789", "key3"),
-                          ("sk-ops-0123456789", "ops")]:  # fmt: skip
-            r = await client.post(COMPLETIONS, json=body,
-                                  headers={"Authorization": f"Bearer {key}"})  # fmt: skip
+        for key, name in [
+            ("sk-alice-0123456789", "alice"),
+            ("sk-anon-0123456789", "key3"),
+            ("sk-ops-0123456789", "ops"),
+        ]:
+            r = await client.post(
+                COMPLETIONS, json=body, headers={"Authorization": f"Bearer {key}"}
+            )
             assert r.status == 200
             rid = r.headers["X-Request-Id"]
             trace = await (
@@ -252,8 +265,11 @@ async def test_queue_overflow_is_429_fast_and_admitted_requests_complete():
 async def test_ttft_timeout():
     engine = FakeEngine(max_num_seqs=1)
     async with fake_client(engine, ttft_timeout=0.3) as client:
-        blocker = asyncio.create_task(client.post(COMPLETIONS, json={
-            "prompt": f"w{STALL_MARK}", "max_tokens": 50, "stream": True}))  # fmt: skip
+        blocker = asyncio.create_task(
+            client.post(
+                COMPLETIONS, json={"prompt": f"w{STALL_MARK}", "max_tokens": 50, "stream": True}
+            )
+        )
         await asyncio.sleep(0.05)
         r = await client.post(COMPLETIONS, json={"prompt": "w1", "max_tokens": 5})
         err = await expect_error(r, 504, "no first token within 0.3 s", type_="ttft_timeout_error")
@@ -285,8 +301,7 @@ async def test_total_request_timeout():
 
 async def test_disconnect_mid_stream_frees_blocks():
     async with fake_client(FakeEngine(step_time=0.01)) as client:
-        r = await client.post(COMPLETIONS, json={"prompt": "w1", "max_tokens": 100,
-                                                 "stream": True})  # fmt: skip
+        r = await client.post(COMPLETIONS, json={"prompt": "w1", "max_tokens": 100, "stream": True})
         await r.content.readuntil(b"\n\n")
         stats = await (await client.get("/v1/stats")).json()
         assert stats["engine"]["kv_blocks_used"] > 0
@@ -299,16 +314,20 @@ async def test_disconnect_mid_stream_frees_blocks():
 async def test_disconnect_while_waiting_for_a_plain_response_frees_blocks():
     async with fake_client(FakeEngine(step_time=0.01)) as client:
         with pytest.raises(asyncio.TimeoutError):
-            await client.post(COMPLETIONS, json={"prompt": "w1", "max_tokens": 100},
-                              timeout=aiohttp.ClientTimeout(total=0.1))  # fmt: skip
+            await client.post(
+                COMPLETIONS,
+                json={"prompt": "w1", "max_tokens": 100},
+                timeout=aiohttp.ClientTimeout(total=0.1),
+            )
         await wait_for_idle(client)
 
 
 async def test_engine_failure_is_an_error_not_a_hang():
     engine = FakeEngine(step_time=0.01)
     async with fake_client(engine) as client:
-        task = asyncio.create_task(client.post(COMPLETIONS, json={"prompt": "w1",
-                                                                  "max_tokens": 100}))  # fmt: skip
+        task = asyncio.create_task(
+            client.post(COMPLETIONS, json={"prompt": "w1", "max_tokens": 100})
+        )
         await asyncio.sleep(0.05)
         engine.crash_next_step = True
         r = await asyncio.wait_for(task, 5)

@@ -13,9 +13,12 @@ from appliance.server.schema.requests import ChatCompletionRequest, CompletionRe
 from tests.support.fake_engine import FakeEngine, fake_client
 
 json_leaf = (
-    st.none() | st.booleans() | st.integers(-(2**70), 2**70)
-    | st.floats(allow_nan=False, allow_infinity=False) | st.text(max_size=12)
-)  # fmt: skip
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**70), 2**70)
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(max_size=12)
+)
 json_value = st.recursive(
     json_leaf,
     lambda inner: (
@@ -104,8 +107,7 @@ def test_no_input_yields_a_5xx_or_hangs(path):
         client = runner.run(cm.__aenter__())
         try:
 
-            @settings(max_examples=200, deadline=None,
-                      suppress_health_check=[HealthCheck.too_slow])  # fmt: skip
+            @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
             @given(payload(path))
             def check(data):
 

@@ -33,10 +33,26 @@ async def wait_for_url(capsys, task: asyncio.Task) -> str:
 async def test_https_then_sigterm_drains_and_returns_0(tmp_path, capsys):
     cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
     subprocess.run(
-        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key),
-         "-out", str(cert), "-days", "1", "-subj", "/CN=localhost"],
-        check=True, capture_output=True, timeout=60,
-    )  # fmt: skip
+        [
+            "openssl",
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-keyout",
+            str(key),
+            "-out",
+            str(cert),
+            "-days",
+            "1",
+            "-subj",
+            "/CN=localhost",
+        ],
+        check=True,
+        capture_output=True,
+        timeout=60,
+    )
     settings = ServeSettings(port=0, ssl_certfile=str(cert), ssl_keyfile=str(key), warmup=True)
     engine = FakeEngine(step_time=0.01)
     task = asyncio.create_task(serve(settings, make_ssl_context(settings), lambda: engine))
@@ -46,8 +62,9 @@ async def test_https_then_sigterm_drains_and_returns_0(tmp_path, capsys):
     client_ctx.check_hostname = False
     async with aiohttp.ClientSession() as session:
         body = {"prompt": "w1", "max_tokens": 40}
-        inflight = asyncio.create_task(session.post(f"{url}/v1/completions", json=body,
-                                                    ssl=client_ctx))  # fmt: skip
+        inflight = asyncio.create_task(
+            session.post(f"{url}/v1/completions", json=body, ssl=client_ctx)
+        )
         await asyncio.sleep(0.1)
         os.kill(os.getpid(), signal.SIGTERM)
         await asyncio.sleep(0.05)

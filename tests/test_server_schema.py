@@ -42,11 +42,19 @@ MSGS = [{"role": "user", "content": "w5 w6"}]
 async def test_every_body_fits_its_response_model():
     async with fake_client(stall_timeout=0.2) as client:
         for path, body, model, chunk in [
-            (COMPLETIONS, {"prompt": ["w1", [4, 5]], "logprobs": 2, "stop": " w9"},
-             CompletionResponse, CompletionChunk),
-            (CHAT, {"messages": MSGS, "logprobs": True, "top_logprobs": 2},
-             ChatCompletionResponse, ChatCompletionChunk),
-        ]:  # fmt: skip
+            (
+                COMPLETIONS,
+                {"prompt": ["w1", [4, 5]], "logprobs": 2, "stop": " w9"},
+                CompletionResponse,
+                CompletionChunk,
+            ),
+            (
+                CHAT,
+                {"messages": MSGS, "logprobs": True, "top_logprobs": 2},
+                ChatCompletionResponse,
+                ChatCompletionChunk,
+            ),
+        ]:
             body = {**body, "max_tokens": 4, "n": 2, "seed": 3}
             r = await client.post(path, json=body)
             assert r.status == 200
@@ -71,8 +79,11 @@ async def test_every_body_fits_its_response_model():
             )
         r = await client.post("/detokenize", json={"tokens": [1, 2]})
         DetokenizeResponse.model_validate(await r.json())
-        for r in (await client.post(COMPLETIONS, json={"prompt": "w1", "n": 0}),
-                  await client.get("/v1/models/other"), await client.get("/nowhere")):  # fmt: skip
+        for r in (
+            await client.post(COMPLETIONS, json={"prompt": "w1", "n": 0}),
+            await client.get("/v1/models/other"),
+            await client.get("/nowhere"),
+        ):
             assert r.status >= 400
             ErrorResponse.model_validate(await r.json())
         stalled = {"prompt": f"w{STALL_MARK} w9", "max_tokens": 5, "stream": True}
@@ -87,8 +98,15 @@ def test_stream_chunks_carry_any_text_and_fit_the_models():
         choice = Choice(ChoiceRecord(2, "e", 0, 3), [1], SamplingParams())
         sent = ""
         for end, finished in ((9, False), (len(text), False), (len(text), True)):
-            choice.last = RequestOutput("e", [1], [], text[:end], finished, "stop" if finished
-                                        else None, RequestMetrics(arrival_time=0.0))  # fmt: skip
+            choice.last = RequestOutput(
+                "e",
+                [1],
+                [],
+                text[:end],
+                finished,
+                "stop" if finished else None,
+                RequestMetrics(arrival_time=0.0),
+            )
             chunk = model.model_validate_json(fmt.delta_chunk(choice, with_usage=True))
             (item,) = chunk.choices
             assert chunk.id.endswith("-r%d") and chunk.model == "m%s" and item.index == 2
@@ -100,14 +118,32 @@ def test_stream_chunks_carry_any_text_and_fit_the_models():
 # --- /openapi.json -------------------------------------------------------------------------
 ANNOTATIONS = {"title", "description", "default"}
 CHECKED = {
-    "$ref", "anyOf", "type", "const", "enum", "minimum", "maximum", "exclusiveMinimum",
-    "minLength", "maxLength", "minItems", "maxItems", "items", "properties", "required",
+    "$ref",
+    "anyOf",
+    "type",
+    "const",
+    "enum",
+    "minimum",
+    "maximum",
+    "exclusiveMinimum",
+    "minLength",
+    "maxLength",
+    "minItems",
+    "maxItems",
+    "items",
+    "properties",
+    "required",
     "additionalProperties",
-}  # fmt: skip
+}
 TYPES = {
-    "object": dict, "array": list, "string": str, "boolean": bool, "null": type(None),
-    "integer": int, "number": (int, float),
-}  # fmt: skip
+    "object": dict,
+    "array": list,
+    "string": str,
+    "boolean": bool,
+    "null": type(None),
+    "integer": int,
+    "number": (int, float),
+}
 
 
 def keywords(schema) -> set[str]:
@@ -168,23 +204,52 @@ def errors(value, schema: dict, spec: dict) -> list[str]:
 
 
 FULL_COMPLETION = {
-    "model": "fake-model", "prompt": ["w1 w2", [5, 6]], "max_tokens": 3, "n": 2, "best_of": 2,
-    "stream": False, "stream_options": {"include_usage": True}, "stop": [" w9"],
-    "stop_token_ids": [0], "temperature": 0.7, "top_p": 0.9, "top_k": 40, "min_p": 0.05,
-    "repetition_penalty": 1.1, "presence_penalty": 0.5, "frequency_penalty": -0.5, "seed": 9,
-    "ignore_eos": True, "skip_special_tokens": False, "logprobs": 3, "echo": False, "suffix": "",
-    "logit_bias": {}, "user": "u", "metadata": {"k": "v"}, "store": False, "service_tier": "auto",
+    "model": "fake-model",
+    "prompt": ["w1 w2", [5, 6]],
+    "max_tokens": 3,
+    "n": 2,
+    "best_of": 2,
+    "stream": False,
+    "stream_options": {"include_usage": True},
+    "stop": [" w9"],
+    "stop_token_ids": [0],
+    "temperature": 0.7,
+    "top_p": 0.9,
+    "top_k": 40,
+    "min_p": 0.05,
+    "repetition_penalty": 1.1,
+    "presence_penalty": 0.5,
+    "frequency_penalty": -0.5,
+    "seed": 9,
+    "ignore_eos": True,
+    "skip_special_tokens": False,
+    "logprobs": 3,
+    "echo": False,
+    "suffix": "",
+    "logit_bias": {},
+    "user": "u",
+    "metadata": {"k": "v"},
+    "store": False,
+    "service_tier": "auto",
     "parallel_tool_calls": True,
-}  # fmt: skip
+}
 COMPLETION_ONLY = ("prompt", "echo", "suffix", "best_of")
 FULL_CHAT = {
     **{k: v for k, v in FULL_COMPLETION.items() if k not in COMPLETION_ONLY},
-    "messages": [{"role": "developer", "content": "w1"}, {"role": "user", "name": "x",
-                 "content": [{"type": "text", "text": "w2"}]}],
-    "max_completion_tokens": 3, "logprobs": True, "top_logprobs": 2, "tools": [],
-    "tool_choice": "auto", "response_format": {"type": "text"}, "modalities": ["text"],
-    "functions": [], "function_call": "none",
-}  # fmt: skip
+    "messages": [
+        {"role": "developer", "content": "w1"},
+        {"role": "user", "name": "x", "content": [{"type": "text", "text": "w2"}]},
+    ],
+    "max_completion_tokens": 3,
+    "logprobs": True,
+    "top_logprobs": 2,
+    "tools": [],
+    "tool_choice": "auto",
+    "response_format": {"type": "text"},
+    "modalities": ["text"],
+    "functions": [],
+    "function_call": "none",
+}
 
 
 async def test_openapi_is_the_request_models_and_an_example_fits_both():
@@ -216,8 +281,11 @@ def test_a_field_added_to_a_model_appears_in_openapi(monkeypatch):
         brand_new: int = 3
 
     route = openapi.ROUTES[(COMPLETIONS, "post")]
-    monkeypatch.setitem(openapi.ROUTES, (COMPLETIONS, "post"), route.__class__(
-        route.summary, Wider, route.response, stream=route.stream))  # fmt: skip
+    monkeypatch.setitem(
+        openapi.ROUTES,
+        (COMPLETIONS, "post"),
+        route.__class__(route.summary, Wider, route.response, stream=route.stream),
+    )
     spec = openapi.openapi_spec.__wrapped__()
     ref = spec["paths"][COMPLETIONS]["post"]["requestBody"]["content"]["application/json"]
     assert ref["schema"]["$ref"].endswith("/Wider")
@@ -239,8 +307,9 @@ def bounds(spec: dict, model: str) -> list[tuple[str, object, object]]:
     return out
 
 
-@pytest.mark.parametrize("path,model", [(COMPLETIONS, "CompletionRequest"),
-                                        (CHAT, "ChatCompletionRequest")])  # fmt: skip
+@pytest.mark.parametrize(
+    "path,model", [(COMPLETIONS, "CompletionRequest"), (CHAT, "ChatCompletionRequest")]
+)
 async def test_the_servers_bounds_are_the_documented_ones(path, model):
     async with fake_client(max_n=128) as client:
         spec = await (await client.get("/openapi.json")).json()

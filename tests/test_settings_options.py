@@ -49,20 +49,37 @@ def test_every_engine_field_is_a_flag_with_the_engines_docstring_and_choices():
 
 
 def test_engine_flags_reach_engine_kwargs_and_unset_ones_do_not():
-    flags = serve_args("--max-num-seqs", "12", "--dtype", "float16", "--no-overlap-steps",
-                       "--enforce-eager", "--gpu-memory-utilization", "0.5")  # fmt: skip
+    flags = serve_args(
+        "--max-num-seqs",
+        "12",
+        "--dtype",
+        "float16",
+        "--no-overlap-steps",
+        "--enforce-eager",
+        "--gpu-memory-utilization",
+        "0.5",
+    )
     kwargs = load_settings(flags, env={}).engine_kwargs()
-    assert kwargs == {"max_num_seqs": 12, "dtype": "float16", "overlap_steps": False,
-                      "enforce_eager": True, "gpu_memory_utilization": 0.5}  # fmt: skip
+    assert kwargs == {
+        "max_num_seqs": 12,
+        "dtype": "float16",
+        "overlap_steps": False,
+        "enforce_eager": True,
+        "gpu_memory_utilization": 0.5,
+    }
     assert EngineConfig(**kwargs).max_num_seqs == 12
     assert load_settings({}, env={}).engine_kwargs() == {}
 
 
 def test_environment_text_is_read_by_type():
-    env = {"APPLIANCE_ADAPTIVE_BATCHING": "on", "APPLIANCE_WARMUP": "0",
-           "APPLIANCE_CORS_ORIGIN": "http://a.example, http://b.example",
-           "APPLIANCE_GPU_MEMORY_UTILIZATION": "0.5", "APPLIANCE_LOG_LEVEL": "DEBUG",
-           "APPLIANCE_SEED": ""}  # fmt: skip
+    env = {
+        "APPLIANCE_ADAPTIVE_BATCHING": "on",
+        "APPLIANCE_WARMUP": "0",
+        "APPLIANCE_CORS_ORIGIN": "http://a.example, http://b.example",
+        "APPLIANCE_GPU_MEMORY_UTILIZATION": "0.5",
+        "APPLIANCE_LOG_LEVEL": "DEBUG",
+        "APPLIANCE_SEED": "",
+    }
     s = load_settings({}, env=env)
     assert s.adaptive_batching is True and s.warmup is False and s.log_level == "debug"
     assert s.cors_origin == ["http://a.example", "http://b.example"]
@@ -106,8 +123,10 @@ def test_add_engine_flags_builds_pin_flags_for_another_command():
     parser = argparse.ArgumentParser()
     add_engine_flags(parser, ["max_num_seqs", "kv_cache_dtype", "enforce_eager"])
     assert vars(parser.parse_args([])) == {
-        "max_num_seqs": None, "kv_cache_dtype": None, "enforce_eager": None,
-    }  # fmt: skip
+        "max_num_seqs": None,
+        "kv_cache_dtype": None,
+        "enforce_eager": None,
+    }
     args = parser.parse_args(["--max-num-seqs", "8", "--kv-cache-dtype", "int8", "--enforce-eager"])
     assert (args.max_num_seqs, args.kv_cache_dtype, args.enforce_eager) == (8, "int8", True)
     with pytest.raises(SystemExit):
@@ -167,9 +186,12 @@ def test_a_field_added_to_engine_config_needs_no_other_edit(tmp_path):
     help_path = tmp_path / "help.txt"
     run = subprocess.run(
         [sys.executable, str(script), str(tmp_path / "c.toml"), str(help_path)],
-        capture_output=True, text=True, timeout=120, cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
         env={**os.environ, "PYTHONPATH": str(ROOT)},
-    )  # fmt: skip
+    )
     assert run.returncode == 0, run.stderr
     out = json.loads(run.stdout)
     assert out["flags"] == {"prefix_caching": True, "spec_method": "ngram"}

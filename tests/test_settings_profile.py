@@ -14,10 +14,14 @@ def profile_path(tmp_path):
         name="cpu-smol",
         hardware={"gpu": "cpu"},
         model={"name": "SmolLM2-135M-Instruct", "dtype": "float32", "quantization": "none"},
-        chosen={"max_concurrency": 6, "max_num_seqs": 6, "max_num_batched_tokens": 1024,
-                "adaptive_batching": True},
+        chosen={
+            "max_concurrency": 6,
+            "max_num_seqs": 6,
+            "max_num_batched_tokens": 1024,
+            "adaptive_batching": True,
+        },
         slo={"tpot_s": 0.15, "percentile": 95.0},
-    )  # fmt: skip
+    )
     return write_tuned_profile(prof, tmp_path)
 
 

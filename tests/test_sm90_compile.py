@@ -29,8 +29,12 @@ def test_hopper_kernel_variants_compile_for_sm90(triton_dir):
         env["PYTHONPATH"] = os.pathsep.join([str(triton_dir), str(ROOT)])
     run = subprocess.run(
         [sys.executable, "-m", "tests.support.sm90_compile"],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert run.returncode == 0, run.stderr[-3000:]
     variants = int(run.stdout.split("variants: ")[-1])  # the script's last line
     assert variants > 2 and run.stdout.count("ok ") == variants, run.stdout

@@ -191,8 +191,13 @@ async def test_help_plan_and_tab(server):
         for _ in range(6):
             await pilot.press("tab")
             node = app.focused
-            while node is not None and node.id not in ("kv", "queue", "throughput", "gpu",
-                                                        "requests"):  # fmt: skip
+            while node is not None and node.id not in (
+                "kv",
+                "queue",
+                "throughput",
+                "gpu",
+                "requests",
+            ):
                 node = node.parent
             order.append(node.id if node is not None else None)
         assert order[:5] == ["kv", "queue", "throughput", "gpu", "requests"]

@@ -50,10 +50,15 @@ async def send_load(url: str) -> list[int]:
     async with aiohttp.ClientSession(headers=headers) as session:
 
         async def one(i: int) -> int:
-            body = {"prompt": f"Count to {i + 3}:", "max_tokens": 12 + 2 * i, "temperature": 0,
-                    "ignore_eos": True}  # fmt: skip
-            async with session.post(f"{url}/v1/completions", json=body,
-                                    headers={"X-Request-Id": f"tui-e2e-{i}"}) as resp:  # fmt: skip
+            body = {
+                "prompt": f"Count to {i + 3}:",
+                "max_tokens": 12 + 2 * i,
+                "temperature": 0,
+                "ignore_eos": True,
+            }
+            async with session.post(
+                f"{url}/v1/completions", json=body, headers={"X-Request-Id": f"tui-e2e-{i}"}
+            ) as resp:
                 await resp.read()
                 return resp.status
 

@@ -57,10 +57,14 @@ def test_gpu_readings_through_nvml_with_unsupported_ones_null(monkeypatch):
     monkeypatch.setitem(__import__("sys").modules, "pynvml", fake_nvml({"power", "clock"}))
     reading = GpuReader().read(torch.device("cuda", 0))
     assert reading == {
-        "name": "NVIDIA L4", "utilization_perc": 42.0, "memory_used_bytes": 3 * 2**30,
-        "memory_total_bytes": 80 * 2**30, "power_w": None, "temperature_c": 55.0,
+        "name": "NVIDIA L4",
+        "utilization_perc": 42.0,
+        "memory_used_bytes": 3 * 2**30,
+        "memory_total_bytes": 80 * 2**30,
+        "power_w": None,
+        "temperature_c": 55.0,
         "sm_clock_mhz": None,
-    }  # fmt: skip
+    }
 
 
 def test_gpu_reader_survives_nvml_init_failure(monkeypatch):
@@ -76,10 +80,15 @@ async def test_kv_share_of_the_largest_requests_and_refusal_counts():
     async with fake_client(engine, max_queue=1, stall_timeout=0.3) as client:
         sizes = [4, 8, 12, 16]  # prompt tokens; blocks are reserved for prompt + max_tokens
         tasks = [
-            asyncio.ensure_future(client.post("/v1/completions", json={
-                "prompt": "w5 " * n, "max_tokens": 40}, headers={"X-Request-Id": f"kv-{n}"}))
+            asyncio.ensure_future(
+                client.post(
+                    "/v1/completions",
+                    json={"prompt": "w5 " * n, "max_tokens": 40},
+                    headers={"X-Request-Id": f"kv-{n}"},
+                )
+            )
             for n in sizes
-        ]  # fmt: skip
+        ]
         for _ in range(200):
             stats = await (await client.get("/v1/stats")).json()
             held = {r["id"]: r["kv_blocks"] for r in stats["requests"]}
@@ -95,9 +104,12 @@ async def test_kv_share_of_the_largest_requests_and_refusal_counts():
             kv["top_share_perc"]
             == 100.0 * sum(t["blocks"] for t in kv["top_requests"]) / (kv["blocks_used"])
         )
-        extra = await asyncio.gather(*(
-            client.post("/v1/completions", json={"prompt": "w5", "max_tokens": 4})
-            for _ in range(3)))  # fmt: skip
+        extra = await asyncio.gather(
+            *(
+                client.post("/v1/completions", json={"prompt": "w5", "max_tokens": 4})
+                for _ in range(3)
+            )
+        )
         assert 429 in [r.status for r in extra]
         await asyncio.gather(*tasks)
         stalled = await client.post("/v1/completions", json={"prompt": "w3 w5", "max_tokens": 9})

@@ -23,7 +23,13 @@ from tui.widgets.timeline import bar
 
 def test_formatting_and_na():
     assert [fmt.seconds(v) for v in (0.0004, 0.0123, 0.5, 1.234, 42.0, 245.0)] == [
-        "400us", "12.3ms", "500ms", "1.23s", "42.0s", "4m05s"]  # fmt: skip
+        "400us",
+        "12.3ms",
+        "500ms",
+        "1.23s",
+        "42.0s",
+        "4m05s",
+    ]
     assert fmt.uptime(3723) == "1h02m03s" and fmt.uptime(90000) == "1d01h"
     for value in (None, "x", float("nan"), True):
         assert fmt.seconds(value) == fmt.unit(value, " W") == fmt.gib(value) == "n/a"
@@ -40,7 +46,10 @@ def test_rows_state_sort_and_filter():
     assert [r.id for r in by_kv[:3]] == ["req-run-a", "req-run-c", "req-run-b"]
     assert [r.id for r in model.select(rows, "", "live", False)] == [r.id for r in rows]
     assert {r.id for r in model.select(rows, "Run", "live", False)} == {
-        "req-run-a", "req-run-b", "req-run-c"}  # fmt: skip
+        "req-run-a",
+        "req-run-b",
+        "req-run-c",
+    }
     assert model.select(rows, "nothing", "live", False) == []
 
 

@@ -122,8 +122,10 @@ def test_sweep_grid_is_every_combination_with_typed_values():
         {"max_num_seqs": 64, "adaptive_batching": False},
         {"max_num_seqs": 64, "adaptive_batching": True},
     ]
-    assert point_env(points[1]) == {"APPLIANCE_MAX_NUM_SEQS": "32",
-                                    "APPLIANCE_ADAPTIVE_BATCHING": "1"}  # fmt: skip
+    assert point_env(points[1]) == {
+        "APPLIANCE_MAX_NUM_SEQS": "32",
+        "APPLIANCE_ADAPTIVE_BATCHING": "1",
+    }
     for bad in (["max_num_seqs=many"], ["port=1,2"], ["max_num_seqs"], ["a=1", "a=2"]):
         with pytest.raises(ValueError):
             parse_sweep(bad)
@@ -132,8 +134,11 @@ def test_sweep_grid_is_every_combination_with_typed_values():
 async def test_the_sweep_picks_the_point_with_the_highest_capacity():
     slo = SLO(tpot_s=0.05)
     rows = []
-    for point, knee in (({"adaptive_batching": False}, 24), ({"adaptive_batching": True}, 40),
-                        ({"max_num_seqs": 8}, 0)):  # fmt: skip
+    for point, knee in (
+        ({"adaptive_batching": False}, 24),
+        ({"adaptive_batching": True}, 40),
+        ({"max_num_seqs": 8}, 0),
+    ):
         measure, _ = simulated(knee, slo)
         rows.append(PointResult(point, await search(measure, slo, start=4)))
     best = pick_best(rows)

@@ -46,9 +46,15 @@ def fake_app(token_delay_s: float = TOKEN_DELAY_S) -> web.Application:
         return web.json_response({"tokens": [1, 2, 3], "count": 3})
 
     async def stats(request: web.Request) -> web.Response:
-        return web.json_response({"model": "fake", "device": "cpu", "config": {},
-                                  "queue": {"num_running": inflight, "num_waiting": 0},
-                                  "engine": {"kv_usage_perc": 10.0 * inflight}})  # fmt: skip
+        return web.json_response(
+            {
+                "model": "fake",
+                "device": "cpu",
+                "config": {},
+                "queue": {"num_running": inflight, "num_waiting": 0},
+                "engine": {"kv_usage_perc": 10.0 * inflight},
+            }
+        )
 
     app = web.Application()
     app.router.add_post("/v1/completions", completions)
@@ -63,11 +69,32 @@ async def test_tune_finds_the_knee_and_writes_the_profile(tmp_path):
     url = str(server.make_url("")).rstrip("/")
     parser = argparse.ArgumentParser()
     add_tune_parser(parser.add_subparsers(dest="command"))
-    args = parser.parse_args(["tune", "--url", url, "--slo", "tpot=130ms", "--input-len", "4",
-                              "--output-len", "4", "--step-duration", "0.3s",
-                              "--step-requests", "12", "--soak", "1s", "--name", "fake-cpu",
-                              "--profile-out", str(tmp_path), "--out", str(tmp_path),
-                              "--no-progress"])  # fmt: skip
+    args = parser.parse_args(
+        [
+            "tune",
+            "--url",
+            url,
+            "--slo",
+            "tpot=130ms",
+            "--input-len",
+            "4",
+            "--output-len",
+            "4",
+            "--step-duration",
+            "0.3s",
+            "--step-requests",
+            "12",
+            "--soak",
+            "1s",
+            "--name",
+            "fake-cpu",
+            "--profile-out",
+            str(tmp_path),
+            "--out",
+            str(tmp_path),
+            "--no-progress",
+        ]
+    )
     cfg = ClientConfig(url=url)
     spec = WorkloadSpec(LengthDist.parse("4"), LengthDist.parse("4"))
     console = Console(record=True, width=200)
@@ -104,24 +131,63 @@ async def test_sweep_restarts_the_server_per_point_and_keeps_the_best(tmp_path):
 
     parser = argparse.ArgumentParser()
     add_tune_parser(parser.add_subparsers(dest="command"))
-    args = parser.parse_args(["tune", "--serve", "fake", "--sweep", "adaptive_batching=on,off",
-                              "--slo", "tpot=130ms", "--input-len", "4", "--output-len", "4",
-                              "--step-duration", "0.3s", "--step-requests", "12",
-                              "--max-concurrency", "10", "--soak", "1s", "--name", "fake-sweep",
-                              "--profile-out", str(tmp_path), "--out", str(tmp_path),
-                              "--no-progress"])  # fmt: skip
+    args = parser.parse_args(
+        [
+            "tune",
+            "--serve",
+            "fake",
+            "--sweep",
+            "adaptive_batching=on,off",
+            "--slo",
+            "tpot=130ms",
+            "--input-len",
+            "4",
+            "--output-len",
+            "4",
+            "--step-duration",
+            "0.3s",
+            "--step-requests",
+            "12",
+            "--max-concurrency",
+            "10",
+            "--soak",
+            "1s",
+            "--name",
+            "fake-sweep",
+            "--profile-out",
+            str(tmp_path),
+            "--out",
+            str(tmp_path),
+            "--no-progress",
+        ]
+    )
     points = parse_sweep(args.sweep)
     spec = WorkloadSpec(LengthDist.parse("4"), LengthDist.parse("4"))
     console = Console(record=True, width=200)
-    code = await _tune(args, ClientConfig(url="http://unused"), spec, SLO.parse(args.slo),
-                       tmp_path, 0.3, 1.0, console, launch, points)  # fmt: skip
+    code = await _tune(
+        args,
+        ClientConfig(url="http://unused"),
+        spec,
+        SLO.parse(args.slo),
+        tmp_path,
+        0.3,
+        1.0,
+        console,
+        launch,
+        points,
+    )
     assert code == 0
-    assert launched == [{"adaptive_batching": True}, {"adaptive_batching": False},
-                        {"adaptive_batching": True}]  # fmt: skip
+    assert launched == [
+        {"adaptive_batching": True},
+        {"adaptive_batching": False},
+        {"adaptive_batching": True},
+    ]
     prof = load_tuned_profile(tmp_path / "fake-sweep.toml")
     assert prof.chosen["adaptive_batching"] is True and prof.max_concurrency == 8
     report = json.loads((tmp_path / "tune.json").read_text())
     assert [(s["point"]["adaptive_batching"], s["best"]) for s in report["sweep"]] == [
-        (True, 8), (False, 6)]  # fmt: skip
+        (True, 8),
+        (False, 6),
+    ]
     assert (tmp_path / "tune_sweep.png").stat().st_size > 1000
     assert "sweep points" in console.export_text()

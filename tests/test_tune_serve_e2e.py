@@ -10,12 +10,36 @@ from appliance.settings import load_settings
 
 
 def test_tune_serves_the_embedded_model_itself(tmp_path, capsys):
-    code = main(["tune", "--serve", "embedded", "--serve-args",
-                 "--device cpu --max-model-len 256 --max-num-seqs 4",
-                 "--slo", "ttft=20s,tpot=5s", "--input-len", "16", "--output-len", "4",
-                 "--start", "1", "--max-concurrency", "2", "--step-duration", "1s",
-                 "--soak", "1s", "--name", "e2e-cpu", "--profile-out", str(tmp_path),
-                 "--out", str(tmp_path), "--no-progress"])  # fmt: skip
+    code = main(
+        [
+            "tune",
+            "--serve",
+            "embedded",
+            "--serve-args",
+            "--device cpu --max-model-len 256 --max-num-seqs 4",
+            "--slo",
+            "ttft=20s,tpot=5s",
+            "--input-len",
+            "16",
+            "--output-len",
+            "4",
+            "--start",
+            "1",
+            "--max-concurrency",
+            "2",
+            "--step-duration",
+            "1s",
+            "--soak",
+            "1s",
+            "--name",
+            "e2e-cpu",
+            "--profile-out",
+            str(tmp_path),
+            "--out",
+            str(tmp_path),
+            "--no-progress",
+        ]
+    )
     assert code == 0, capsys.readouterr().err
     report = json.loads((tmp_path / "tune.json").read_text())
     assert [p["concurrency"] for p in report["probes"]] == [1, 2]

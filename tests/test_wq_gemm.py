@@ -99,8 +99,16 @@ def test_supports_what_it_reads():
 
 def test_bucket_for():
     assert [_gemm.bucket_for(m) for m in (2, 16, 17, 32, 33, 64, 100, 256, 257)] == [
-        16, 16, 32, 32, 64, 64, 128, 256, None,
-    ]  # fmt: skip
+        16,
+        16,
+        32,
+        32,
+        64,
+        64,
+        128,
+        256,
+        None,
+    ]
 
 
 def test_the_table_runs_the_gemm_only_where_chosen(monkeypatch):
@@ -128,9 +136,13 @@ def test_the_table_runs_the_gemm_only_where_chosen(monkeypatch):
 
 @pytest.mark.parametrize(
     "kernel_seconds,wrong,fails,kept",
-    [(1.0, False, False, True), (3.0, False, False, False), (1.0, True, False, False),
-     (1.0, False, True, False)],
-)  # fmt: skip
+    [
+        (1.0, False, False, True),
+        (3.0, False, False, False),
+        (1.0, True, False, False),
+        (1.0, False, True, False),
+    ],
+)
 def test_choose_keeps_a_config_only_when_right_and_faster(
     monkeypatch, kernel_seconds, wrong, fails, kept
 ):

@@ -10,7 +10,18 @@ from appliance.loadgen.session import LoadSession, ServerInfo
 from appliance.loadgen.workload import LengthDist, WorkItem, WorkloadSpec
 
 __all__ = [
-    "SLO", "ClientConfig", "LengthDist", "LevelSummary", "LoadSession", "RequestResult",
-    "ServerInfo", "Stage", "StageResult", "StatsSample", "WorkItem", "WorkloadSpec",
-    "summarize", "summarize_all",
-]  # fmt: skip
+    "SLO",
+    "ClientConfig",
+    "LengthDist",
+    "LevelSummary",
+    "LoadSession",
+    "RequestResult",
+    "ServerInfo",
+    "Stage",
+    "StageResult",
+    "StatsSample",
+    "WorkItem",
+    "WorkloadSpec",
+    "summarize",
+    "summarize_all",
+]

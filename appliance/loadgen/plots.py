@@ -123,8 +123,13 @@ def search_path(points: list, slo: SLO, path: Path) -> Path:
     return _save(fig, path)
 
 
-def bench_plots(summaries: list[LevelSummary], results: list[RequestResult],
-                samples: list[StatsSample], slo: SLO, folder: Path) -> list[Path]:  # fmt: skip
+def bench_plots(
+    summaries: list[LevelSummary],
+    results: list[RequestResult],
+    samples: list[StatsSample],
+    slo: SLO,
+    folder: Path,
+) -> list[Path]:
     return [
         latency_vs_load(summaries, slo, folder / "latency_vs_load.png"),
         throughput_vs_load(summaries, folder / "throughput_vs_load.png"),
@@ -140,8 +145,11 @@ def sweep_plot(rows: list, slo: SLO, path: Path) -> Path:
     pct = f"p{slo.percentile:g}"
     metric = "tpot_s" if "tpot_s" in slo.limits() else next(iter(slo.limits()), "tpot_s")
     for row in rows:
-        pts = sorted((p.concurrency, v * 1000) for p in row.result.probes
-                     if (v := p.summary.get(metric, pct)) is not None)  # fmt: skip
+        pts = sorted(
+            (p.concurrency, v * 1000)
+            for p in row.result.probes
+            if (v := p.summary.get(metric, pct)) is not None
+        )
         if pts:
             left.plot(*zip(*pts), marker="o", label=row.label)
     limit = slo.limits().get(metric)
@@ -158,8 +166,13 @@ def sweep_plot(rows: list, slo: SLO, path: Path) -> Path:
     for bar, row in zip(bars, rows):
         probe = row.result.best_probe
         text = f"{probe.summary.output_token_throughput:.0f} tok/s" if probe else "none"
-        right.annotate(text, (bar.get_x() + bar.get_width() / 2, bar.get_height()),
-                       ha="center", va="bottom", fontsize=8)  # fmt: skip
+        right.annotate(
+            text,
+            (bar.get_x() + bar.get_width() / 2, bar.get_height()),
+            ha="center",
+            va="bottom",
+            fontsize=8,
+        )
     right.set_xticks(range(len(rows)), labels, fontsize=7)
     right.set_title("capacity per point (highest concurrency meeting the SLOs)")
     right.set_ylabel("concurrency")

@@ -49,8 +49,11 @@ class SLO:
         return cls(**limits, percentile=percentile)
 
     def limits(self) -> dict[str, float]:
-        return {k: v for k, v in (("ttft_s", self.ttft_s), ("tpot_s", self.tpot_s),
-                                  ("e2e_s", self.e2e_s)) if v is not None}  # fmt: skip
+        return {
+            k: v
+            for k, v in (("ttft_s", self.ttft_s), ("tpot_s", self.tpot_s), ("e2e_s", self.e2e_s))
+            if v is not None
+        }
 
     def met_by(self, r: RequestResult) -> bool:
         if not r.ok:
@@ -147,8 +150,18 @@ def _ms(value: float | None) -> str:
 
 def table(summaries: list[LevelSummary], slo: SLO, title: str = "appliance bench") -> Table:
     t = Table(title=f"{title}  (SLO: {slo.describe()})")
-    for name in ("load", "ok/sent", "errors", "TTFT ms p50/95/99", "TPOT ms p50/95/99",
-                 "ITL p50", "E2E p95 s", "req/s", "out tok/s", "goodput req/s"):  # fmt: skip
+    for name in (
+        "load",
+        "ok/sent",
+        "errors",
+        "TTFT ms p50/95/99",
+        "TPOT ms p50/95/99",
+        "ITL p50",
+        "E2E p95 s",
+        "req/s",
+        "out tok/s",
+        "goodput req/s",
+    ):
         t.add_column(name, justify="right" if name != "errors" else "left")
     for s in summaries:
         unit = "rps" if s.mode == "open" else "conc"
@@ -168,8 +181,13 @@ def table(summaries: list[LevelSummary], slo: SLO, title: str = "appliance bench
     return t
 
 
-def write_json(path: Path, config: dict, summaries: list[LevelSummary],
-               stages: list[StageResult], samples: list[StatsSample]) -> None:  # fmt: skip
+def write_json(
+    path: Path,
+    config: dict,
+    summaries: list[LevelSummary],
+    stages: list[StageResult],
+    samples: list[StatsSample],
+) -> None:
     """The whole run: its settings, the summaries, every request and every stats sample."""
     doc = {
         "config": config,

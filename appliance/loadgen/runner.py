@@ -136,8 +136,9 @@ async def run_stage(
 class StatsSampler:
     """Polls /v1/stats every `interval_s` while running; failed readings are skipped."""
 
-    def __init__(self, session: aiohttp.ClientSession, cfg: ClientConfig, t0: float,
-                 interval_s: float = 0.5) -> None:  # fmt: skip
+    def __init__(
+        self, session: aiohttp.ClientSession, cfg: ClientConfig, t0: float, interval_s: float = 0.5
+    ) -> None:
         self.session, self.cfg, self.t0, self.interval_s = session, cfg, t0, interval_s
         self.samples: list[StatsSample] = []
         self.num_failed = 0

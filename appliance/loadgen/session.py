@@ -46,8 +46,14 @@ class LoadSession:
     """`async with LoadSession(cfg, spec) as s: await s.run(stage)`; traffic goes only to
     cfg.url."""
 
-    def __init__(self, cfg: ClientConfig, spec: WorkloadSpec, console: Console | None = None,
-                 show_progress: bool = True, sample_interval_s: float = 0.5) -> None:  # fmt: skip
+    def __init__(
+        self,
+        cfg: ClientConfig,
+        spec: WorkloadSpec,
+        console: Console | None = None,
+        show_progress: bool = True,
+        sample_interval_s: float = 0.5,
+    ) -> None:
         self.cfg, self.spec = cfg, spec
         self.console = console or Console(stderr=True)
         self.show_progress = show_progress
@@ -116,7 +122,14 @@ class LoadSession:
                 progress.update(task, advance=1, errors=num_errors)
 
             assert self._session is not None, "use LoadSession as an async context manager"
-            result = await run_stage(self._session, self.cfg, self.work, stage, self.t0,
-                                     on_done, seed=self.spec.seed + len(self.stages))  # fmt: skip
+            result = await run_stage(
+                self._session,
+                self.cfg,
+                self.work,
+                stage,
+                self.t0,
+                on_done,
+                seed=self.spec.seed + len(self.stages),
+            )
         self.stages.append(result)
         return result

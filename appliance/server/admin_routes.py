@@ -104,8 +104,9 @@ async def request_trace(request: web.Request) -> web.Response:
     rid = request.match_info["request_id"]
     record = request.app[TRACKER].records.get(rid)
     if record is None:
-        raise APIError(404, f"no recent request with id {rid!r}", param="request_id",
-                       code="request_not_found")  # fmt: skip
+        raise APIError(
+            404, f"no recent request with id {rid!r}", param="request_id", code="request_not_found"
+        )
     return web.json_response(record.trace(), dumps=dumps)
 
 

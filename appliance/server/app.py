@@ -52,9 +52,13 @@ async def request_id_middleware(request: web.Request, handler) -> web.StreamResp
     response = await handler(request)
     logger.info(
         "%s %s %s %d %.1fms key=%s",
-        request[REQUEST_ID], request.method, request.path, response.status,
-        (time.time() - request[RECEIVED_AT]) * 1000, request.get(KEY_NAME, "-"),
-    )  # fmt: skip
+        request[REQUEST_ID],
+        request.method,
+        request.path,
+        response.status,
+        (time.time() - request[RECEIVED_AT]) * 1000,
+        request.get(KEY_NAME, "-"),
+    )
     return response
 
 

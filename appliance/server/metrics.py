@@ -12,12 +12,73 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from appliance.server.records import RequestRecord
 from appliance.server.state import ServerState
 
-TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0,
-                2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0)  # fmt: skip
-TPOT_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5,
-                5.0, 7.5, 10.0, 20.0, 40.0, 80.0)  # fmt: skip
-E2E_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0,
-               60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0)  # fmt: skip
+TTFT_BUCKETS = (
+    0.001,
+    0.005,
+    0.01,
+    0.02,
+    0.04,
+    0.06,
+    0.08,
+    0.1,
+    0.25,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
+    20.0,
+    40.0,
+    80.0,
+    160.0,
+    640.0,
+)
+TPOT_BUCKETS = (
+    0.01,
+    0.025,
+    0.05,
+    0.075,
+    0.1,
+    0.15,
+    0.2,
+    0.3,
+    0.4,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
+    20.0,
+    40.0,
+    80.0,
+)
+E2E_BUCKETS = (
+    0.3,
+    0.5,
+    0.8,
+    1.0,
+    1.5,
+    2.0,
+    2.5,
+    5.0,
+    10.0,
+    15.0,
+    20.0,
+    30.0,
+    40.0,
+    50.0,
+    60.0,
+    120.0,
+    240.0,
+    480.0,
+    960.0,
+    1920.0,
+    7680.0,
+)
 
 
 class _EngineCollector:
@@ -80,12 +141,18 @@ class Metrics:
         self._itl_child = None  # (model name, its labelled histogram): once per token is hot
         self.e2e = hist("vllm:e2e_request_latency_seconds", "End-to-end latency.", E2E_BUCKETS)
         self.queue = hist("vllm:request_queue_time_seconds", "Time waiting to run.", E2E_BUCKETS)
-        self.success = Counter("vllm:request_success", "Finished requests.",
-                               labels + ["finished_reason"], registry=r)  # fmt: skip
-        self.rejected = Counter("appliance:requests_rejected", "Requests refused with 429.",
-                                labels, registry=r)  # fmt: skip
-        self.failed = Counter("appliance:requests_failed", "Requests ended by an error.",
-                              labels + ["reason"], registry=r)  # fmt: skip
+        self.success = Counter(
+            "vllm:request_success", "Finished requests.", labels + ["finished_reason"], registry=r
+        )
+        self.rejected = Counter(
+            "appliance:requests_rejected", "Requests refused with 429.", labels, registry=r
+        )
+        self.failed = Counter(
+            "appliance:requests_failed",
+            "Requests ended by an error.",
+            labels + ["reason"],
+            registry=r,
+        )
 
     def observe_itl(self, seconds: float, count: int = 1) -> None:
         """`count` tokens that arrived `seconds` apart each (one call per delivery)."""

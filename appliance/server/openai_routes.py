@@ -140,8 +140,14 @@ async def serve_generation(request: web.Request, req: GenerateRequest) -> web.St
         tracker.rejected()
         metrics.rejected.labels(state.model_name).inc()
         raise
-    record = RequestRecord(rid, req.endpoint, state.model_name, request.get(KEY_NAME),
-                           req.stream, received_at=request[RECEIVED_AT])  # fmt: skip
+    record = RequestRecord(
+        rid,
+        req.endpoint,
+        state.model_name,
+        request.get(KEY_NAME),
+        req.stream,
+        received_at=request[RECEIVED_AT],
+    )
     record.choices = [c.record for c in choices]
     record.events.append({"time": record.received_at, "event": "received"})
     record.event("admitted", num_choices=k)

@@ -67,13 +67,24 @@ class ServerState:
         if self.phase is Phase.READY and self.async_engine and self.async_engine.is_running:
             return
         if self.phase is Phase.LOADING:
-            raise APIError(503, "the model is still loading; retry shortly",
-                           code="loading", headers={"Retry-After": "5"})  # fmt: skip
+            raise APIError(
+                503,
+                "the model is still loading; retry shortly",
+                code="loading",
+                headers={"Retry-After": "5"},
+            )
         if self.phase is Phase.DRAINING:
-            raise APIError(503, "the server is shutting down and accepts no new requests",
-                           code="draining", headers={"Retry-After": "30"})  # fmt: skip
-        raise APIError(503, f"the engine is not running: {self.load_error or 'it failed'}",
-                       code="engine_failed")  # fmt: skip
+            raise APIError(
+                503,
+                "the server is shutting down and accepts no new requests",
+                code="draining",
+                headers={"Retry-After": "30"},
+            )
+        raise APIError(
+            503,
+            f"the engine is not running: {self.load_error or 'it failed'}",
+            code="engine_failed",
+        )
 
     # --- admission ------------------------------------------------------------------------
     def admit(self, request_id: str, engine_ids: list[str], retry_after_s: float) -> InFlight:
@@ -124,8 +135,11 @@ class ServerState:
         self.phase = Phase.DRAINING
         if await _wait_any(self._idle, force, timeout):
             return True
-        reason = APIError(503, "the server shut down before this request finished (drain "
-                          f"timeout {timeout:g} s)", code="drain_timeout")  # fmt: skip
+        reason = APIError(
+            503,
+            f"the server shut down before this request finished (drain timeout {timeout:g} s)",
+            code="drain_timeout",
+        )
         for entry in list(self.inflight.values()):
             entry.abort_reason = reason
             for engine_id in entry.engine_ids:

@@ -233,8 +233,15 @@ class GpuReader:
     board does not support. It never raises.
     """
 
-    FIELDS = ("name", "utilization_perc", "memory_used_bytes", "memory_total_bytes", "power_w",
-              "temperature_c", "sm_clock_mhz")  # fmt: skip
+    FIELDS = (
+        "name",
+        "utilization_perc",
+        "memory_used_bytes",
+        "memory_total_bytes",
+        "power_w",
+        "temperature_c",
+        "sm_clock_mhz",
+    )
 
     def __init__(self) -> None:
         self._nvml = None

@@ -50,21 +50,42 @@ def default_num_splits(
 
 @triton.jit
 def _decode_split_kernel(
-    q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, seq_lens_ptr, ws_ptr, out_ptr,
-    k_scale_ptr, v_scale_ptr,  # int8 caches: fp16 [num_blocks, block_size, num_kv_heads]
+    q_ptr,
+    k_cache_ptr,
+    v_cache_ptr,
+    block_tables_ptr,
+    seq_lens_ptr,
+    ws_ptr,
+    out_ptr,
+    k_scale_ptr,
+    v_scale_ptr,  # int8 caches: fp16 [num_blocks, block_size, num_kv_heads]
     qk_scale,  # softmax scale * log2(e)
     num_splits,
-    stride_qs, stride_qh,
-    stride_cb, stride_co, stride_ch,  # k_cache and v_cache share strides
-    stride_sb, stride_so,  # k/v scales share strides; unit head stride
+    stride_qs,
+    stride_qh,
+    stride_cb,
+    stride_co,
+    stride_ch,  # k_cache and v_cache share strides
+    stride_sb,
+    stride_so,  # k/v scales share strides; unit head stride
     stride_bt,
-    stride_ws_s, stride_ws_h, stride_ws_p,
-    stride_os, stride_oh,
-    GROUP: tl.constexpr, BLOCK_G: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
-    BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr,
-    DIRECT_OUT: tl.constexpr, DOT_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr,
-    KV_INT8: tl.constexpr, PDL: tl.constexpr,
-):  # fmt: skip
+    stride_ws_s,
+    stride_ws_h,
+    stride_ws_p,
+    stride_os,
+    stride_oh,
+    GROUP: tl.constexpr,
+    BLOCK_G: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    DIRECT_OUT: tl.constexpr,
+    DOT_DTYPE: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+    KV_INT8: tl.constexpr,
+    PDL: tl.constexpr,
+):
     pdl.enter(PDL)  # engine/kernels/pdl.py
     seq = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -143,12 +164,19 @@ def _decode_split_kernel(
 
 @triton.jit
 def _decode_merge_kernel(
-    ws_ptr, out_ptr,
+    ws_ptr,
+    out_ptr,
     num_splits,
-    stride_ws_s, stride_ws_h, stride_ws_p,
-    stride_os, stride_oh,
-    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_P: tl.constexpr, PDL: tl.constexpr,
-):  # fmt: skip
+    stride_ws_s,
+    stride_ws_h,
+    stride_ws_p,
+    stride_os,
+    stride_oh,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_P: tl.constexpr,
+    PDL: tl.constexpr,
+):
     pdl.enter(PDL)
     # One program per (sequence, query head): softmax-weighted merge of the split partials.
     seq = tl.program_id(0)
@@ -273,31 +301,56 @@ def decode_attention(
     if not is_int8:  # placeholders, never read
         k_scales = v_scales = k_cache
     use_pdl = pdl.enabled(q)
-    # fmt: off
     launch_first_fitting(
-        _decode_split_kernel, (num_seqs, num_kv_heads, num_splits),
+        _decode_split_kernel,
+        (num_seqs, num_kv_heads, num_splits),
         tile_configs(block_d),
-        q, k_cache, v_cache, block_tables, seq_lens, ws, out, k_scales, v_scales,
-        scale * LOG2E, num_splits,
-        q.stride(0), q.stride(1),
-        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        q,
+        k_cache,
+        v_cache,
+        block_tables,
+        seq_lens,
+        ws,
+        out,
+        k_scales,
+        v_scales,
+        scale * LOG2E,
+        num_splits,
+        q.stride(0),
+        q.stride(1),
+        k_cache.stride(0),
+        k_cache.stride(1),
+        k_cache.stride(2),
         *(k_scales.stride()[:2] if is_int8 else (0, 0)),
         block_tables.stride(0),
         *ws_strides,
-        out.stride(0), out.stride(1),
-        GROUP=group, BLOCK_G=max(16, next_power_of_2(group)),
-        HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_SIZE=block_size,
-        DIRECT_OUT=num_splits == 1, DOT_DTYPE=dot_dtype(q.dtype, _decode_split_kernel),
-        DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32", KV_INT8=is_int8,
-        PDL=use_pdl, launch_pdl=use_pdl,
+        out.stride(0),
+        out.stride(1),
+        GROUP=group,
+        BLOCK_G=max(16, next_power_of_2(group)),
+        HEAD_DIM=head_dim,
+        BLOCK_D=block_d,
+        BLOCK_SIZE=block_size,
+        DIRECT_OUT=num_splits == 1,
+        DOT_DTYPE=dot_dtype(q.dtype, _decode_split_kernel),
+        DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+        KV_INT8=is_int8,
+        PDL=use_pdl,
+        launch_pdl=use_pdl,
     )
     if num_splits > 1:
         _decode_merge_kernel[(num_seqs, num_heads)](
-            ws, out, num_splits,
+            ws,
+            out,
+            num_splits,
             *ws_strides,
-            out.stride(0), out.stride(1),
-            HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_P=next_power_of_2(num_splits),
-            PDL=use_pdl, num_warps=4, launch_pdl=use_pdl,
+            out.stride(0),
+            out.stride(1),
+            HEAD_DIM=head_dim,
+            BLOCK_D=block_d,
+            BLOCK_P=next_power_of_2(num_splits),
+            PDL=use_pdl,
+            num_warps=4,
+            launch_pdl=use_pdl,
         )
-    # fmt: on
     return out

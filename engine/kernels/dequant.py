@@ -26,10 +26,20 @@ BLOCK_N, BLOCK_K, NUM_WARPS = 16, 256, 4  # a program writes BLOCK_N x BLOCK_K 1
 
 @triton.jit
 def _dequant_kernel(
-    q_ptr, s_ptr, code_ptr, out_ptr,
-    N, K, stride_qn, stride_sn, stride_on,
-    GROUP: tl.constexpr, IS_INT4: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-):  # fmt: skip
+    q_ptr,
+    s_ptr,
+    code_ptr,
+    out_ptr,
+    N,
+    K,
+    stride_qn,
+    stride_sn,
+    stride_on,
+    GROUP: tl.constexpr,
+    IS_INT4: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):
     offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     n_mask = offs_n < N
     rows = offs_n.to(tl.int64)[:, None]
@@ -69,11 +79,21 @@ def dequantize(
     out = torch.empty(n, k, dtype=dtype, device=qweight.device)
     grid = (cdiv(n, BLOCK_N), cdiv(k, BLOCK_K))
     _dequant_kernel[grid](
-        qweight, scales, code if is_int4 else scales, out,
-        n, k, qweight.stride(0), scales.stride(0), out.stride(0),
-        GROUP=group_size if is_int4 else 1, IS_INT4=is_int4, BLOCK_N=BLOCK_N, BLOCK_K=BLOCK_K,
+        qweight,
+        scales,
+        code if is_int4 else scales,
+        out,
+        n,
+        k,
+        qweight.stride(0),
+        scales.stride(0),
+        out.stride(0),
+        GROUP=group_size if is_int4 else 1,
+        IS_INT4=is_int4,
+        BLOCK_N=BLOCK_N,
+        BLOCK_K=BLOCK_K,
         num_warps=NUM_WARPS,
-    )  # fmt: skip
+    )
     return out
 
 

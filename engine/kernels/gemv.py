@@ -41,11 +41,21 @@ def weight_tile(rows, offs_k, k_end, n_mask):
 
 @triton.jit
 def _gemv_kernel(
-    x_ptr, w_ptr, bias_ptr, out_ptr, part_ptr,
-    N, K, stride_wn, k_per_split,
-    SPLIT_K: tl.constexpr, HAS_BIAS: tl.constexpr,
-    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr,
-):  # fmt: skip
+    x_ptr,
+    w_ptr,
+    bias_ptr,
+    out_ptr,
+    part_ptr,
+    N,
+    K,
+    stride_wn,
+    k_per_split,
+    SPLIT_K: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    PDL: tl.constexpr,
+):
     # PDL: engine/kernels/pdl.py. The first weight tile is loaded before gdc_wait; each loop
     # step loads the next tile before using this one.
     if PDL:
@@ -80,9 +90,18 @@ def _gemv_kernel(
 
 @triton.jit
 def _gemv_silu_kernel(
-    x_ptr, w_ptr, bias_ptr, out_ptr, N, K, stride_wn,
-    HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr,
-):  # fmt: skip
+    x_ptr,
+    w_ptr,
+    bias_ptr,
+    out_ptr,
+    N,
+    K,
+    stride_wn,
+    HAS_BIAS: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    PDL: tl.constexpr,
+):
     # W is [2N, K], gate rows then up rows; out[1, N] = silu(gate) * up, rounded where the two
     # steps (this file's GEMV, then silu_mul.py) round. PDL as in _gemv_kernel.
     if PDL:
@@ -123,9 +142,15 @@ def _gemv_silu_kernel(
 
 @triton.jit
 def _reduce_kernel(
-    part_ptr, bias_ptr, out_ptr, N,
-    SPLIT_K: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr,
-):  # fmt: skip
+    part_ptr,
+    bias_ptr,
+    out_ptr,
+    N,
+    SPLIT_K: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    BLOCK: tl.constexpr,
+    PDL: tl.constexpr,
+):
     pdl.enter(PDL)
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < N
@@ -172,10 +197,23 @@ def gemv(
     grid = (cdiv(n, block_n), split)
     use_pdl = pdl.enabled(x)
     _gemv_kernel[grid](
-        x, weight, b, out, part, n, k, weight.stride(0), k_per_split,
-        SPLIT_K=split, HAS_BIAS=bias is not None, BLOCK_N=block_n, BLOCK_K=block_k,
-        PDL=use_pdl, num_warps=warps, launch_pdl=use_pdl,
-    )  # fmt: skip
+        x,
+        weight,
+        b,
+        out,
+        part,
+        n,
+        k,
+        weight.stride(0),
+        k_per_split,
+        SPLIT_K=split,
+        HAS_BIAS=bias is not None,
+        BLOCK_N=block_n,
+        BLOCK_K=block_k,
+        PDL=use_pdl,
+        num_warps=warps,
+        launch_pdl=use_pdl,
+    )
     reduce_split(part, bias, out)
     return out
 
@@ -200,9 +238,16 @@ def reduce_split(part: torch.Tensor, bias: torch.Tensor | None, out: torch.Tenso
         return
     use_pdl = pdl.enabled(out)
     _reduce_kernel[(cdiv(n, 1024),)](
-        part, bias if bias is not None else out, out, n,
-        SPLIT_K=split, HAS_BIAS=bias is not None, BLOCK=1024, PDL=use_pdl, launch_pdl=use_pdl,
-    )  # fmt: skip
+        part,
+        bias if bias is not None else out,
+        out,
+        n,
+        SPLIT_K=split,
+        HAS_BIAS=bias is not None,
+        BLOCK=1024,
+        PDL=use_pdl,
+        launch_pdl=use_pdl,
+    )
 
 
 def gemv_silu_mul(
@@ -223,10 +268,20 @@ def gemv_silu_mul(
     out = torch.empty(1, n, dtype=x.dtype, device=x.device)
     use_pdl = pdl.enabled(x)
     _gemv_silu_kernel[(cdiv(n, block_n),)](
-        x, weight, bias if bias is not None else out, out, n, k, weight.stride(0),
-        HAS_BIAS=bias is not None, BLOCK_N=block_n, BLOCK_K=block_k, PDL=use_pdl,
-        num_warps=warps, launch_pdl=use_pdl,
-    )  # fmt: skip
+        x,
+        weight,
+        bias if bias is not None else out,
+        out,
+        n,
+        k,
+        weight.stride(0),
+        HAS_BIAS=bias is not None,
+        BLOCK_N=block_n,
+        BLOCK_K=block_k,
+        PDL=use_pdl,
+        num_warps=warps,
+        launch_pdl=use_pdl,
+    )
     return out
 
 

@@ -27,13 +27,34 @@ from engine.kernels.paged_args import (
 
 @triton.jit
 def _attend_kv_tile(
-    acc, m_i, l_i, q, q_pos, k_cache_ptr, v_cache_ptr, table, n0, kv_end, kv_head,
-    stride_cb, stride_co, stride_ch, qk_scale,
-    k_scale_ptr, v_scale_ptr, stride_sb, stride_so,
-    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_SIZE: tl.constexpr,
-    BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
-    DOT_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr, KV_INT8: tl.constexpr,
-):  # fmt: skip
+    acc,
+    m_i,
+    l_i,
+    q,
+    q_pos,
+    k_cache_ptr,
+    v_cache_ptr,
+    table,
+    n0,
+    kv_end,
+    kv_head,
+    stride_cb,
+    stride_co,
+    stride_ch,
+    qk_scale,
+    k_scale_ptr,
+    v_scale_ptr,
+    stride_sb,
+    stride_so,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    CAUSAL: tl.constexpr,
+    DOT_DTYPE: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+    KV_INT8: tl.constexpr,
+):
     """Online-softmax update with keys n0 .. n0 + BLOCK_N. CAUSAL=False: the whole tile is
     below kv_end and visible to every row, so no key mask is built (the common case)."""
     offs_n = tl.arange(0, BLOCK_N)
@@ -90,20 +111,37 @@ def _attend_kv_tile(
 
 @triton.jit
 def _prefill_kernel(
-    q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, query_start_loc_ptr, seq_lens_ptr,
+    q_ptr,
+    k_cache_ptr,
+    v_cache_ptr,
+    block_tables_ptr,
+    query_start_loc_ptr,
+    seq_lens_ptr,
     out_ptr,
-    k_scale_ptr, v_scale_ptr,  # int8 caches: fp16 [num_blocks, block_size, num_kv_heads]
+    k_scale_ptr,
+    v_scale_ptr,  # int8 caches: fp16 [num_blocks, block_size, num_kv_heads]
     qk_scale,  # softmax scale * log2(e)
-    stride_qt, stride_qh,
-    stride_cb, stride_co, stride_ch,  # k_cache and v_cache share strides
-    stride_sb, stride_so,  # k/v scales share strides; unit head stride
+    stride_qt,
+    stride_qh,
+    stride_cb,
+    stride_co,
+    stride_ch,  # k_cache and v_cache share strides
+    stride_sb,
+    stride_so,  # k/v scales share strides; unit head stride
     stride_bt,
-    stride_ot, stride_oh,
-    GROUP: tl.constexpr, TOKENS_PER_TILE: tl.constexpr, BLOCK_R: tl.constexpr,
-    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
-    BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr,
-    DOT_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr, KV_INT8: tl.constexpr,
-):  # fmt: skip
+    stride_ot,
+    stride_oh,
+    GROUP: tl.constexpr,
+    TOKENS_PER_TILE: tl.constexpr,
+    BLOCK_R: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    DOT_DTYPE: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+    KV_INT8: tl.constexpr,
+):
     # Last query tiles first: under the causal mask they have the most keys to visit.
     tile = tl.num_programs(0) - 1 - tl.program_id(0)
     seq = tl.program_id(1)
@@ -278,20 +316,37 @@ def prefill_attention(
     is_int8 = k_scales is not None
     if not is_int8:  # placeholders, never read
         k_scales = v_scales = k_cache
-    # fmt: off
     launch_first_fitting(
-        _prefill_kernel, grid, configs,
-        q, k_cache, v_cache, block_tables, query_start_loc, seq_lens, out, k_scales, v_scales,
+        _prefill_kernel,
+        grid,
+        configs,
+        q,
+        k_cache,
+        v_cache,
+        block_tables,
+        query_start_loc,
+        seq_lens,
+        out,
+        k_scales,
+        v_scales,
         scale * LOG2E,
-        q.stride(0), q.stride(1),
-        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        q.stride(0),
+        q.stride(1),
+        k_cache.stride(0),
+        k_cache.stride(1),
+        k_cache.stride(2),
         *(k_scales.stride()[:2] if is_int8 else (0, 0)),
         block_tables.stride(0),
-        out.stride(0), out.stride(1),
-        GROUP=group, TOKENS_PER_TILE=tokens_per_tile, BLOCK_R=block_r,
-        HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_SIZE=block_size,
+        out.stride(0),
+        out.stride(1),
+        GROUP=group,
+        TOKENS_PER_TILE=tokens_per_tile,
+        BLOCK_R=block_r,
+        HEAD_DIM=head_dim,
+        BLOCK_D=block_d,
+        BLOCK_SIZE=block_size,
         DOT_DTYPE=dot_dtype(q.dtype, _prefill_kernel),
-        DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32", KV_INT8=is_int8,
+        DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+        KV_INT8=is_int8,
     )
-    # fmt: on
     return out

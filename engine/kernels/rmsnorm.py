@@ -32,12 +32,22 @@ def round_to(x, dtype: tl.constexpr):
 
 @triton.jit
 def _rms_norm_kernel(
-    x_ptr, res_ptr, w_ptr, out_ptr, new_res_ptr,
-    stride_xt, stride_xh, stride_rt, stride_rh,
+    x_ptr,
+    res_ptr,
+    w_ptr,
+    out_ptr,
+    new_res_ptr,
+    stride_xt,
+    stride_xh,
+    stride_rt,
+    stride_rh,
     eps,
-    NUM_HEADS: tl.constexpr, HIDDEN: tl.constexpr, BLOCK: tl.constexpr,
-    HAS_RESIDUAL: tl.constexpr, PDL: tl.constexpr,
-):  # fmt: skip
+    NUM_HEADS: tl.constexpr,
+    HIDDEN: tl.constexpr,
+    BLOCK: tl.constexpr,
+    HAS_RESIDUAL: tl.constexpr,
+    PDL: tl.constexpr,
+):
     # One program per row; a row is x[t] (2-D input) or x[t, h] (3-D input, NUM_HEADS > 1).
     pdl.enter(PDL)  # engine/kernels/pdl.py
     row = tl.program_id(0).to(tl.int64)
@@ -133,14 +143,23 @@ def rms_norm(
         stride_rt, stride_rh = _row_strides(residual) if residual is not None else (0, 0)
         res = residual if residual is not None else x  # unread when HAS_RESIDUAL is False
         use_pdl = pdl.enabled(x)
-        # fmt: off
         _rms_norm_kernel[(num_rows,)](
-            x, res, weight, out, new_residual if new_residual is not None else out,
-            stride_xt, stride_xh, stride_rt, stride_rh,
+            x,
+            res,
+            weight,
+            out,
+            new_residual if new_residual is not None else out,
+            stride_xt,
+            stride_xh,
+            stride_rt,
+            stride_rh,
             float(eps),
-            NUM_HEADS=num_heads, HIDDEN=hidden, BLOCK=block,
-            HAS_RESIDUAL=residual is not None, PDL=use_pdl,
-            num_warps=min(max(block // 512, 1), 16), launch_pdl=use_pdl,
+            NUM_HEADS=num_heads,
+            HIDDEN=hidden,
+            BLOCK=block,
+            HAS_RESIDUAL=residual is not None,
+            PDL=use_pdl,
+            num_warps=min(max(block // 512, 1), 16),
+            launch_pdl=use_pdl,
         )
-        # fmt: on
     return out if new_residual is None else (out, new_residual)

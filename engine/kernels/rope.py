@@ -24,9 +24,20 @@ program per token, H200 Llama-3-8B); above, one program does all q heads and one
 
 @triton.jit
 def _rope_one(
-    x_ptr, stride_t, stride_h, token, head0, c1, c2, s1, s2,
-    NUM_HEADS: tl.constexpr, HALF: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_HALF: tl.constexpr,
-):  # fmt: skip
+    x_ptr,
+    stride_t,
+    stride_h,
+    token,
+    head0,
+    c1,
+    c2,
+    s1,
+    s2,
+    NUM_HEADS: tl.constexpr,
+    HALF: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    BLOCK_HALF: tl.constexpr,
+):
     # Rotates heads [head0, head0 + BLOCK_H) of x[token] ([NUM_HEADS, 2 * HALF]) in place;
     # c*/s* are [1, BLOCK_HALF] in x's dtype.
     dtype = x_ptr.dtype.element_ty
@@ -54,9 +65,16 @@ def rotate(x1, x2, c1, c2, s1, s2, dtype: tl.constexpr):
 
 @triton.jit
 def cos_sin(
-    pos_ptr, cos_ptr, sin_ptr, token, stride_cos, stride_sin, dtype: tl.constexpr,
-    HALF: tl.constexpr, BLOCK_HALF: tl.constexpr,
-):  # fmt: skip
+    pos_ptr,
+    cos_ptr,
+    sin_ptr,
+    token,
+    stride_cos,
+    stride_sin,
+    dtype: tl.constexpr,
+    HALF: tl.constexpr,
+    BLOCK_HALF: tl.constexpr,
+):
     """[1, BLOCK_HALF] each, rounded to dtype: the table's two halves at token's position
     (equal for a standard rotate-half table)."""
     pos = tl.load(pos_ptr + token).to(tl.int64)
@@ -73,25 +91,73 @@ def cos_sin(
 
 @triton.jit
 def _rope_kernel(
-    q_ptr, k_ptr, pos_ptr, cos_ptr, sin_ptr,
-    stride_qt, stride_qh, stride_kt, stride_kh, stride_cos, stride_sin,
-    NUM_Q_HEADS: tl.constexpr, NUM_K_HEADS: tl.constexpr, HALF: tl.constexpr,
-    HEADS: tl.constexpr, BLOCK_HALF: tl.constexpr, PDL: tl.constexpr,
-):  # fmt: skip
+    q_ptr,
+    k_ptr,
+    pos_ptr,
+    cos_ptr,
+    sin_ptr,
+    stride_qt,
+    stride_qh,
+    stride_kt,
+    stride_kh,
+    stride_cos,
+    stride_sin,
+    NUM_Q_HEADS: tl.constexpr,
+    NUM_K_HEADS: tl.constexpr,
+    HALF: tl.constexpr,
+    HEADS: tl.constexpr,
+    BLOCK_HALF: tl.constexpr,
+    PDL: tl.constexpr,
+):
     pdl.enter(PDL)  # engine/kernels/pdl.py
     # Program (token, j): HEADS heads at that token's position, q heads first, then k heads
     # (few tokens: many small programs, so a batch-1 decode is not one program's latency).
     token = tl.program_id(0).to(tl.int64)
     j = tl.program_id(1)
     Q_BLOCKS: tl.constexpr = (NUM_Q_HEADS + HEADS - 1) // HEADS
-    c1, c2, s1, s2 = cos_sin(pos_ptr, cos_ptr, sin_ptr, token, stride_cos, stride_sin,
-                             q_ptr.dtype.element_ty, HALF, BLOCK_HALF)  # fmt: skip
+    c1, c2, s1, s2 = cos_sin(
+        pos_ptr,
+        cos_ptr,
+        sin_ptr,
+        token,
+        stride_cos,
+        stride_sin,
+        q_ptr.dtype.element_ty,
+        HALF,
+        BLOCK_HALF,
+    )
     if j < Q_BLOCKS:
-        _rope_one(q_ptr, stride_qt, stride_qh, token, j * HEADS, c1, c2, s1, s2,
-                  NUM_Q_HEADS, HALF, HEADS, BLOCK_HALF)  # fmt: skip
+        _rope_one(
+            q_ptr,
+            stride_qt,
+            stride_qh,
+            token,
+            j * HEADS,
+            c1,
+            c2,
+            s1,
+            s2,
+            NUM_Q_HEADS,
+            HALF,
+            HEADS,
+            BLOCK_HALF,
+        )
     else:
-        _rope_one(k_ptr, stride_kt, stride_kh, token, (j - Q_BLOCKS) * HEADS, c1, c2, s1, s2,
-                  NUM_K_HEADS, HALF, HEADS, BLOCK_HALF)  # fmt: skip
+        _rope_one(
+            k_ptr,
+            stride_kt,
+            stride_kh,
+            token,
+            (j - Q_BLOCKS) * HEADS,
+            c1,
+            c2,
+            s1,
+            s2,
+            NUM_K_HEADS,
+            HALF,
+            HEADS,
+            BLOCK_HALF,
+        )
 
 
 def _check(
@@ -166,13 +232,25 @@ def apply_rope(
     num_k_heads = k.shape[1]
     heads, programs = heads_per_program(num_tokens, num_q_heads, num_k_heads)
     use_pdl = pdl.enabled(q)
-    # fmt: off
     _rope_kernel[(num_tokens, programs)](
-        q, k, positions, cos, sin,
-        q.stride(0), q.stride(1), k.stride(0), k.stride(1), cos.stride(0), sin.stride(0),
-        NUM_Q_HEADS=num_q_heads, NUM_K_HEADS=num_k_heads, HALF=head_dim // 2,
-        HEADS=heads, BLOCK_HALF=next_power_of_2(head_dim // 2), PDL=use_pdl,
-        num_warps=4 if heads > 4 else 1, launch_pdl=use_pdl,
+        q,
+        k,
+        positions,
+        cos,
+        sin,
+        q.stride(0),
+        q.stride(1),
+        k.stride(0),
+        k.stride(1),
+        cos.stride(0),
+        sin.stride(0),
+        NUM_Q_HEADS=num_q_heads,
+        NUM_K_HEADS=num_k_heads,
+        HALF=head_dim // 2,
+        HEADS=heads,
+        BLOCK_HALF=next_power_of_2(head_dim // 2),
+        PDL=use_pdl,
+        num_warps=4 if heads > 4 else 1,
+        launch_pdl=use_pdl,
     )
-    # fmt: on
     return q, k

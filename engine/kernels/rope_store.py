@@ -26,25 +26,63 @@ _CACHE_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 @triton.jit
 def _rope_store_kernel(
-    q_ptr, k_ptr, v_ptr, pos_ptr, cos_ptr, sin_ptr, k_cache_ptr, v_cache_ptr, slot_ptr,
-    stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_cos, stride_sin,
-    stride_kc_block, stride_kc_offset, stride_kc_head,
-    stride_vc_block, stride_vc_offset, stride_vc_head,
-    NUM_Q_HEADS: tl.constexpr, NUM_KV_HEADS: tl.constexpr, HALF: tl.constexpr,
-    HEADS: tl.constexpr, BLOCK_HALF: tl.constexpr, BLOCK_SIZE: tl.constexpr, PDL: tl.constexpr,
-):  # fmt: skip
+    q_ptr,
+    k_ptr,
+    v_ptr,
+    pos_ptr,
+    cos_ptr,
+    sin_ptr,
+    k_cache_ptr,
+    v_cache_ptr,
+    slot_ptr,
+    stride_qt,
+    stride_qh,
+    stride_kt,
+    stride_kh,
+    stride_vt,
+    stride_vh,
+    stride_cos,
+    stride_sin,
+    stride_kc_block,
+    stride_kc_offset,
+    stride_kc_head,
+    stride_vc_block,
+    stride_vc_offset,
+    stride_vc_head,
+    NUM_Q_HEADS: tl.constexpr,
+    NUM_KV_HEADS: tl.constexpr,
+    HALF: tl.constexpr,
+    HEADS: tl.constexpr,
+    BLOCK_HALF: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+    PDL: tl.constexpr,
+):
     pdl.enter(PDL)  # engine/kernels/pdl.py
     token = tl.program_id(0).to(tl.int64)
     j = tl.program_id(1)
     Q_BLOCKS: tl.constexpr = (NUM_Q_HEADS + HEADS - 1) // HEADS
     dtype = q_ptr.dtype.element_ty
-    c1, c2, s1, s2 = cos_sin(pos_ptr, cos_ptr, sin_ptr, token, stride_cos, stride_sin, dtype,
-                             HALF, BLOCK_HALF)  # fmt: skip
+    c1, c2, s1, s2 = cos_sin(
+        pos_ptr, cos_ptr, sin_ptr, token, stride_cos, stride_sin, dtype, HALF, BLOCK_HALF
+    )
     offs_d = tl.arange(0, BLOCK_HALF)
     dmask = offs_d < HALF
     if j < Q_BLOCKS:
-        _rope_one(q_ptr, stride_qt, stride_qh, token, j * HEADS, c1, c2, s1, s2,
-                  NUM_Q_HEADS, HALF, HEADS, BLOCK_HALF)  # fmt: skip
+        _rope_one(
+            q_ptr,
+            stride_qt,
+            stride_qh,
+            token,
+            j * HEADS,
+            c1,
+            c2,
+            s1,
+            s2,
+            NUM_Q_HEADS,
+            HALF,
+            HEADS,
+            BLOCK_HALF,
+        )
     else:
         offs_h = (j - Q_BLOCKS) * HEADS + tl.arange(0, HEADS)
         mask = (offs_h[:, None] < NUM_KV_HEADS) & dmask[None, :]
@@ -60,14 +98,24 @@ def _rope_store_kernel(
         cmask = (offs_h[:, None] < heads) & dmask[None, :]
         block = slot // BLOCK_SIZE
         offset = slot % BLOCK_SIZE
-        kc = (k_cache_ptr + block * stride_kc_block + offset * stride_kc_offset
-              + offs_h[:, None] * stride_kc_head + offs_d[None, :])  # fmt: skip
+        kc = (
+            k_cache_ptr
+            + block * stride_kc_block
+            + offset * stride_kc_offset
+            + offs_h[:, None] * stride_kc_head
+            + offs_d[None, :]
+        )
         cache_dtype = k_cache_ptr.dtype.element_ty
         tl.store(kc, out1.to(cache_dtype), mask=cmask)
         tl.store(kc + HALF, out2.to(cache_dtype), mask=cmask)
         v1 = v_ptr + token * stride_vt + offs_h[:, None] * stride_vh + offs_d[None, :]
-        vc = (v_cache_ptr + block * stride_vc_block + offset * stride_vc_offset
-              + offs_h[:, None] * stride_vc_head + offs_d[None, :])  # fmt: skip
+        vc = (
+            v_cache_ptr
+            + block * stride_vc_block
+            + offset * stride_vc_offset
+            + offs_h[:, None] * stride_vc_head
+            + offs_d[None, :]
+        )
         tl.store(vc, tl.load(v1, mask=cmask, other=0.0).to(cache_dtype), mask=cmask)
         v2 = tl.load(v1 + HALF, mask=cmask, other=0.0)
         tl.store(vc + HALF, v2.to(cache_dtype), mask=cmask)
@@ -97,17 +145,38 @@ def rope_store(
     num_kv_heads = k.shape[1]
     heads, programs = heads_per_program(num_tokens, num_q_heads, num_kv_heads)
     use_pdl = pdl.enabled(q)
-    # fmt: off
     _rope_store_kernel[(num_tokens, programs)](
-        q, k, v, positions, cos, sin, k_cache, v_cache, slot_mapping,
-        q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
-        cos.stride(0), sin.stride(0),
-        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
-        NUM_Q_HEADS=num_q_heads, NUM_KV_HEADS=num_kv_heads, HALF=head_dim // 2,
-        HEADS=heads, BLOCK_HALF=next_power_of_2(head_dim // 2),
-        BLOCK_SIZE=k_cache.shape[1], PDL=use_pdl,
-        num_warps=4 if heads > 4 else 1, launch_pdl=use_pdl,
+        q,
+        k,
+        v,
+        positions,
+        cos,
+        sin,
+        k_cache,
+        v_cache,
+        slot_mapping,
+        q.stride(0),
+        q.stride(1),
+        k.stride(0),
+        k.stride(1),
+        v.stride(0),
+        v.stride(1),
+        cos.stride(0),
+        sin.stride(0),
+        k_cache.stride(0),
+        k_cache.stride(1),
+        k_cache.stride(2),
+        v_cache.stride(0),
+        v_cache.stride(1),
+        v_cache.stride(2),
+        NUM_Q_HEADS=num_q_heads,
+        NUM_KV_HEADS=num_kv_heads,
+        HALF=head_dim // 2,
+        HEADS=heads,
+        BLOCK_HALF=next_power_of_2(head_dim // 2),
+        BLOCK_SIZE=k_cache.shape[1],
+        PDL=use_pdl,
+        num_warps=4 if heads > 4 else 1,
+        launch_pdl=use_pdl,
     )
-    # fmt: on
     return q, k

@@ -21,9 +21,13 @@ _BLOCK = 1024
 
 @triton.jit
 def _silu_mul_kernel(
-    x_ptr, out_ptr, stride_xt,
-    INTERMEDIATE: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr,
-):  # fmt: skip
+    x_ptr,
+    out_ptr,
+    stride_xt,
+    INTERMEDIATE: tl.constexpr,
+    BLOCK: tl.constexpr,
+    PDL: tl.constexpr,
+):
     pdl.enter(PDL)  # engine/kernels/pdl.py
     # Program (token, j) handles columns [j * BLOCK, (j + 1) * BLOCK) of one token's output.
     token = tl.program_id(0).to(tl.int64)
@@ -58,7 +62,14 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:  # x: [num_tokens, 2 * interm
     block = min(_BLOCK, next_power_of_2(intermediate))
     grid = (num_tokens, cdiv(intermediate, block))
     use_pdl = pdl.enabled(x)
-    _silu_mul_kernel[grid](x, out, x.stride(0), INTERMEDIATE=intermediate, BLOCK=block,
-        PDL=use_pdl, num_warps=4, launch_pdl=use_pdl,
-    )  # fmt: skip
+    _silu_mul_kernel[grid](
+        x,
+        out,
+        x.stride(0),
+        INTERMEDIATE=intermediate,
+        BLOCK=block,
+        PDL=use_pdl,
+        num_warps=4,
+        launch_pdl=use_pdl,
+    )
     return out

@@ -29,15 +29,33 @@ def _quantize_rows(x):
 
 @triton.jit
 def _store_kv_kernel(
-    k_ptr, v_ptr, k_cache_ptr, v_cache_ptr, slot_ptr, k_scale_ptr, v_scale_ptr,
-    stride_kt, stride_kh, stride_vt, stride_vh,
-    stride_kc_block, stride_kc_offset, stride_kc_head,
-    stride_vc_block, stride_vc_offset, stride_vc_head,
-    stride_s_block, stride_s_offset,  # scales: unit head stride, K and V alike
-    NUM_KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr,
-    BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_SIZE: tl.constexpr,
-    KV_INT8: tl.constexpr, PDL: tl.constexpr,
-):  # fmt: skip
+    k_ptr,
+    v_ptr,
+    k_cache_ptr,
+    v_cache_ptr,
+    slot_ptr,
+    k_scale_ptr,
+    v_scale_ptr,
+    stride_kt,
+    stride_kh,
+    stride_vt,
+    stride_vh,
+    stride_kc_block,
+    stride_kc_offset,
+    stride_kc_head,
+    stride_vc_block,
+    stride_vc_offset,
+    stride_vc_head,
+    stride_s_block,
+    stride_s_offset,  # scales: unit head stride, K and V alike
+    NUM_KV_HEADS: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+    KV_INT8: tl.constexpr,
+    PDL: tl.constexpr,
+):
     pdl.enter(PDL)  # engine/kernels/pdl.py
     # One program per new token: copies its [num_kv_heads, head_dim] K and V rows.
     token = tl.program_id(0).to(tl.int64)
@@ -156,16 +174,32 @@ def store_kv(
         k_scales = v_scales = k_cache
     s_strides = k_scales.stride()[:2] if is_int8 else (0, 0)
     use_pdl = pdl.enabled(k)
-    # fmt: off
     _store_kv_kernel[(num_tokens,)](
-        k, v, k_cache, v_cache, slot_mapping, k_scales, v_scales,
-        k.stride(0), k.stride(1), v.stride(0), v.stride(1),
-        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
+        k,
+        v,
+        k_cache,
+        v_cache,
+        slot_mapping,
+        k_scales,
+        v_scales,
+        k.stride(0),
+        k.stride(1),
+        v.stride(0),
+        v.stride(1),
+        k_cache.stride(0),
+        k_cache.stride(1),
+        k_cache.stride(2),
+        v_cache.stride(0),
+        v_cache.stride(1),
+        v_cache.stride(2),
         *s_strides,
-        NUM_KV_HEADS=num_kv_heads, HEAD_DIM=head_dim,
-        BLOCK_H=next_power_of_2(num_kv_heads), BLOCK_D=next_power_of_2(head_dim),
-        BLOCK_SIZE=block_size, KV_INT8=is_int8, PDL=use_pdl,
-        num_warps=4, launch_pdl=use_pdl,
+        NUM_KV_HEADS=num_kv_heads,
+        HEAD_DIM=head_dim,
+        BLOCK_H=next_power_of_2(num_kv_heads),
+        BLOCK_D=next_power_of_2(head_dim),
+        BLOCK_SIZE=block_size,
+        KV_INT8=is_int8,
+        PDL=use_pdl,
+        num_warps=4,
+        launch_pdl=use_pdl,
     )
-    # fmt: on

@@ -43,10 +43,19 @@ MAX_ROWS = 256
 
 @triton.jit
 def _load_step(
-    k0, w_rows, x_rows, s_rows, n_mask, m_mask, k_end,
-    IS_INT4: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, GROUP: tl.constexpr,
+    k0,
+    w_rows,
+    x_rows,
+    s_rows,
+    n_mask,
+    m_mask,
+    k_end,
+    IS_INT4: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    EVEN_K: tl.constexpr,
+    GROUP: tl.constexpr,
     WORDS: tl.constexpr,
-):  # fmt: skip
+):
     """The raw tiles of the K-step at k0: (weights, x [BLOCK_M, BLOCK_K], the int4 groups'
     scales [BLOCK_N, BLOCK_K / GROUP]); the weights int8 [BLOCK_N, BLOCK_K], or int4's int32
     words [BLOCK_N, BLOCK_K / 8] (WORDS) or bytes [BLOCK_N, BLOCK_K / 2] (column 2j in byte
@@ -77,8 +86,9 @@ def _load_step(
 
 
 @triton.jit
-def _multiply_step(acc, w, x, s, code_ptr, IS_INT4: tl.constexpr, GROUP: tl.constexpr,
-                   WORDS: tl.constexpr):  # fmt: skip
+def _multiply_step(
+    acc, w, x, s, code_ptr, IS_INT4: tl.constexpr, GROUP: tl.constexpr, WORDS: tl.constexpr
+):
     """acc [BLOCK_N, BLOCK_M] += the step's widened weights @ x.T."""
     if IS_INT4:  # each code's table value times its group's scale in fp32, rounded once
         if WORDS:  # in registers: 8 x [BLOCK_N, BLOCK_K / 8], codes k = 0..7 of each word
@@ -101,10 +111,16 @@ def _decode_words(words, table_ptr):
     """[BLOCK_N, W] int32 words of eight codes -> their table values [BLOCK_N, W, 2, 2, 2] fp32
     in k order (ptx_decode.codes8_to_f32, the table's eight registers at table_ptr)."""
     c0, c1, c2, c3, c4, c5, c6, c7 = codes8_to_f32(
-        words, tl.load(table_ptr), tl.load(table_ptr + 1), tl.load(table_ptr + 2),
-        tl.load(table_ptr + 3), tl.load(table_ptr + 4), tl.load(table_ptr + 5),
-        tl.load(table_ptr + 6), tl.load(table_ptr + 7),
-    )  # fmt: skip
+        words,
+        tl.load(table_ptr),
+        tl.load(table_ptr + 1),
+        tl.load(table_ptr + 2),
+        tl.load(table_ptr + 3),
+        tl.load(table_ptr + 4),
+        tl.load(table_ptr + 5),
+        tl.load(table_ptr + 6),
+        tl.load(table_ptr + 7),
+    )
     # a join adds the last axis, so the first joins pick k's high bit: [.., p, q, r] = c[4p+2q+r]
     even = tl.join(tl.join(c0, c4), tl.join(c2, c6))
     return tl.join(even, tl.join(tl.join(c1, c5), tl.join(c3, c7)))
@@ -112,12 +128,30 @@ def _decode_words(words, table_ptr):
 
 @triton.jit
 def _wq_gemm_kernel(
-    x_ptr, w_ptr, s_ptr, code_ptr, bias_ptr, out_ptr,
-    M, N, K, k_per_split, stride_xm, stride_wn, stride_sn,
-    IS_INT4: tl.constexpr, SPLIT_K: tl.constexpr, HAS_BIAS: tl.constexpr,
-    BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, AHEAD: tl.constexpr,
-    EVEN_K: tl.constexpr, GROUP: tl.constexpr, WORDS: tl.constexpr,
-):  # fmt: skip
+    x_ptr,
+    w_ptr,
+    s_ptr,
+    code_ptr,
+    bias_ptr,
+    out_ptr,
+    M,
+    N,
+    K,
+    k_per_split,
+    stride_xm,
+    stride_wn,
+    stride_sn,
+    IS_INT4: tl.constexpr,
+    SPLIT_K: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    AHEAD: tl.constexpr,
+    EVEN_K: tl.constexpr,
+    GROUP: tl.constexpr,
+    WORDS: tl.constexpr,
+):
     # Program (n, split, m) sums K-range `split` for an [BLOCK_N, BLOCK_M] tile of out.T; with
     # SPLIT_K > 1 it writes fp32 partials out[split, m, n], else the output itself. AHEAD loads
     # the next K-step's tiles into registers before this step's products (for one-stage
@@ -160,9 +194,15 @@ def _wq_gemm_kernel(
 
 @triton.jit
 def _sum_splits_kernel(
-    part_ptr, bias_ptr, out_ptr, MN, N,
-    SPLIT_K: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK: tl.constexpr,
-):  # fmt: skip
+    part_ptr,
+    bias_ptr,
+    out_ptr,
+    MN,
+    N,
+    SPLIT_K: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < MN
     total = tl.zeros((BLOCK,), dtype=tl.float32)
@@ -212,18 +252,43 @@ def wq_gemm(
     part = torch.empty(split, m, n, dtype=torch.float32, device=x.device) if split > 1 else out
     grid = (cdiv(n, block_n), split, cdiv(m, block_m))
     _wq_gemm_kernel[grid](
-        x, w, scales, table, bias if bias is not None else scales,
-        part, m, n, k, k_per_split, x.stride(0), w.stride(0), scales.stride(0),
-        IS_INT4=is_int4, SPLIT_K=split, HAS_BIAS=bias is not None,
-        BLOCK_N=block_n, BLOCK_M=block_m, BLOCK_K=block_k, AHEAD=bool(ahead),
-        EVEN_K=k % block_k == 0, GROUP=group_size if is_int4 else 1,
-        WORDS=w.dtype == torch.int32, num_warps=warps, num_stages=stages,
-    )  # fmt: skip
+        x,
+        w,
+        scales,
+        table,
+        bias if bias is not None else scales,
+        part,
+        m,
+        n,
+        k,
+        k_per_split,
+        x.stride(0),
+        w.stride(0),
+        scales.stride(0),
+        IS_INT4=is_int4,
+        SPLIT_K=split,
+        HAS_BIAS=bias is not None,
+        BLOCK_N=block_n,
+        BLOCK_M=block_m,
+        BLOCK_K=block_k,
+        AHEAD=bool(ahead),
+        EVEN_K=k % block_k == 0,
+        GROUP=group_size if is_int4 else 1,
+        WORDS=w.dtype == torch.int32,
+        num_warps=warps,
+        num_stages=stages,
+    )
     if split > 1:
         _sum_splits_kernel[(cdiv(m * n, 1024),)](
-            part, bias if bias is not None else out, out, m * n, n,
-            SPLIT_K=split, HAS_BIAS=bias is not None, BLOCK=1024,
-        )  # fmt: skip
+            part,
+            bias if bias is not None else out,
+            out,
+            m * n,
+            n,
+            SPLIT_K=split,
+            HAS_BIAS=bias is not None,
+            BLOCK=1024,
+        )
     return out
 
 
@@ -266,7 +331,7 @@ CONFIGS = {
         128: [(64, 128, 1, 4, 3, 0, 1), (64, 128, 2, 4, 3, 0, 1), (128, 128, 1, 8, 3, 0, 1)],
         256: [(64, 128, 1, 4, 3, 0, 1), (64, 128, 2, 4, 3, 0, 1), (128, 128, 1, 8, 3, 0, 1)],
     },
-}  # fmt: skip
+}
 BUCKETS = tuple(sorted(CONFIGS["int8"]))
 """Row buckets, the same for both kinds."""
 

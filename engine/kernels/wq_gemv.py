@@ -38,9 +38,15 @@ from engine.kernels.rmsnorm import round_to
 # (set per call), its second field the decode (below); maxnreg caps ptxas' registers per thread
 CONFIGS = {
     "int8": [(8, 1024, 8), (4, 1024, 4), (8, 512, 4), (16, 1024, 8)],
-    "int4": [(128, 2, 4, 128), (256, 2, 4), (256, 2, 8, 128), (128, 2, 8, 96), (256, 1, 8),
-             (128, 0, 8)],
-}  # fmt: skip
+    "int4": [
+        (128, 2, 4, 128),
+        (256, 2, 4),
+        (256, 2, 8, 128),
+        (128, 2, 8, 96),
+        (256, 1, 8),
+        (128, 0, 8),
+    ],
+}
 """int4's second field picks the decode (its K-tile is always the scale group): 0 loads both
 codes of a byte from the table in L1; 1 decodes int32 words of eight codes in registers to
 fp32 (ptx_decode.codes8_to_f32); 2 does that against a table in x's 16-bit type and sums each
@@ -64,12 +70,29 @@ MAGIC = tl.constexpr(0x4B000000)  # 2^23 as fp32 bits: low mantissa bits hold an
 
 @triton.jit
 def _wq_gemv_kernel(
-    x_ptr, w_ptr, s_ptr, code_ptr, bias_ptr, out_ptr, part_ptr,
-    N, K, stride_wn, stride_sn, k_per_split,
-    IS_INT4: tl.constexpr, SPLIT_K: tl.constexpr, HAS_BIAS: tl.constexpr,
-    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr, WORDS: tl.constexpr,
-    SILU: tl.constexpr, DOT: tl.constexpr, BF16: tl.constexpr,
-):  # fmt: skip
+    x_ptr,
+    w_ptr,
+    s_ptr,
+    code_ptr,
+    bias_ptr,
+    out_ptr,
+    part_ptr,
+    N,
+    K,
+    stride_wn,
+    stride_sn,
+    k_per_split,
+    IS_INT4: tl.constexpr,
+    SPLIT_K: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    PDL: tl.constexpr,
+    WORDS: tl.constexpr,
+    SILU: tl.constexpr,
+    DOT: tl.constexpr,
+    BF16: tl.constexpr,
+):
     # With PDL (engine/kernels/pdl.py) the first weight tile is loaded before gdc_wait, while
     # the kernel before may still run; x is read after it. Each loop step loads the next tile
     # before using this one.
@@ -273,14 +296,32 @@ def _launch(
     w = qweight if words is None else words
     table = scales if not is_int4 else code if lut is None else lut
     _wq_gemv_kernel[grid](
-        x.view(torch.int32) if dot else x, w, scales, table,
-        bias if bias is not None else scales, out, part, n, x.shape[-1], w.stride(0),
-        scales.stride(0), k_per_split,
-        IS_INT4=is_int4, SPLIT_K=grid[1], HAS_BIAS=bias is not None, BLOCK_N=config[0],
-        BLOCK_K=_block_k(qweight, group_size, config), PDL=use_pdl, WORDS=words is not None,
-        SILU=silu, DOT=dot, BF16=x.dtype == torch.bfloat16, num_warps=config[2],
-        launch_pdl=use_pdl, **({"maxnreg": config[3]} if len(config) > 3 else {}),
-    )  # fmt: skip
+        x.view(torch.int32) if dot else x,
+        w,
+        scales,
+        table,
+        bias if bias is not None else scales,
+        out,
+        part,
+        n,
+        x.shape[-1],
+        w.stride(0),
+        scales.stride(0),
+        k_per_split,
+        IS_INT4=is_int4,
+        SPLIT_K=grid[1],
+        HAS_BIAS=bias is not None,
+        BLOCK_N=config[0],
+        BLOCK_K=_block_k(qweight, group_size, config),
+        PDL=use_pdl,
+        WORDS=words is not None,
+        SILU=silu,
+        DOT=dot,
+        BF16=x.dtype == torch.bfloat16,
+        num_warps=config[2],
+        launch_pdl=use_pdl,
+        **({"maxnreg": config[3]} if len(config) > 3 else {}),
+    )
 
 
 def _pairs_ok(x: torch.Tensor) -> bool:

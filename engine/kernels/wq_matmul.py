@@ -29,11 +29,27 @@ _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 @triton.jit
 def _wq_matmul_kernel(
-    x_ptr, w_ptr, s_ptr, code_ptr, bias_ptr, out_ptr,
-    M, N, K, M_BUCKET, stride_xm, stride_wn, stride_sn, stride_om,
-    IS_INT4: tl.constexpr, GROUP: tl.constexpr, HAS_BIAS: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-):  # fmt: skip
+    x_ptr,
+    w_ptr,
+    s_ptr,
+    code_ptr,
+    bias_ptr,
+    out_ptr,
+    M,
+    N,
+    K,
+    M_BUCKET,
+    stride_xm,
+    stride_wn,
+    stride_sn,
+    stride_om,
+    IS_INT4: tl.constexpr,
+    GROUP: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):
     # Program (n, m) computes out[m-tile, n-tile]. M_BUCKET only keys the autotuner.
     pid_n = tl.program_id(0)
     pid_m = tl.program_id(1)
@@ -100,17 +116,39 @@ def _cfg(bm: int, bn: int, bk: int, warps: int, stages: int) -> triton.Config:
 
 # M bucket -> candidate configs (the autotuner times them once per (bucket, N, K, kind)).
 _CONFIGS = {
-    1: [_cfg(1, bn, bk, w, s) for bn, bk, w, s in [
-        (8, 256, 2, 4), (8, 512, 4, 3), (16, 256, 4, 4), (16, 512, 4, 3), (32, 256, 4, 3),
-        (32, 128, 4, 4), (16, 1024, 8, 2), (64, 128, 4, 3),
-    ]],
-    16: [_cfg(16, bn, bk, w, s) for bn, bk, w, s in [
-        (32, 256, 4, 3), (64, 128, 4, 4), (32, 128, 4, 4), (64, 256, 4, 3), (128, 128, 8, 3),
-    ]],
-    128: [_cfg(bm, bn, bk, w, s) for bm, bn, bk, w, s in [
-        (64, 128, 64, 4, 4), (128, 128, 64, 8, 3), (128, 64, 64, 4, 4), (64, 64, 128, 4, 3),
-    ]],
-}  # fmt: skip
+    1: [
+        _cfg(1, bn, bk, w, s)
+        for bn, bk, w, s in [
+            (8, 256, 2, 4),
+            (8, 512, 4, 3),
+            (16, 256, 4, 4),
+            (16, 512, 4, 3),
+            (32, 256, 4, 3),
+            (32, 128, 4, 4),
+            (16, 1024, 8, 2),
+            (64, 128, 4, 3),
+        ]
+    ],
+    16: [
+        _cfg(16, bn, bk, w, s)
+        for bn, bk, w, s in [
+            (32, 256, 4, 3),
+            (64, 128, 4, 4),
+            (32, 128, 4, 4),
+            (64, 256, 4, 3),
+            (128, 128, 8, 3),
+        ]
+    ],
+    128: [
+        _cfg(bm, bn, bk, w, s)
+        for bm, bn, bk, w, s in [
+            (64, 128, 64, 4, 4),
+            (128, 128, 64, 8, 3),
+            (128, 64, 64, 4, 4),
+            (64, 64, 128, 4, 3),
+        ]
+    ],
+}
 # Under the CPU interpreter: one small config per bucket, no tuning.
 _INTERPRET_BLOCKS = {1: (1, 16, 64), 16: (16, 16, 64), 128: (32, 32, 64)}
 
@@ -173,9 +211,21 @@ def wq_matmul(
         return out.view(*lead, n)
     bucket = _m_bucket(m)
     args = (
-        x2, qweight, scales, code if is_int4 else scales, bias if bias is not None else scales,
-        out, m, n, k, bucket, x2.stride(0), qweight.stride(0), scales.stride(0), out.stride(0),
-    )  # fmt: skip
+        x2,
+        qweight,
+        scales,
+        code if is_int4 else scales,
+        bias if bias is not None else scales,
+        out,
+        m,
+        n,
+        k,
+        bucket,
+        x2.stride(0),
+        qweight.stride(0),
+        scales.stride(0),
+        out.stride(0),
+    )
     consts = dict(IS_INT4=is_int4, GROUP=group_size if is_int4 else 1, HAS_BIAS=bias is not None)
     if block is None and interpreting():
         block = _INTERPRET_BLOCKS[bucket]

@@ -19,10 +19,19 @@ from triton.compiler import ASTSource  # noqa: E402
 
 SM90 = GPUTarget("cuda", 90, 32)
 WQ_TYPES = {
-    "x_ptr": "*bf16", "w_ptr": "*i32", "s_ptr": "*fp32", "code_ptr": "*i32", "bias_ptr": "*bf16",
-    "out_ptr": "*bf16", "part_ptr": "*fp32", "N": "i32", "K": "i32", "stride_wn": "i32",
-    "stride_sn": "i32", "k_per_split": "i32",
-}  # fmt: skip
+    "x_ptr": "*bf16",
+    "w_ptr": "*i32",
+    "s_ptr": "*fp32",
+    "code_ptr": "*i32",
+    "bias_ptr": "*bf16",
+    "out_ptr": "*bf16",
+    "part_ptr": "*fp32",
+    "N": "i32",
+    "K": "i32",
+    "stride_wn": "i32",
+    "stride_sn": "i32",
+    "k_per_split": "i32",
+}
 # (what, is_int4, silu, SPLIT_K, (BLOCK_N, BLOCK_K, num_warps), int4 dot form in bf16 / fp16)
 WQ_VARIANTS = [
     ("int8 words", False, False, 1, (8, 1024, 8), None),
@@ -66,15 +75,31 @@ def main() -> None:
 
     for what, is_int4, silu, split, (block_n, block_k, warps), dot in WQ_VARIANTS:
         constexprs = dict(
-            IS_INT4=is_int4, SPLIT_K=split, HAS_BIAS=True, BLOCK_N=block_n, BLOCK_K=block_k,
-            PDL=True, WORDS=True, SILU=silu, DOT=dot is not None, BF16=dot == "bf16",
-        )  # fmt: skip
+            IS_INT4=is_int4,
+            SPLIT_K=split,
+            HAS_BIAS=True,
+            BLOCK_N=block_n,
+            BLOCK_K=block_k,
+            PDL=True,
+            WORDS=True,
+            SILU=silu,
+            DOT=dot is not None,
+            BF16=dot == "bf16",
+        )
         types = {**WQ_TYPES, "x_ptr": "*i32"} if dot else WQ_TYPES  # x read as pairs
         cubin = compile_sm90(_wq_gemv_kernel, types, constexprs, warps)
         print(f"ok {what}: {len(cubin)} bytes")
-    types = {"x_ptr": "*bf16", "w_ptr": "*bf16", "bias_ptr": "*bf16", "out_ptr": "*bf16",
-             "part_ptr": "*fp32", "N": "i32", "K": "i32", "stride_wn": "i32",
-             "k_per_split": "i32"}  # fmt: skip
+    types = {
+        "x_ptr": "*bf16",
+        "w_ptr": "*bf16",
+        "bias_ptr": "*bf16",
+        "out_ptr": "*bf16",
+        "part_ptr": "*fp32",
+        "N": "i32",
+        "K": "i32",
+        "stride_wn": "i32",
+        "k_per_split": "i32",
+    }
     consts = dict(SPLIT_K=2, HAS_BIAS=False, BLOCK_N=8, BLOCK_K=512, PDL=True)
     print(f"ok bf16 gemv with PDL: {len(compile_sm90(_gemv_kernel, types, consts, 4))} bytes")
     types = {"part_ptr": "*fp32", "bias_ptr": "*bf16", "out_ptr": "*bf16", "N": "i32"}
@@ -83,9 +108,17 @@ def main() -> None:
     from engine.kernels.dequant import _dequant_kernel
 
     for what, q_type, is_int4 in (("int8", "*i8", False), ("int4", "*u8", True)):
-        types = {"q_ptr": q_type, "s_ptr": "*fp32", "code_ptr": "*fp32", "out_ptr": "*bf16",
-                 "N": "i32", "K": "i32", "stride_qn": "i32", "stride_sn": "i32",
-                 "stride_on": "i32"}  # fmt: skip
+        types = {
+            "q_ptr": q_type,
+            "s_ptr": "*fp32",
+            "code_ptr": "*fp32",
+            "out_ptr": "*bf16",
+            "N": "i32",
+            "K": "i32",
+            "stride_qn": "i32",
+            "stride_sn": "i32",
+            "stride_on": "i32",
+        }
         consts = dict(GROUP=64, IS_INT4=is_int4, BLOCK_N=16, BLOCK_K=256)
         print(f"ok dequant {what}: {len(compile_sm90(_dequant_kernel, types, consts, 4))} bytes")
     print(f"variants: {len(WQ_VARIANTS) + 4 + compile_wq_gemv_configs() + compile_wq_gemm()}")
@@ -107,10 +140,17 @@ def compile_wq_gemv_configs() -> int:
             if not words:  # int4 codes as bytes, the fp32 table loaded from L1
                 types.update(w_ptr="*u8", code_ptr="*fp32")
             constexprs = dict(
-                IS_INT4=is_int4, SPLIT_K=2, HAS_BIAS=True, BLOCK_N=config[0],
-                BLOCK_K=64 if is_int4 else config[1], PDL=True, WORDS=words, SILU=False,
-                DOT=dot, BF16=dot,
-            )  # fmt: skip
+                IS_INT4=is_int4,
+                SPLIT_K=2,
+                HAS_BIAS=True,
+                BLOCK_N=config[0],
+                BLOCK_K=64 if is_int4 else config[1],
+                PDL=True,
+                WORDS=words,
+                SILU=False,
+                DOT=dot,
+                BF16=dot,
+            )
             maxnreg = config[3] if len(config) > 3 else None
             cubin = compile_sm90(_wq_gemv_kernel, types, constexprs, config[2], maxnreg=maxnreg)
             print(f"ok wq_gemv {kind} {config}: {len(cubin)} bytes")
@@ -118,8 +158,19 @@ def compile_wq_gemv_configs() -> int:
     return count
 
 
-ALIGNED = ("x_ptr", "w_ptr", "s_ptr", "code_ptr", "bias_ptr", "out_ptr", "N", "K", "k_per_split",
-           "stride_xm", "stride_wn")  # fmt: skip
+ALIGNED = (
+    "x_ptr",
+    "w_ptr",
+    "s_ptr",
+    "code_ptr",
+    "bias_ptr",
+    "out_ptr",
+    "N",
+    "K",
+    "k_per_split",
+    "stride_xm",
+    "stride_wn",
+)
 
 
 def compile_wq_gemm() -> int:
@@ -133,15 +184,33 @@ def compile_wq_gemm() -> int:
             block_n, block_m, block_k, warps, stages, ahead, *words = config
             words = bool(words and words[0])
             w_type = ("*i32" if words else "*u8") if what == "int4" else "*i8"
-            types = {"x_ptr": "*bf16", "w_ptr": w_type, "s_ptr": "*fp32",
-                     "code_ptr": "*i32" if words else "*fp32", "bias_ptr": "*bf16",
-                     "out_ptr": "*fp32", "M": "i32", "N": "i32", "K": "i32",
-                     "k_per_split": "i32", "stride_xm": "i32", "stride_wn": "i32",
-                     "stride_sn": "i32"}  # fmt: skip
-            consts = dict(IS_INT4=what == "int4", SPLIT_K=1 + (bucket <= 64), HAS_BIAS=True,
-                          BLOCK_N=block_n, BLOCK_M=block_m,
-                          BLOCK_K=64 * block_k if what == "int4" else block_k,
-                          AHEAD=bool(ahead), EVEN_K=True, GROUP=64, WORDS=words)  # fmt: skip
+            types = {
+                "x_ptr": "*bf16",
+                "w_ptr": w_type,
+                "s_ptr": "*fp32",
+                "code_ptr": "*i32" if words else "*fp32",
+                "bias_ptr": "*bf16",
+                "out_ptr": "*fp32",
+                "M": "i32",
+                "N": "i32",
+                "K": "i32",
+                "k_per_split": "i32",
+                "stride_xm": "i32",
+                "stride_wn": "i32",
+                "stride_sn": "i32",
+            }
+            consts = dict(
+                IS_INT4=what == "int4",
+                SPLIT_K=1 + (bucket <= 64),
+                HAS_BIAS=True,
+                BLOCK_N=block_n,
+                BLOCK_M=block_m,
+                BLOCK_K=64 * block_k if what == "int4" else block_k,
+                AHEAD=bool(ahead),
+                EVEN_K=True,
+                GROUP=64,
+                WORDS=words,
+            )
             cubin = compile_sm90(_wq_gemm_kernel, types, consts, warps, stages, ALIGNED)
             print(f"ok wq_gemm {what} {config}: {len(cubin)} bytes")
             count += 1

@@ -16,17 +16,33 @@ from aiohttp import web
 MODEL = "SmolLM2-135M-Instruct"
 T0 = 1_760_000_000.0
 CONFIG = {
-    "max_model_len": 2048, "max_num_seqs": 16, "max_num_batched_tokens": 2048, "block_size": 16,
-    "num_kv_blocks": 512, "gpu_memory_utilization": 0.9, "dtype": "bfloat16",
-    "kv_cache_dtype": "auto", "quantization": "none", "enforce_eager": False, "seed": 0,
-    "overlap_steps": True, "load_format": "auto", "adaptive_batching": False,
-    "min_num_batched_tokens": 512, "quant_block_size": 64, "quantize_embeddings": False,
-}  # fmt: skip
+    "max_model_len": 2048,
+    "max_num_seqs": 16,
+    "max_num_batched_tokens": 2048,
+    "block_size": 16,
+    "num_kv_blocks": 512,
+    "gpu_memory_utilization": 0.9,
+    "dtype": "bfloat16",
+    "kv_cache_dtype": "auto",
+    "quantization": "none",
+    "enforce_eager": False,
+    "seed": 0,
+    "overlap_steps": True,
+    "load_format": "auto",
+    "adaptive_batching": False,
+    "min_num_batched_tokens": 512,
+    "quant_block_size": 64,
+    "quantize_embeddings": False,
+}
 GPU = {
-    "name": "NVIDIA H200", "utilization_perc": 87.0, "memory_used_bytes": 120 * 2**30,
-    "memory_total_bytes": 141 * 2**30, "power_w": 512.3, "temperature_c": 61.0,
+    "name": "NVIDIA H200",
+    "utilization_perc": 87.0,
+    "memory_used_bytes": 120 * 2**30,
+    "memory_total_bytes": 141 * 2**30,
+    "power_w": 512.3,
+    "temperature_c": 61.0,
     "sm_clock_mhz": 1980.0,
-}  # fmt: skip
+}
 # id, state, prompt, generated, queue, ttft, tpot, kv blocks, preemptions, finish
 ROWS = [
     ("req-run-a", "running", 900, 120, 0.012, 0.091, None, 64, 1, None),
@@ -44,16 +60,23 @@ def _row(spec: tuple, step: int) -> dict:
     rid, state, prompt, gen, queue, ttft, tpot, kv, pre, finish = spec
     running = state == "running" and queue is not None
     return {
-        "id": rid, "endpoint": "chat", "state": state,
+        "id": rid,
+        "endpoint": "chat",
+        "state": state,
         "http_status": None if state == "running" else (200 if state == "finished" else 504),
-        "received_at": T0, "prompt_tokens": prompt,
+        "received_at": T0,
+        "prompt_tokens": prompt,
         "completion_tokens": gen + (4 * step if running else 0),
-        "n": 1, "queue_s": queue, "ttft_s": ttft, "tpot_s": tpot,
-        "e2e_s": None if state == "running" else 3.2, "num_preemptions": pre,
+        "n": 1,
+        "queue_s": queue,
+        "ttft_s": ttft,
+        "tpot_s": tpot,
+        "e2e_s": None if state == "running" else 3.2,
+        "num_preemptions": pre,
         "finish_reasons": [finish],
         "error": "ttft_timeout: too slow" if state == "timeout" else None,
         "kv_blocks": kv + (step if running else 0),
-    }  # fmt: skip
+    }
 
 
 def _pct(p50: float, p90: float, p95: float, p99: float) -> dict:
@@ -64,59 +87,94 @@ def make_doc(step: int = 0, gpu: bool = True) -> dict:
     """The /v1/stats document at `step` (values move a little with each step)."""
     used = 113 + 5 * step
     latency = {
-        "ttft_s": _pct(0.045, 0.1, 0.11, 1.5), "tpot_s": _pct(0.0105, 0.012, 0.0121, 0.013),
-        "itl_s": _pct(0.01, 0.012, 0.0125, 0.02), "e2e_s": _pct(1.2, 2.9, 3.2, 4.0),
+        "ttft_s": _pct(0.045, 0.1, 0.11, 1.5),
+        "tpot_s": _pct(0.0105, 0.012, 0.0121, 0.013),
+        "itl_s": _pct(0.01, 0.012, 0.0125, 0.02),
+        "e2e_s": _pct(1.2, 2.9, 3.2, 4.0),
         "queue_s": _pct(0.003, 0.02, 0.02, 0.9),
-    }  # fmt: skip
+    }
     top = [("req-run-a", 64 + step), ("req-run-c", 27 + step), ("req-run-b", 22 + step)]
     return {
-        "object": "appliance.stats", "time": T0 + 3723 + step, "status": "ok", "model": MODEL,
-        "uptime_s": 3723.0 + step, "device": "cuda:0", "config": dict(CONFIG), "plan": None,
-        "server": {"max_queue": 128, "auth": False,
-                   "timeouts_s": {"request": 600.0, "ttft": 300.0, "stall": 60.0, "drain": 30.0}},
-        "engine": {"num_running": 3, "num_waiting": 1 + step % 3, "kv_blocks_used": used,
-                   "kv_blocks_total": 512, "num_preemptions_total": 3,
-                   "prompt_tokens_total": 10_000 + 100 * step,
-                   "generation_tokens_total": 4000 + 48 * step, "num_steps": 900 + step,
-                   "last_step_s": 0.011, "num_unfinished": 4, "kv_usage_perc": 100 * used / 512},
-        "kv": {"blocks_used": used, "blocks_total": 512, "usage_perc": 100 * used / 512,
-               "num_preemptions_total": 3,
-               "top_requests": [
-                   {"id": i, "blocks": b, "share_perc": 100 * b / used} for i, b in top],
-               "top_share_perc": 100 * sum(b for _, b in top) / used},
-        "queue": {"num_waiting": 1 + step % 3, "num_running": 3, "rejected_total": 7,
-                  "timed_out_total": 1},
+        "object": "appliance.stats",
+        "time": T0 + 3723 + step,
+        "status": "ok",
+        "model": MODEL,
+        "uptime_s": 3723.0 + step,
+        "device": "cuda:0",
+        "config": dict(CONFIG),
+        "plan": None,
+        "server": {
+            "max_queue": 128,
+            "auth": False,
+            "timeouts_s": {"request": 600.0, "ttft": 300.0, "stall": 60.0, "drain": 30.0},
+        },
+        "engine": {
+            "num_running": 3,
+            "num_waiting": 1 + step % 3,
+            "kv_blocks_used": used,
+            "kv_blocks_total": 512,
+            "num_preemptions_total": 3,
+            "prompt_tokens_total": 10_000 + 100 * step,
+            "generation_tokens_total": 4000 + 48 * step,
+            "num_steps": 900 + step,
+            "last_step_s": 0.011,
+            "num_unfinished": 4,
+            "kv_usage_perc": 100 * used / 512,
+        },
+        "kv": {
+            "blocks_used": used,
+            "blocks_total": 512,
+            "usage_perc": 100 * used / 512,
+            "num_preemptions_total": 3,
+            "top_requests": [{"id": i, "blocks": b, "share_perc": 100 * b / used} for i, b in top],
+            "top_share_perc": 100 * sum(b for _, b in top) / used,
+        },
+        "queue": {
+            "num_waiting": 1 + step % 3,
+            "num_running": 3,
+            "rejected_total": 7,
+            "timed_out_total": 1,
+        },
         "gpu": dict(GPU) if gpu else dict.fromkeys(GPU),
         "requests_in_flight": 4,
-        "counters": {"requests_total": 60, "finished_total": 50, "rejected_total": 7,
-                     "errors_total": 0, "cancelled_total": 2,
-                     "timeouts_total": {"ttft_timeout": 1, "request_timeout": 0,
-                                        "stall_timeout": 0}},
-        "throughput": {"prompt_tokens_per_s": 1834.5 + step,
-                       "generation_tokens_per_s": 412.25 + step, "window_s": 10.0},
+        "counters": {
+            "requests_total": 60,
+            "finished_total": 50,
+            "rejected_total": 7,
+            "errors_total": 0,
+            "cancelled_total": 2,
+            "timeouts_total": {"ttft_timeout": 1, "request_timeout": 0, "stall_timeout": 0},
+        },
+        "throughput": {
+            "prompt_tokens_per_s": 1834.5 + step,
+            "generation_tokens_per_s": 412.25 + step,
+            "window_s": 10.0,
+        },
         "latency": latency,
         "requests": [_row(spec, step) for spec in ROWS],
         "traces": [],
-    }  # fmt: skip
+    }
 
 
 def make_trace(request_id: str = "req-done-e") -> dict:
     """A finished request with two prefill chunks and one preemption."""
     summary = next(_row(s, 0) for s in ROWS if s[0] == request_id)
     events = [
-        (0.0, "server", None, "received", None), (0.0, "engine", 0, "arrived", None),
+        (0.0, "server", None, "received", None),
+        (0.0, "engine", 0, "arrived", None),
         (0.1, "server", None, "admitted", {"num_choices": 1}),
         (0.2, "server", None, "queued", {"engine_ids": [request_id]}),
         (20.0, "engine", 0, "scheduled", None),
         (20.0, "engine", 0, "prefill_chunk", {"tokens": 256, "start": 0}),
         (60.0, "engine", 0, "prefill_chunk", {"tokens": 244, "start": 256}),
         (110.0, "engine", 0, "first_token", None),
-        (900.0, "engine", 0, "preempted", None), (1300.0, "engine", 0, "scheduled", None),
+        (900.0, "engine", 0, "preempted", None),
+        (1300.0, "engine", 0, "scheduled", None),
         (1300.0, "engine", 0, "prefill_chunk", {"tokens": 500, "start": 0}),
         (1380.0, "engine", 0, "first_token", None),
         (3190.0, "engine", 0, "finished", {"reason": "length"}),
         (3200.0, "server", None, "closed", {"status": "finished", "http_status": 200}),
-    ]  # fmt: skip
+    ]
     out = []
     for t_ms, source, choice, event, detail in events:
         e = {"time": T0 + t_ms / 1000, "event": event, "source": source, "t_ms": t_ms}
@@ -210,8 +268,14 @@ def screen_text(app) -> str:
     from rich.console import Console
 
     width, height = app.size
-    console = Console(width=width, height=height, record=True, color_system=None,
-                      file=io.StringIO(), legacy_windows=False)  # fmt: skip
+    console = Console(
+        width=width,
+        height=height,
+        record=True,
+        color_system=None,
+        file=io.StringIO(),
+        legacy_windows=False,
+    )
     console.print(app.screen._compositor.render_update(full=True))
     return console.export_text()
 

@@ -18,9 +18,18 @@ from tui import format as fmt
 from tui.model import View
 
 CONFIG_FIELDS = (
-    "max_model_len", "max_num_seqs", "max_num_batched_tokens", "block_size", "num_kv_blocks",
-    "gpu_memory_utilization", "dtype", "kv_cache_dtype", "quantization", "enforce_eager", "seed",
-)  # fmt: skip
+    "max_model_len",
+    "max_num_seqs",
+    "max_num_batched_tokens",
+    "block_size",
+    "num_kv_blocks",
+    "gpu_memory_utilization",
+    "dtype",
+    "kv_cache_dtype",
+    "quantization",
+    "enforce_eager",
+    "seed",
+)
 """The engine settings every appliance reports, shown even when a value is missing."""
 
 
