@@ -49,60 +49,13 @@ from scripts.bench_floor import (  # noqa: E402
     verdict,
 )
 from scripts.bench_presets import (  # noqa: E402
+    SIZES,
     materialise_preset,
     random_lengths,
     random_prompts,
 )
 
 BIG, SMALL = "llama-3-8b", "qwen3-0.6b"  # A, B, C run on BIG; D on SMALL
-
-# Workload sizes per mode. "full" is the published workloads'; only full rows are judged against
-# the targets (C also in "quick", where it is unchanged). "tiny" also shrinks the models (--tiny,
-# on a CPU).
-SIZES = {
-    "full": dict(
-        a_requests=256,
-        a_prompt=(100, 1024),
-        a_output=512,
-        b_prompt=128,
-        b_output=512,
-        b_repeats=3,
-        c_prompts=(1024, 4096),
-        c_repeats=5,
-        d_requests=256,
-        d_prompt=(100, 1024),
-        d_output=(100, 1024),
-        hf_requests=64,
-        hf_output=128,
-    ),
-    "tiny": dict(
-        a_requests=4,
-        a_prompt=(8, 32),
-        a_output=8,
-        b_prompt=16,
-        b_output=8,
-        b_repeats=2,
-        c_prompts=(32, 64),
-        c_repeats=2,
-        d_requests=4,
-        d_prompt=(8, 32),
-        d_output=(4, 12),
-        hf_requests=3,
-        hf_output=4,
-    ),
-}
-SIZES["quick"] = {
-    **SIZES["full"],
-    "a_requests": 32,
-    "a_output": 128,
-    "b_output": 128,
-    "b_repeats": 1,
-    "c_repeats": 3,
-    "d_requests": 32,
-    "d_output": (100, 256),
-    "hf_requests": 16,
-    "hf_output": 32,
-}
 
 
 # --- workloads ---------------------------------------------------------------------------------

@@ -1,5 +1,6 @@
-"""Model presets and random prompts for the benchmarks: random-weight engines in real shapes
-(profiles/models/NAME.json: public config values) and seeded token-id workloads."""
+"""Model presets, random prompts and workload sizes for the benchmarks: random-weight engines in
+real shapes (profiles/models/NAME.json: public config values), seeded token-id workloads, and
+the sizes of bench_gpu's workloads A-D per mode."""
 
 from __future__ import annotations
 
@@ -48,3 +49,52 @@ def random_prompts(n: int, lo: int, hi: int, vocab: int, seed: int) -> list[list
     return [
         torch.randint(1, vocab, (k,), generator=g).tolist() for k in random_lengths(n, lo, hi, seed)
     ]
+
+
+# Workload sizes per mode. "full" is the published workloads'; only full rows are judged against
+# the targets (C also in "quick", where it is unchanged). "tiny" also shrinks the models (--tiny,
+# on a CPU).
+SIZES = {
+    "full": dict(
+        a_requests=256,
+        a_prompt=(100, 1024),
+        a_output=512,
+        b_prompt=128,
+        b_output=512,
+        b_repeats=3,
+        c_prompts=(1024, 4096),
+        c_repeats=5,
+        d_requests=256,
+        d_prompt=(100, 1024),
+        d_output=(100, 1024),
+        hf_requests=64,
+        hf_output=128,
+    ),
+    "tiny": dict(
+        a_requests=4,
+        a_prompt=(8, 32),
+        a_output=8,
+        b_prompt=16,
+        b_output=8,
+        b_repeats=2,
+        c_prompts=(32, 64),
+        c_repeats=2,
+        d_requests=4,
+        d_prompt=(8, 32),
+        d_output=(4, 12),
+        hf_requests=3,
+        hf_output=4,
+    ),
+}
+SIZES["quick"] = {
+    **SIZES["full"],
+    "a_requests": 32,
+    "a_output": 128,
+    "b_output": 128,
+    "b_repeats": 1,
+    "c_repeats": 3,
+    "d_requests": 32,
+    "d_output": (100, 256),
+    "hf_requests": 16,
+    "hf_output": 32,
+}
