@@ -116,3 +116,20 @@ def test_profile_table_says_when_the_pool_was_shrunk():
     rows = report_dict(report)["rows"]
     assert [r["item"] for r in rows][-1] == "peak" and rows[0]["predicted"] == 15 * GIB
     json.dumps(report_dict(report))
+
+
+def test_a_long_context_model_on_a_24gib_card_gets_the_length_that_fits(monkeypatch, tmp_path):
+    """LLM() with no settings on a 24 GiB card and a 131,072-token model plans the longest
+    max_model_len its KV pool holds twice (it used to take the model's maximum and raise)."""
+    from appliance.model_presets import load_preset
+    from engine.config import EngineConfig
+    from engine.models.config import ModelConfig
+    from engine.planning import plan_engine
+
+    config = {**load_preset("llama-3-8b"), "max_position_embeddings": 131072}
+    card = Device(kind="cuda", name="24 GiB", total_bytes=24 * GIB, max_num_batched_tokens=2048)
+    monkeypatch.setattr("engine.planning.read_device", lambda kind: card)
+    plan, resolved = plan_engine(EngineConfig(), ModelConfig.from_dict(config), "cuda")
+    assert 8192 <= plan.max_model_len < 131072 and plan.concurrency_at_max_len >= 2
+    assert resolved.max_model_len == plan.max_model_len and resolved.num_kv_blocks > 0
+    assert "the longest with memory for" in plan.reasons["max_model_len"]
