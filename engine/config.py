@@ -20,21 +20,21 @@ class EngineConfig:
     offer them as the flags' choices)."""
 
     max_model_len: int | None = None
-    """Longest prompt + output in tokens; None = planned (the model's maximum where memory
-    holds two such sequences, at most 8192 on a CPU)."""
+    """Longest prompt + output in tokens; unset (None) = planned (the model's maximum where
+    memory holds two such sequences, at most 8192 on a CPU)."""
     max_num_seqs: int | None = None
-    """Most sequences running (holding KV blocks) at once; None = planned (as many typical
-    requests as the KV pool holds, up to the GPU class's cap)."""
+    """Most sequences running (holding KV blocks) at once; unset (None) = planned (as many
+    typical requests as the KV pool holds, up to the GPU class's cap)."""
     max_num_batched_tokens: int | None = None
-    """Token budget of one engine step (decode tokens + prefill chunk tokens); None = the GPU
-    class's prefill chunk."""
+    """Token budget of one engine step (decode tokens + prefill chunk tokens); unset (None) =
+    the GPU class's prefill chunk."""
     block_size: int = 16
     """Tokens per KV-cache block."""
     num_kv_blocks: int | None = None
-    """KV-cache blocks in the pool; None = planned from memory."""
+    """KV-cache blocks in the pool; unset (None) = planned from memory."""
     gpu_memory_utilization: float | None = None
-    """Share of total device memory the engine may use (weights + activations + KV); None =
-    the GPU class's default."""
+    """Share of total device memory the engine may use (weights + activations + KV); unset
+    (None) = the GPU class's default."""
     dtype: str = "auto"
     """Weights/activations dtype: auto (fp32 on CPU, bf16 on GPUs that support it), float32,
     float16 or bfloat16."""
