@@ -11,8 +11,10 @@
 # (All of `-m gpu` in one run took more than ten minutes on the H200, 2026-11-29.) The logs are
 # packed into $OUT/logs.tgz at the end.
 #
-# Where bitsandbytes is not installed (the H200 test machine), put its wheel in .whl/ and this
-# script installs it into /tmp/site first. Run from the repository root.
+# Where bitsandbytes or pydantic is not installed (the H200 test machine has neither: pydantic
+# needs pydantic_core, annotated_types, typing_inspection and typing_extensions>=4.16 beside
+# it), put the wheels in .whl/ and this script installs them into /tmp/site first. Run from the
+# repository root.
 set -uo pipefail
 PART="${1:-tests}"
 PY="${PYTHON:-python3}"  # the H200's python3 holds torch
