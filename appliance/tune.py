@@ -11,9 +11,12 @@ from appliance.loadgen.client import RequestResult
 from appliance.loadgen.profile import TunedProfile, load_tuned_profile, write_tuned_profile
 from appliance.loadgen.report import SLO, LevelSummary, percentile
 from appliance.loadgen.runner import StatsSample
+from appliance.tune_probe import MAX_ERROR_FRAC, MAX_REPEATS, Measured, binding
 
 __all__ = [
+    "MAX_ERROR_FRAC",
     "Drift",
+    "Measured",
     "Probe",
     "SearchResult",
     "TunedProfile",
@@ -25,8 +28,6 @@ __all__ = [
     "write_tuned_profile",
 ]
 
-MAX_ERROR_FRAC = 0.01
-"""More failed requests than this share breaks the SLO, whatever the latencies."""
 DRIFT_RATIO = 1.25
 """Soak latency in the last third above this multiple of the first third is drift."""
 MEMORY_DRIFT_FRAC = 0.02
@@ -41,6 +42,14 @@ class Probe:
     ok: bool
     reasons: list[str]
     summary: LevelSummary
+    discarded: list[str] = field(default_factory=list)
+    """Why each earlier try at this concurrency was measured again."""
+    disturbances: list[str] = field(default_factory=list)
+    """What disturbed this try, believed only because the repeats ran out."""
+
+    @property
+    def attempts(self) -> int:
+        return 1 + len(self.discarded)
 
 
 @dataclass
@@ -73,7 +82,7 @@ def check_slo(summary: LevelSummary, slo: SLO) -> list[str]:
 
 
 async def search(
-    measure: Callable[[int], Awaitable[LevelSummary]],
+    measure: Callable[[int], Awaitable[LevelSummary | Measured]],
     slo: SLO,
     start: int = 4,
     max_concurrency: int = 256,
@@ -83,16 +92,24 @@ async def search(
     """Double from `start` until the SLOs break (or `max_concurrency`), then binary-search
     between the last good and the first bad value, until they are 1 apart or, with
     `resolution` > 0, within that share of the good value (0.1: stop within 10%). A failing
-    start searches below it."""
+    start searches below it. A try that `measure` reports disturbed (Measured.disturbances:
+    compiles, a stall) is measured again, up to MAX_REPEATS times, and the last try believed."""
     if start < 1 or max_concurrency < start:
         raise ValueError("need 1 <= start <= max_concurrency")
     probes: list[Probe] = []
     tried: dict[int, bool] = {}
 
     async def probe(c: int) -> bool:
-        summary = await measure(c)
+        discarded: list[str] = []
+        while True:
+            got = await measure(c)
+            latest = got if isinstance(got, Measured) else Measured(got)
+            if not latest.disturbances or len(discarded) >= MAX_REPEATS:
+                break
+            discarded.append("; ".join(latest.disturbances))
+        summary = latest.summary
         reasons = check_slo(summary, slo)
-        p = Probe(len(probes) + 1, c, not reasons, reasons, summary)
+        p = Probe(len(probes) + 1, c, not reasons, reasons, summary, discarded, latest.disturbances)
         probes.append(p)
         tried[c] = p.ok
         if on_probe is not None:
@@ -203,6 +220,9 @@ def build_profile(
             "first_bad_concurrency": result.first_bad,
             "measured_during": "soak" if soak else "search",
         }
+        bound = binding(result, slo)
+        capacity["bound_by"] = ",".join(bound.bound_by)
+        capacity["binding"] = bound.text
     return TunedProfile(
         name=name,
         created=time.strftime("%Y-%m-%dT%H:%M:%S%z"),

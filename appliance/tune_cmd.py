@@ -9,13 +9,14 @@ import asyncio
 import contextlib
 import dataclasses
 import json
+import math
 import shlex
 from pathlib import Path
 
 from rich.console import Console
 
 from appliance import tune as tuning
-from appliance import tune_sweep
+from appliance import tune_probe, tune_sweep
 from appliance.bench_cmd import _common, _console, _setup
 from appliance.loadgen.report import parse_duration, summarize, table
 from appliance.loadgen.runner import Stage
@@ -36,6 +37,14 @@ def add_tune_parser(sub) -> argparse.ArgumentParser:
     )
     p.add_argument("--step-duration", default="20s", help="how long each probe runs")
     p.add_argument("--step-requests", type=int, default=None, help="cap on requests per probe")
+    p.add_argument(
+        "--probe-warmup",
+        type=float,
+        default=1.0,
+        metavar="WAVES",
+        help="before each probe, send WAVES x its concurrency requests at that concurrency, "
+        "not measured (0: none)",
+    )
     p.add_argument(
         "--soak",
         default=None,
@@ -81,6 +90,8 @@ def run_tune(args) -> int:
         soak_s = parse_duration(args.soak) if args.soak else None
         if not slo.limits():
             raise ValueError("tune needs at least one latency limit in --slo")
+        if not args.probe_warmup >= 0:
+            raise ValueError(f"--probe-warmup {args.probe_warmup:g}: use 0 or more waves")
         if args.sweep and not args.serve:
             raise ValueError("--sweep needs --serve MODEL (tune restarts the server per point)")
         points = tune_sweep.parse_sweep(args.sweep) if args.sweep else [{}]
@@ -128,17 +139,36 @@ async def _tune(
     if launch is None:
         launch = _fixed_url(cfg.url)
 
+    async def warm_up(session: LoadSession, c: int) -> None:
+        """A wave at concurrency c that is not measured: the kernels and batch shapes of c are
+        built before the probe's clock starts."""
+        if args.probe_warmup > 0:
+            n = math.ceil(args.probe_warmup * c)
+            stage = Stage("closed", c, num_requests=n, duration_s=step_s)
+            await session.run(stage, f"warm-up wave at {c} (not measured)")
+
     async def measured_search(session: LoadSession) -> tuning.SearchResult:
-        async def measure(c: int):
+        async def measure(c: int) -> tuning.Measured:
+            await warm_up(session, c)
+            before = tune_probe.compiles_reported(await session.stats())
             stage = Stage("closed", c, num_requests=args.step_requests, duration_s=step_s)
-            return summarize(await session.run(stage, f"probe concurrency {c}"), slo)
+            ran = await session.run(stage, f"probe concurrency {c}")
+            after = tune_probe.compiles_reported(await session.stats())
+            summary = summarize(ran, slo)
+            found = tune_probe.disturbances(summary, ran.results, before, after)
+            if found:
+                console.print(f"[yellow]concurrency {c} disturbed: {'; '.join(found)}")
+            return tuning.Measured(summary, found)
 
         def report(p: tuning.Probe) -> None:
             verdict = "[green]meets SLO" if p.ok else "[red]" + "; ".join(p.reasons)
             s = p.summary
+            tries = f"  (try {p.attempts}" if p.discarded else ""
+            if p.discarded:
+                tries += "; believed though disturbed)" if p.disturbances else ")"
             console.print(
                 f"probe {p.order}: concurrency {p.concurrency:>4}  {s.num_ok} ok  "
-                f"{s.output_token_throughput:8.1f} tok/s  {verdict}"
+                f"{s.output_token_throughput:8.1f} tok/s  {verdict}{tries}"
             )
 
         return await tuning.search(
@@ -163,6 +193,7 @@ async def _tune(
             ) as session:
                 result = await measured_search(session)
             rows.append(tune_sweep.PointResult(point, result, session.info))
+            console.print("answer: " + tune_probe.binding(result, slo).text)
         winner = tune_sweep.pick_best(rows)
         pct = f"p{slo.percentile:g}"
         if len(rows) > 1:
@@ -189,6 +220,7 @@ async def _tune(
                 f"best concurrency {result.best} (first bad: {result.first_bad}); "
                 f"soaking {soak_s:g}s"
             )
+            await warm_up(session, result.best)
             soak_stage = await session.run(Stage("closed", result.best, duration_s=soak_s), "soak")
             soak = summarize(soak_stage, slo)
             drift = tuning.detect_drift(soak_stage.results, session.samples)
@@ -217,7 +249,8 @@ async def _tune(
     paths = [plots.search_path(result.probes, slo, out / "tune_search.png")]
     paths += [out / "tune_sweep.png"] if len(rows) > 1 else []
     paths += plots.bench_plots(summaries, soak_stage.results, session.samples, slo, out)
-    _write_json(out / "tune.json", path, rows, winner, drift)
+    _write_json(out / "tune.json", path, rows, winner, drift, slo)
+    console.print(f"bound by {prof.capacity['bound_by']}: {prof.capacity['binding']}")
     console.print(f"profile: {path}")
     console.print("plots: " + ", ".join(str(p) for p in paths))
     return 0  # drift is recorded in the profile (soak.stable) and printed above
@@ -231,7 +264,7 @@ def _fixed_url(url: str):
     return launch
 
 
-def _write_json(path: Path, profile: Path, rows, winner, drift) -> None:
+def _write_json(path: Path, profile: Path, rows, winner, drift, slo) -> None:
     def probes(result):
         return [
             {
@@ -240,14 +273,22 @@ def _write_json(path: Path, profile: Path, rows, winner, drift) -> None:
                 "reasons": p.reasons,
                 "output_token_throughput": p.summary.output_token_throughput,
                 "goodput": p.summary.goodput,
+                "attempts": p.attempts,
+                "discarded": p.discarded,
+                "disturbances": p.disturbances,
             }
             for p in result.probes
         ]
+
+    def bound(result) -> dict:
+        b = tune_probe.binding(result, slo)
+        return {"bound_by": b.bound_by, "binding": b.text}
 
     doc = {
         "profile": str(profile),
         "best": winner.result.best,
         "first_bad": winner.result.first_bad,
+        **bound(winner.result),
         "point": winner.point,
         "probes": probes(winner.result),
         "sweep": [
@@ -255,6 +296,7 @@ def _write_json(path: Path, profile: Path, rows, winner, drift) -> None:
                 "point": r.point,
                 "best": r.result.best,
                 "first_bad": r.result.first_bad,
+                **bound(r.result),
                 "probes": probes(r.result),
             }
             for r in rows

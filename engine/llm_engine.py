@@ -9,6 +9,7 @@ import random
 from collections.abc import Callable
 from pathlib import Path
 
+from engine import compile_count
 from engine.block_manager import BlockManager
 from engine.config import EngineConfig
 from engine.detokenizer import IncrementalDetokenizer
@@ -74,6 +75,7 @@ class LLMEngine:
         if self.memory is not None and self.memory.shed_blocks:
             self.config.num_kv_blocks = self.memory.final_blocks
             self._new_scheduler(self.memory.final_blocks)
+        self._compiles_at_warmup = compile_count.total()  # stats() counts from here
 
     def _new_scheduler(self, num_blocks: int) -> None:
         self.block_manager = BlockManager(num_blocks, self.config.block_size)
@@ -281,4 +283,7 @@ class LLMEngine:
             "prompt_tokens_total": self.prompt_tokens_total,
             "generation_tokens_total": self.generation_tokens_total,
             "num_steps": self.num_steps,
+            "compiles_after_warmup": None
+            if self._compiles_at_warmup is None
+            else compile_count.total() - self._compiles_at_warmup,
         }

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from engine import LLM, SamplingParams
+from engine import LLM, SamplingParams, compile_count
 from engine.memory_cap import CAP_ENV, capped, memory_cap_bytes
 from engine.memory_check import GIB, Measurement, MemoryItems, blocks_to_shed
 from engine.model_runner import ModelRunner
@@ -91,6 +91,25 @@ def test_peak_within_the_plan_keeps_the_pool(tiny_llama, predicted, calls):
     weights = predicted.weights / GIB
     assert f"predicted {weights:.2f} GiB, measured 1.00 GiB" in report.lines()[0]
     assert llm.engine.stats()["num_steps"] == 0  # the warm-up's steps are not counted
+
+
+def test_compiles_are_counted_from_the_end_of_warm_up(tiny_llama, predicted, calls):
+    """Kernels built during warm-up (here: announced to the listener while the warm-up runs)
+    are not counted; one built while serving is."""
+    inner = fake_measure(predicted, -MIB, calls)
+
+    def measure(runner, workload):
+        for _ in range(3):
+            compile_count.counter.on_compile(cache_hit=False)
+        return inner(runner, workload)
+
+    engine = LLM(str(tiny_llama), measure=measure, **PINS).engine
+    if not compile_count.install():  # no Triton with a compilation listener: unknown
+        assert engine.stats()["compiles_after_warmup"] is None
+        return
+    assert engine.stats()["compiles_after_warmup"] == 0
+    compile_count.counter.on_compile(cache_hit=True)
+    assert engine.stats()["compiles_after_warmup"] == 1
 
 
 def test_a_pool_that_cannot_shrink_enough_names_max_model_len(tiny_llama, predicted):

@@ -171,6 +171,27 @@ async def test_stats_and_metrics_reflect_work():
             assert name in text, name
 
 
+async def test_stats_and_metrics_count_compiles_after_warm_up():
+    """The engine's count of Triton compiles after warm-up reaches /v1/stats and /metrics; an
+    engine that cannot count them (None) shows null and no metric."""
+    engine = FakeEngine()
+    async with fake_client(engine) as client:
+        stats = await (await client.get("/v1/stats")).json()
+        assert stats["engine"]["compiles_after_warmup"] == 0
+        engine.compiles_after_warmup = 5
+        await client.post("/v1/completions", json={"prompt": "w1 w2", "max_tokens": 2})
+        stats = await (await client.get("/v1/stats")).json()
+        assert stats["engine"]["compiles_after_warmup"] == 5
+        text = await (await client.get("/metrics")).text()
+        assert 'appliance:triton_compiles_after_warmup_total{model_name="fake-model"} 5.0' in text
+        engine.compiles_after_warmup = None
+        await client.post("/v1/completions", json={"prompt": "w1 w2", "max_tokens": 2})
+        stats = await (await client.get("/v1/stats")).json()
+        assert stats["engine"]["compiles_after_warmup"] is None
+        text = await (await client.get("/metrics")).text()
+        assert "appliance:triton_compiles_after_warmup" not in text
+
+
 async def test_stats_stream_sends_snapshots():
     async with fake_client() as client:
         r = await client.get("/v1/stats/stream")

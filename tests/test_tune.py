@@ -1,4 +1,5 @@
-"""The tuner's search against a simulated server whose latency grows with concurrency, drift
+"""The tuner's search against a simulated server whose latency grows with concurrency (probes
+the server disturbed measured again), the stall and compile rules, the binding SLO, drift
 detection, and the tuned profile's TOML round trip."""
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from appliance.tune import (
     search,
     write_tuned_profile,
 )
+from appliance.tune_probe import MAX_REPEATS, Measured, binding, disturbances, longest_silence
 from appliance.tune_sweep import PointResult, parse_sweep, pick_best, point_env
 
 
@@ -144,3 +146,76 @@ async def test_the_sweep_picks_the_point_with_the_highest_capacity():
     best = pick_best(rows)
     assert best.point == {"adaptive_batching": True} and best.result.best == 40
     assert pick_best(rows[2:]) is None
+
+
+async def test_a_disturbed_probe_is_repeated_then_believed():
+    """Disturbed tries are measured again up to MAX_REPEATS times; a level disturbed every time
+    is believed on its last try, and the probe says so."""
+    slo = SLO(tpot_s=0.05)
+    inner, calls = simulated(10, slo)
+    disturbed_tries = {4: 1, 8: 99}  # 4: once; 8: every try
+
+    async def measure(c: int) -> Measured:
+        summary = await inner(c)
+        if disturbed_tries.get(c, 0) > 0:
+            disturbed_tries[c] -= 1
+            return Measured(summary, [f"compiles at {c}"])
+        return Measured(summary)
+
+    result = await search(measure, slo, start=4, max_concurrency=16)
+    assert result.best == 10 and result.first_bad == 11
+    by_level = {p.concurrency: p for p in result.probes}
+    assert by_level[4].attempts == 2 and by_level[4].disturbances == []
+    assert by_level[8].attempts == 1 + MAX_REPEATS
+    assert by_level[8].discarded == ["compiles at 8"] * MAX_REPEATS
+    assert by_level[8].disturbances == ["compiles at 8"]
+    assert calls.count(8) == 1 + MAX_REPEATS and len(result.probes) == len(set(calls))
+
+
+def _stream(start: float, times: list[float]) -> RequestResult:
+    """A finished request whose tokens arrived at `times` (seconds from the run's start)."""
+    itl = [b - a for a, b in zip(times, times[1:])]
+    return RequestResult(
+        1, start, ok=True, ttft_s=times[0] - start, e2e_s=times[-1] - start, itl_s=itl
+    )
+
+
+def test_a_stall_is_a_silence_in_every_stream_at_once():
+    steady = [_stream(0.0, [0.1 * k + 0.01 * i for k in range(1, 30)]) for i in range(4)]
+    assert longest_silence(steady)[0] < 0.11
+    # one stream pausing 2 s while the others flow is load, not a stall
+    slow = steady + [_stream(0.0, [0.5, 2.5, 2.6])]
+    assert longest_silence(slow)[0] < 0.11
+    # every stream pausing at once between 1.0 s and 3.0 s
+    paused = [_stream(0.0, [0.1, 0.5, 1.0 + 0.01 * i, 3.0, 3.1]) for i in range(4)]
+    gap, at = longest_silence(paused)
+    assert gap == pytest.approx(1.97) and at == pytest.approx(1.03)
+    # a wait before a request's first token (queueing, prefill) is not a stall
+    queued = [_stream(0.0, [0.1, 0.2]), _stream(0.2, [3.0, 3.1])]
+    assert longest_silence(queued)[0] == pytest.approx(0.1)
+
+
+def test_disturbances_name_compiles_and_stalls():
+    paused = [_stream(0.0, [0.1, 0.2, 1.0, 3.0, 3.1]) for _ in range(4)]
+    flowing = [_stream(0.0, [0.1 * k for k in range(1, 32)])]
+    summary = LevelSummary(4, "closed", 4, 4, {}, 1, 1, 1, 1, 1, 1, {"itl_s": {"p50": 0.1}})
+    assert disturbances(summary, paused + flowing, 5, 5) == []  # one stream kept flowing
+    found = disturbances(summary, paused, 5, 8)
+    assert found[0] == "3 Triton kernels compiled during it"
+    assert found[1].startswith("every stream stalled 2.00s at once")
+    assert disturbances(summary, [], None, None) == []  # a server that does not count
+    # a pause of 2 s is no stall where the usual token gap is 0.5 s (limit: 10 x p50 ITL)
+    slow = LevelSummary(4, "closed", 4, 4, {}, 1, 1, 1, 1, 1, 1, {"itl_s": {"p50": 0.5}})
+    assert disturbances(slow, paused, 5, 5) == []
+
+
+async def test_the_binding_names_the_limit_broken_at_the_first_bad_level():
+    slo = SLO(ttft_s=2.0, tpot_s=0.05)
+    measure, _ = simulated(10, slo)
+    b = binding(await search(measure, slo, start=4), slo)
+    assert b.bound_by == ["tpot"]
+    assert b.text.startswith("stopped at 10: at 11: p95 TTFT 100.0 ms within 2.00 s, p95 TPOT ")
+    assert "; at 10: p95 TTFT 100.0 ms within 2.00 s, p95 TPOT 48.8 ms within 50.0 ms" in b.text
+    measure, _ = simulated(0, slo)
+    b = binding(await search(measure, slo, start=1), slo)
+    assert b.bound_by == ["tpot"] and b.text.startswith("no concurrency met the SLOs; at 1: ")

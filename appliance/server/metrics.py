@@ -115,6 +115,16 @@ class _EngineCollector:
             c = CounterMetricFamily(name, doc, labels=labels)
             c.add_metric(model, stats.get(key, 0))
             yield c
+        compiles = stats.get("compiles_after_warmup")
+        if compiles is not None:  # None: this engine cannot count them (no Triton)
+            c = CounterMetricFamily(
+                "appliance:triton_compiles_after_warmup",
+                "Triton kernel variants built after the engine's warm-up (each one stalls "
+                "the steps that wait on it).",
+                labels=labels,
+            )
+            c.add_metric(model, compiles)
+            yield c
         g = GaugeMetricFamily("appliance:requests_in_flight", "HTTP requests admitted.")
         g.add_metric([], len(state.inflight))
         yield g

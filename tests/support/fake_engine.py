@@ -83,6 +83,9 @@ class FakeEngine:
         self.markers = markers
         """Whether prompt tokens 3 (stall) and 4 (EOS after three tokens) steer requests."""
         self.crash_next_step = False
+        self.compiles_after_warmup: int | None = 0
+        """What stats() reports as Triton compiles after warm-up: set it (or None, unknown)
+        to stand in for an engine whose kernels compile while serving."""
         self._rng = random.Random(0)
         self._reqs: dict[str, _Req] = {}
         self._waiting: deque[_Req] = deque()
@@ -131,6 +134,7 @@ class FakeEngine:
             "prompt_tokens_total": self._totals["prompt"],
             "generation_tokens_total": self._totals["gen"],
             "num_steps": self._totals["steps"],
+            "compiles_after_warmup": self.compiles_after_warmup,
         }
 
     def step(self) -> list[RequestOutput]:

@@ -117,6 +117,7 @@ def make_doc(step: int = 0, gpu: bool = True) -> dict:
             "prompt_tokens_total": 10_000 + 100 * step,
             "generation_tokens_total": 4000 + 48 * step,
             "num_steps": 900 + step,
+            "compiles_after_warmup": 0,
             "last_step_s": 0.011,
             "num_unfinished": 4,
             "kv_usage_perc": 100 * used / 512,

@@ -1,0 +1,100 @@
+"""The count of Triton kernel variants built in the process (engine/compile_count.py): the
+listener's arithmetic, its chaining, "unknown" without Triton, and the real listener firing
+when Triton compiles a kernel for sm_90 with its bundled ptxas (no GPU needed), with the
+venv's Triton and with the H200's 3.6."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from engine import compile_count
+from engine.compile_count import CompileCounter
+
+ROOT = Path(__file__).resolve().parents[1]
+H200_TRITON = ROOT / ".venv" / "triton-3.6"
+
+
+def test_the_listener_counts_variants_and_calls_the_one_it_replaced():
+    seen = []
+    counter = CompileCounter()
+    counter._previous = lambda **kw: seen.append(kw["cache_hit"])
+    counter.on_compile(src=None, metadata={}, metadata_group={}, times=None, cache_hit=False)
+    counter.on_compile(src=None, metadata={}, metadata_group={}, times=None, cache_hit=True)
+    assert (counter.total, counter.disk_cache_hits) == (2, 1)
+    assert seen == [False, True]
+
+
+def test_without_triton_the_count_is_unknown(monkeypatch):
+    monkeypatch.setattr(compile_count, "_installed", None)
+    monkeypatch.setitem(sys.modules, "triton", None)  # import triton now fails
+    assert compile_count.install() is False
+    assert compile_count.total() is None
+
+
+def test_installed_on_the_venvs_triton():
+    triton = pytest.importorskip("triton")
+    if not compile_count.install():
+        pytest.skip(f"triton {triton.__version__} has no compilation listener")
+    before = compile_count.total()
+    triton.knobs.compilation.listener(
+        src=None, metadata={}, metadata_group={}, times=None, cache_hit=False
+    )
+    assert compile_count.total() == before + 1
+
+
+SCRIPT = """
+import os, sys
+os.environ.pop("TRITON_INTERPRET", None)
+import triton
+import triton.language as tl
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from engine import compile_count
+
+@triton.jit
+def add_one(x_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(x_ptr + offs, tl.load(x_ptr + offs, mask=offs < n) + 1, mask=offs < n)
+
+assert compile_count.install(), triton.__version__
+def build(block):
+    src = ASTSource(fn=add_one, signature={"x_ptr": "*fp32", "n": "i32", "BLOCK": "constexpr"},
+                    constexprs={"BLOCK": block})
+    triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4})
+build(64); build(128); build(64)  # two compiles, then the disk cache's copy of the first
+c = compile_count.counter
+print(triton.__version__, compile_count.total(), c.disk_cache_hits)
+"""
+
+
+@pytest.mark.parametrize("triton_dir", [None, H200_TRITON], ids=["venv", "triton-3.6"])
+def test_the_listener_fires_when_triton_builds_a_kernel(triton_dir, tmp_path):
+    pytest.importorskip("triton")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["TRITON_CACHE_DIR"] = str(tmp_path / "cache")  # empty: the first builds compile
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
+    if triton_dir is not None:
+        if not (triton_dir / "triton").is_dir():
+            pytest.skip(f"{triton_dir} holds no triton (scripts/setup installs it)")
+        env["PYTHONPATH"] = os.pathsep.join([str(triton_dir), str(ROOT)])
+    script = tmp_path / "build.py"
+    script.write_text(textwrap.dedent(SCRIPT))
+    run = subprocess.run(
+        [sys.executable, str(script)],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    version, total, hits = run.stdout.split()
+    assert (int(total), int(hits)) == (3, 1), run.stdout
+    if triton_dir is not None:
+        assert version.startswith("3.6"), version
