@@ -95,11 +95,10 @@ class ClientProcesses:
             self._procs.append(proc)
 
     async def start(self) -> None:
-        """Wait until every process has its workload (RuntimeError when one cannot start)."""
+        """Wait until every process has its workload (RuntimeError when one cannot start; the
+        caller still closes)."""
         replies = await asyncio.gather(*(asyncio.to_thread(_recv, c) for c in self._conns))
-        errors = [msg for kind, msg in replies if kind != "ready"]
-        if errors:
-            self.close()
+        if errors := [msg for kind, msg in replies if kind != "ready"]:
             raise RuntimeError(errors[0])
 
     async def run(
