@@ -113,6 +113,14 @@ class LoadSession:
     async def stats(self) -> dict | None:
         return await self.sampler.read() if self.sampler else None
 
+    async def _generated_tokens(self) -> int | None:
+        """The server's generated-token counter, read on a connection of its own: the load's
+        connection pool stays as the last stage left it (which of its streams reuse a warm
+        connection shapes the first tokens' timing)."""
+        async with aiohttp.ClientSession(trust_env=False) as http:
+            sampler = StatsSampler(http, self.cfg, self.t0)
+            return generated_tokens(await sampler.read())
+
     def results(self) -> list[RequestResult]:
         return [r for st in self.stages for r in st.results]
 
@@ -140,7 +148,7 @@ class LoadSession:
                 progress.update(task, advance=1, errors=num_errors)
 
             assert self._session is not None, "use LoadSession as an async context manager"
-            before = generated_tokens(await self.stats())
+            before = await self._generated_tokens()
             seed = self.spec.seed + len(self.stages)
             if self._clients is not None:
                 result = await self._clients.run(stage, seed, on_done)
@@ -148,7 +156,7 @@ class LoadSession:
                 result = await run_stage(
                     self._session, self.cfg, self.work, stage, self.t0, on_done, seed=seed
                 )
-            after = generated_tokens(await self.stats())
+            after = await self._generated_tokens()
         if before is not None and after is not None:
             result.server_output_tokens = after - before
         self.stages.append(result)
