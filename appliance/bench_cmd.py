@@ -12,6 +12,7 @@ from pathlib import Path
 from rich.console import Console
 
 from appliance.loadgen.client import ClientConfig
+from appliance.loadgen.processes import STREAMS_PER_PROCESS, auto_processes
 from appliance.loadgen.report import SLO, parse_duration, summarize_all, table
 from appliance.loadgen.report import write_json as write_bench_json
 from appliance.loadgen.runner import Stage
@@ -68,6 +69,14 @@ def add_bench_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--ramp-steps", type=int, default=4)
     p.add_argument("--num-requests", type=int, default=None, help="per level")
     p.add_argument("--duration", default="30s", help="per level (a ramp: the whole ramp)")
+    p.add_argument(
+        "--processes",
+        type=int,
+        default=None,
+        help="client processes sharing each level's load evenly (default: one per "
+        f"{STREAMS_PER_PROCESS} streams of the highest closed-loop level, at most half the "
+        "CPUs; a ramp or open loop: 1)",
+    )
     return p
 
 
@@ -107,6 +116,18 @@ def bench_stages(args) -> list[Stage]:
     return [Stage("closed", c, **common) for c in _levels(args.concurrency)]
 
 
+def num_processes(args, stages: list[Stage]) -> int:
+    """--processes, or the count chosen for the highest closed-loop concurrency."""
+    if args.processes is not None:
+        if args.processes < 1:
+            raise ValueError(f"--processes must be >= 1, got {args.processes}")
+        if args.processes > 1 and args.mode == "ramp":
+            raise ValueError("a ramp runs in one client process: drop --processes")
+        return args.processes
+    closed = [int(s.level) for s in stages if s.mode == "closed"]
+    return auto_processes(max(closed)) if closed else 1
+
+
 def _console() -> Console:
     console = Console()
     if not console.is_terminal:  # a log or a pipe: no wrapping of the wide table
@@ -121,11 +142,12 @@ def run_bench(args) -> int:
     try:
         cfg, spec, slo, out = _setup(args)
         stages = bench_stages(args)
+        processes = num_processes(args, stages)
     except ValueError as exc:
         Console(stderr=True).print(f"[red]appliance bench: {exc}")
         return 2
     try:
-        session = asyncio.run(_bench(cfg, spec, stages, not args.no_progress))
+        session = asyncio.run(_bench(cfg, spec, stages, not args.no_progress, processes))
     except RuntimeError as exc:
         Console(stderr=True).print(f"[red]appliance bench: {exc}")
         return 1
@@ -134,6 +156,7 @@ def run_bench(args) -> int:
     config = {
         "argv": {k: str(v) for k, v in vars(args).items() if k != "func"},
         "server": vars(session.info),
+        "client_processes": processes,
     }
     write_bench_json(out / "bench.json", config, summaries, session.stages, session.samples)
     paths = plots.bench_plots(summaries, session.results(), session.samples, slo, out)
@@ -142,8 +165,8 @@ def run_bench(args) -> int:
     return 0 if any(s.num_ok for s in summaries) else 1
 
 
-async def _bench(cfg, spec, stages, progress) -> LoadSession:
-    async with LoadSession(cfg, spec, show_progress=progress) as session:
+async def _bench(cfg, spec, stages, progress, processes: int = 1) -> LoadSession:
+    async with LoadSession(cfg, spec, show_progress=progress, num_processes=processes) as session:
         for stage in stages:
             await session.run(stage)
     return session

@@ -99,3 +99,27 @@ def test_bench_command_writes_table_json_and_plots(url, tmp_path, capsys):
     assert all(r["num_output_tokens"] == 3 for r in doc["requests"] if r["ok"])
     for name in ("latency_vs_load", "throughput_vs_load", "ttft_tpot_hist", "kv_queue_timeline"):
         assert (tmp_path / f"{name}.png").stat().st_size > 1000
+
+
+def _bench_json(url, out, *flags) -> dict:
+    parser = argparse.ArgumentParser()
+    add_bench_parser(parser.add_subparsers(dest="command"))
+    argv = ["bench", "--url", url, "--out", str(out), "--no-progress", "--input-len"]
+    argv += ["uniform:8-40", "--output-len", "3", "--concurrency", "4", "--num-requests", "8"]
+    assert run_bench(parser.parse_args(argv + list(flags))) == 0
+    return json.loads((out / "bench.json").read_text())
+
+
+def test_two_client_processes_send_the_same_requests_and_match_the_server(url, tmp_path, capsys):
+    one = _bench_json(url, tmp_path / "one", "--processes", "1")
+    two = _bench_json(url, tmp_path / "two", "--processes", "2")
+    assert (one["config"]["client_processes"], two["config"]["client_processes"]) == (1, 2)
+    # Each process draws every other request of the one seeded stream: together, the same 8.
+    lengths = [sorted(r["num_prompt_tokens"] for r in d["requests"]) for d in (one, two)]
+    assert lengths[0] == lengths[1] and len(set(lengths[0])) > 1
+    for doc in (one, two):
+        (s,) = doc["summaries"]
+        assert s["level"] == 4.0 and s["num_ok"] == 8 and s["num_output_tokens"] == 8 * 3
+        assert s["server_output_tokens"] == 8 * 3 and s["server_ratio"] == 1.0
+        assert {r["level"] for r in doc["requests"]} == {4.0}
+    assert "24 / 24 (1.000)" in capsys.readouterr().out

@@ -59,3 +59,35 @@ def test_ramp_steps_from_start_to_end():
     assert [stage.concurrency_at(t) for t in (0, 2.5, 4.5, 7.9, 99)] == [2, 4, 6, 8, 8]
     with pytest.raises(ValueError):
         Stage("closed", 2)
+
+
+def test_stage_shares_over_client_processes():
+    from appliance.loadgen.processes import auto_processes, shares, split_stage
+
+    assert shares(10, 3) == [4, 3, 3] and sum(shares(257, 4)) == 257
+    closed = split_stage(Stage("closed", 256, num_requests=512), 4)
+    assert [(s.level, s.num_requests) for s in closed] == [(64.0, 128)] * 4
+    uneven = split_stage(Stage("closed", 5, num_requests=7, duration_s=9), 2)
+    assert [(s.level, s.num_requests, s.duration_s) for s in uneven] == [(3, 4, 9), (2, 3, 9)]
+    assert len(split_stage(Stage("closed", 2, duration_s=5), 8)) == 2  # a stream per process
+    opened = split_stage(Stage("open", 6.0, num_requests=6), 3)
+    assert [(s.level, s.num_requests) for s in opened] == [(2.0, 2)] * 3
+    with pytest.raises(ValueError, match="--processes 1"):
+        split_stage(Stage("ramp", 1, duration_s=4, ramp_to=8), 2)
+    assert auto_processes(1, num_cpus=16) == 1 and auto_processes(64, num_cpus=16) == 1
+    assert auto_processes(256, num_cpus=16) == 4 and auto_processes(2048, num_cpus=16) == 8
+    assert auto_processes(256, num_cpus=2) == 1
+
+
+def test_merged_stage_spans_every_process_and_keeps_the_whole_level():
+    from appliance.loadgen.client import RequestResult
+    from appliance.loadgen.processes import merge
+    from appliance.loadgen.runner import StageResult
+
+    stage = Stage("closed", 8, num_requests=3)
+    a = StageResult(stage, [RequestResult(4.0, 1.5), RequestResult(4.0, 1.0)], start=1.0, wall_s=2)
+    b = StageResult(stage, [RequestResult(4.0, 1.2)], start=1.1, wall_s=2.5)
+    merged = merge(stage, [a, b])
+    assert [r.start for r in merged.results] == [1.0, 1.2, 1.5]
+    assert {r.level for r in merged.results} == {8.0}
+    assert merged.start == 1.0 and merged.wall_s == pytest.approx(2.6)

@@ -93,6 +93,18 @@ class LevelSummary:
     goodput_frac: float
     latency: dict[str, dict[str, float | None]] = field(default_factory=dict)
     """metric -> {p50, p90, p95, p99, mean}."""
+    num_output_tokens: int = 0
+    """Output tokens the clients received (successful requests)."""
+    server_output_tokens: int | None = None
+    """Tokens the server's own counter says it generated over the stage (None: not reported,
+    or a ramp step, which the counter cannot tell apart)."""
+
+    @property
+    def server_ratio(self) -> float | None:
+        """Clients' tokens / the server's count: 1.0 when every generated token arrived."""
+        if not self.server_output_tokens:
+            return None
+        return self.num_output_tokens / self.server_output_tokens
 
     def get(self, metric: str, pct: str) -> float | None:
         return self.latency.get(metric, {}).get(pct)
@@ -117,6 +129,7 @@ def summarize(stage: StageResult, slo: SLO, level: float | None = None) -> Level
         stats["mean"] = sum(values) / len(values) if values else None
         latency[metric] = stats
     num_good = sum(slo.met_by(r) for r in rs)
+    num_out = sum(r.num_output_tokens for r in ok)
     return LevelSummary(
         level=stage.stage.level if level is None else level,
         mode=stage.stage.mode,
@@ -125,11 +138,13 @@ def summarize(stage: StageResult, slo: SLO, level: float | None = None) -> Level
         errors=dict(Counter(r.error for r in rs if not r.ok)),
         wall_s=wall,
         request_throughput=len(ok) / wall,
-        output_token_throughput=sum(r.num_output_tokens for r in ok) / wall,
+        output_token_throughput=num_out / wall,
         input_token_throughput=sum(r.num_prompt_tokens or 0 for r in ok) / wall,
         goodput=num_good / wall,
         goodput_frac=num_good / len(rs) if rs else 0.0,
         latency=latency,
+        num_output_tokens=num_out,
+        server_output_tokens=stage.server_output_tokens if level is None else None,
     )
 
 
@@ -148,6 +163,13 @@ def _ms(value: float | None) -> str:
     return "n/a" if value is None else f"{value * 1000:.1f}"
 
 
+def _clients_vs_server(s: LevelSummary) -> str:
+    if s.server_output_tokens is None:
+        return f"{s.num_output_tokens} / n/a"
+    ratio = "n/a" if s.server_ratio is None else f"{s.server_ratio:.3f}"
+    return f"{s.num_output_tokens} / {s.server_output_tokens} ({ratio})"
+
+
 def table(summaries: list[LevelSummary], slo: SLO, title: str = "appliance bench") -> Table:
     t = Table(title=f"{title}  (SLO: {slo.describe()})")
     for name in (
@@ -160,6 +182,7 @@ def table(summaries: list[LevelSummary], slo: SLO, title: str = "appliance bench
         "E2E p95 s",
         "req/s",
         "out tok/s",
+        "out tok clients / server",
         "goodput req/s",
     ):
         t.add_column(name, justify="right" if name != "errors" else "left")
@@ -176,6 +199,7 @@ def table(summaries: list[LevelSummary], slo: SLO, title: str = "appliance bench
             "n/a" if e2e is None else f"{e2e:.2f}",
             f"{s.request_throughput:.2f}",
             f"{s.output_token_throughput:.1f}",
+            _clients_vs_server(s),
             f"{s.goodput:.2f} ({100 * s.goodput_frac:.0f}%)",
         )
     return t
@@ -191,7 +215,7 @@ def write_json(
     """The whole run: its settings, the summaries, every request and every stats sample."""
     doc = {
         "config": config,
-        "summaries": [dataclasses.asdict(s) for s in summaries],
+        "summaries": [{**dataclasses.asdict(s), "server_ratio": s.server_ratio} for s in summaries],
         "requests": [
             {**dataclasses.asdict(r), "tpot_s": r.tpot_s} for st in stages for r in st.results
         ],

@@ -71,6 +71,9 @@ class StageResult:
     """Seconds from the run's start."""
     wall_s: float = 0.0
     """From the first send to the last answer."""
+    server_output_tokens: int | None = None
+    """The server's own generated-token count over the stage (its counter after minus before;
+    None when the server does not report one)."""
 
 
 def arrival_gaps(rate: float, burstiness: float, rng: random.Random) -> Iterator[float]:

@@ -1,8 +1,11 @@
 """LoadSession: one HTTP session to one appliance, its calibrated workload, the /v1/stats
-sampler and a progress bar; runs stages one after another (shared by bench and tune)."""
+sampler and a progress bar; runs stages one after another, in this process or spread over
+client processes, and reads the server's generated-token counter around each (shared by bench
+and tune)."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 from dataclasses import dataclass
 
@@ -12,6 +15,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from appliance.loadgen import workload
 from appliance.loadgen.client import ClientConfig, RequestResult
+from appliance.loadgen.processes import ClientProcesses
 from appliance.loadgen.runner import Stage, StageResult, StatsSampler, run_stage
 from appliance.loadgen.workload import WorkloadSpec
 
@@ -53,6 +57,7 @@ class LoadSession:
         console: Console | None = None,
         show_progress: bool = True,
         sample_interval_s: float = 0.5,
+        num_processes: int = 1,
     ) -> None:
         self.cfg, self.spec = cfg, spec
         self.console = console or Console(stderr=True)
@@ -63,6 +68,9 @@ class LoadSession:
         self.info = ServerInfo()
         self._session: aiohttp.ClientSession | None = None
         self.sampler: StatsSampler | None = None
+        self.num_processes = num_processes
+        """1: requests go from this process; more: from that many client processes."""
+        self._clients: ClientProcesses | None = None
 
     async def __aenter__(self) -> LoadSession:
         # No connection cap: the load shape, not the HTTP pool, sets the concurrency.
@@ -80,9 +88,19 @@ class LoadSession:
         self.sampler = StatsSampler(self._session, self.cfg, self.t0, self.sample_interval_s)
         self.info = ServerInfo.from_stats(await self.sampler.read())
         self.sampler.start()
+        if self.num_processes > 1:
+            self._clients = ClientProcesses(self.cfg, self.spec, self.num_processes, self.t0)
+            try:
+                await self._clients.start()
+            except RuntimeError:
+                await self.__aexit__()
+                raise
         return self
 
     async def __aexit__(self, *exc) -> None:
+        if self._clients is not None:
+            await asyncio.to_thread(self._clients.close)
+            self._clients = None
         if self.sampler is not None:
             await self.sampler.stop()
         if self._session is not None:
@@ -94,6 +112,14 @@ class LoadSession:
 
     async def stats(self) -> dict | None:
         return await self.sampler.read() if self.sampler else None
+
+    async def _generated_tokens(self) -> int | None:
+        """The server's generated-token counter, read on a connection of its own: the load's
+        connection pool stays as the last stage left it (which of its streams reuse a warm
+        connection shapes the first tokens' timing)."""
+        async with aiohttp.ClientSession(trust_env=False) as http:
+            sampler = StatsSampler(http, self.cfg, self.t0)
+            return generated_tokens(await sampler.read())
 
     def results(self) -> list[RequestResult]:
         return [r for st in self.stages for r in st.results]
@@ -122,14 +148,22 @@ class LoadSession:
                 progress.update(task, advance=1, errors=num_errors)
 
             assert self._session is not None, "use LoadSession as an async context manager"
-            result = await run_stage(
-                self._session,
-                self.cfg,
-                self.work,
-                stage,
-                self.t0,
-                on_done,
-                seed=self.spec.seed + len(self.stages),
-            )
+            before = await self._generated_tokens()
+            seed = self.spec.seed + len(self.stages)
+            if self._clients is not None:
+                result = await self._clients.run(stage, seed, on_done)
+            else:
+                result = await run_stage(
+                    self._session, self.cfg, self.work, stage, self.t0, on_done, seed=seed
+                )
+            after = await self._generated_tokens()
+        if before is not None and after is not None:
+            result.server_output_tokens = after - before
         self.stages.append(result)
         return result
+
+
+def generated_tokens(doc: dict | None) -> int | None:
+    """The engine's generated-token counter in a /v1/stats document (None: not reported)."""
+    value = ((doc or {}).get("engine") or {}).get("generation_tokens_total")
+    return int(value) if isinstance(value, int | float) else None
