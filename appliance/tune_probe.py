@@ -4,7 +4,6 @@ limit, or the concurrency cap, bound the tune's answer."""
 
 from __future__ import annotations
 
-import bisect
 from dataclasses import dataclass, field
 
 from appliance.loadgen.client import RequestResult
@@ -39,10 +38,11 @@ def compiles_reported(stats: dict | None) -> int | None:
 
 
 def longest_silence(results: list[RequestResult]) -> tuple[float, float]:
-    """The longest time (seconds, and when it began) that no stream received a token while
-    some stream was between two of its tokens. Gaps before a request's first token (queueing,
-    prefill) are not counted."""
-    streams = []
+    """The longest time (seconds, and when it began) between two consecutive token arrivals,
+    over every stream, while some stream was between two of its tokens (it had a token at or
+    before the gap's start and another at or after its end). Gaps before a request's first
+    token (queueing, prefill) are not counted."""
+    spans, arrivals = [], []
     for r in results:
         if not r.ok or r.ttft_s is None:
             continue
@@ -51,13 +51,14 @@ def longest_silence(results: list[RequestResult]) -> tuple[float, float]:
         for gap in r.itl_s:
             t += gap
             times.append(t)
-        streams.append(times)
-    arrivals = sorted(t for times in streams for t in times)
+        arrivals += times
+        if len(times) > 1:
+            spans.append((times[0], times[-1]))
+    arrivals.sort()
     longest = (0.0, 0.0)
-    for times in streams:
-        for a, b in zip(times, times[1:]):
-            if b - a > longest[0] and arrivals[bisect.bisect_right(arrivals, a)] >= b:
-                longest = (b - a, a)
+    for a, b in zip(arrivals, arrivals[1:]):
+        if b - a > longest[0] and any(first <= a and last >= b for first, last in spans):
+            longest = (b - a, a)
     return longest
 
 

@@ -190,6 +190,11 @@ def test_a_stall_is_a_silence_in_every_stream_at_once():
     paused = [_stream(0.0, [0.1, 0.5, 1.0 + 0.01 * i, 3.0, 3.1]) for i in range(4)]
     gap, at = longest_silence(paused)
     assert gap == pytest.approx(1.97) and at == pytest.approx(1.03)
+    # the streams' first tokens staggered, their next ones together after the pause (a
+    # compile holds every write): the silence runs from the last first token
+    held = [_stream(0.0, [0.02 * i, 1.084 + 1e-12 * i, 1.165]) for i in range(1, 5)]
+    gap, at = longest_silence(held)
+    assert gap == pytest.approx(1.004) and at == pytest.approx(0.08)
     # a wait before a request's first token (queueing, prefill) is not a stall
     queued = [_stream(0.0, [0.1, 0.2]), _stream(0.2, [3.0, 3.1])]
     assert longest_silence(queued)[0] == pytest.approx(0.1)

@@ -31,32 +31,39 @@ COMPILE_STALL_S = 1.0
 def fake_app(
     token_delay_s: float = TOKEN_DELAY_S, compile_at: int | None = None
 ) -> web.Application:
-    """`compile_at`: the first time a stream that has its first token sees that many requests
-    in flight, the server compiles: every stream waits COMPILE_STALL_S and /v1/stats counts 3
-    compiles after warm-up."""
+    """`compile_at`: the first time that many streams in flight have all had their first token,
+    the server compiles: every stream waits COMPILE_STALL_S and /v1/stats counts 3 compiles
+    after warm-up. (Waiting for the first tokens makes the stall one every started stream
+    sees, whatever order the streams' requests arrived in.)"""
     inflight = 0
+    started = 0  # streams in flight that have written their first token
     compiles = 0
     stall_until = 0.0
 
     async def completions(request: web.Request) -> web.StreamResponse:
-        nonlocal inflight, compiles, stall_until, compile_at
+        nonlocal inflight, started, compiles, stall_until, compile_at
         body = await request.json()
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await resp.prepare(request)
         inflight += 1
+        wrote = False
         try:
-            for i in range(body["max_tokens"]):
-                if compile_at is not None and i == 1 and inflight >= compile_at:
+            for _ in range(body["max_tokens"]):
+                if compile_at is not None and wrote and started >= compile_at:
                     compile_at, compiles = None, compiles + 3
                     stall_until = time.monotonic() + COMPILE_STALL_S
-                await asyncio.sleep(max(0.0, stall_until - time.monotonic()))
                 await asyncio.sleep(token_delay_s * inflight)
+                # the stall holds every write, the ones already on their way too
+                await asyncio.sleep(max(0.0, stall_until - time.monotonic()))
                 await resp.write(b'data: {"choices": [{"index": 0, "text": "x"}]}\n\n')
+                if not wrote:
+                    wrote, started = True, started + 1
             usage = {"prompt_tokens": len(body["prompt"]), "completion_tokens": body["max_tokens"]}
             await resp.write(f"data: {json.dumps({'choices': [], 'usage': usage})}\n\n".encode())
             await resp.write(b"data: [DONE]\n\n")
         finally:
             inflight -= 1
+            started -= wrote
         return resp
 
     async def tokenize(request: web.Request) -> web.Response:
