@@ -23,11 +23,8 @@ import dataclasses
 import gc
 import json
 import os
-import re
-import selectors
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -42,6 +39,7 @@ from appliance import model_presets  # noqa: E402
 from engine import LLM  # noqa: E402
 from scripts.bench_presets import random_prompts  # noqa: E402
 from scripts.bench_serve_offline import closed_loop, summary  # noqa: E402
+from tests.support.serve_process import launch_serve  # noqa: E402
 
 WARMUP_TOKENS = 4
 PLAN_KEYS = ("max_num_seqs", "max_num_batched_tokens", "max_model_len", "num_kv_blocks", "dtype")
@@ -133,26 +131,10 @@ def subprocess_env() -> dict:
 
 def start_server(args, model: str | None) -> tuple[subprocess.Popen, str]:
     """`appliance serve --port 0` on the same model and settings; returns it and its URL."""
-    cmd = [sys.executable, "-m", "appliance", "serve", "--port", "0", "--device", args.device]
-    cmd += ["--load-format", args.load_format, "--seed", "0", "--log-level", "warning"]
-    cmd += ["--max-queue", str(max(128, max(args.levels)))]
-    cmd += (["--model", model] if model else []) + (["--dtype", args.dtype] if args.dtype else [])
-    proc = subprocess.Popen(
-        cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=subprocess_env()
-    )
-    url, deadline = None, time.monotonic() + 600
-    with selectors.DefaultSelector() as sel:
-        sel.register(proc.stdout, selectors.EVENT_READ)
-        while url is None and time.monotonic() < deadline and proc.poll() is None:
-            if sel.select(timeout=1.0):
-                match = re.search(r"at (http://\S+)/v1", proc.stdout.readline())
-                url = match.group(1) if match else None
-    if url is None:
-        proc.kill()
-        raise RuntimeError(f"appliance serve did not start: {proc.stderr.read()[-3000:]}")
-    for pipe in (proc.stdout, proc.stderr):  # keep both drained
-        threading.Thread(target=pipe.read, daemon=True).start()
-    return proc, url
+    flags = ["--device", args.device, "--load-format", args.load_format, "--seed", "0"]
+    flags += ["--log-level", "warning", "--max-queue", str(max(128, max(args.levels)))]
+    flags += (["--model", model] if model else []) + (["--dtype", args.dtype] if args.dtype else [])
+    return launch_serve(flags, timeout_s=600, env=subprocess_env())
 
 
 def bench(url: str, out: Path, level: int, processes: int, *workload: str) -> dict:

@@ -12,21 +12,32 @@ import time
 import pytest
 
 
-def start_server(*flags: str) -> tuple[subprocess.Popen, str]:
-    """`appliance serve --port 0 --device cpu <flags>` on the embedded model; returns the process
-    and its base URL once it prints the serving line (fails the test if it never does)."""
-    cmd = [sys.executable, "-m", "appliance", "serve", "--port", "0", "--device", "cpu", *flags]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+def launch_serve(flags: list[str], timeout_s: float = 300, env: dict | None = None):
+    """`appliance serve --port 0 <flags>` as a subprocess; returns it and its base URL once it
+    prints the serving line, both pipes kept drained. Raises RuntimeError with the end of its
+    stderr when it exits or `timeout_s` passes first. scripts/bench_serve.py uses it too."""
+    cmd = [sys.executable, "-m", "appliance", "serve", "--port", "0", *flags]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     url = None
     with selectors.DefaultSelector() as sel:
         sel.register(proc.stdout, selectors.EVENT_READ)
-        deadline = time.monotonic() + 300
+        deadline = time.monotonic() + timeout_s
         while url is None and time.monotonic() < deadline and proc.poll() is None:
             if sel.select(timeout=1.0):
                 match = re.search(r"at (http://\S+)/v1", proc.stdout.readline())
                 url = match.group(1) if match else None
     if url is None:
         proc.kill()
-        pytest.fail(f"server did not start: {proc.stderr.read()[-3000:]}")
-    threading.Thread(target=proc.stderr.read, daemon=True).start()  # keep the pipe drained
+        raise RuntimeError(f"appliance serve did not start: {proc.stderr.read()[-3000:]}")
+    for pipe in (proc.stdout, proc.stderr):  # keep both drained
+        threading.Thread(target=pipe.read, daemon=True).start()
     return proc, url
+
+
+def start_server(*flags: str) -> tuple[subprocess.Popen, str]:
+    """`appliance serve --port 0 --device cpu <flags>` on the embedded model; returns the process
+    and its base URL once it prints the serving line (fails the test if it never does)."""
+    try:
+        return launch_serve(["--device", "cpu", *flags])
+    except RuntimeError as exc:
+        pytest.fail(str(exc))
