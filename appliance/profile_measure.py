@@ -48,8 +48,9 @@ def memory_table(report):
         table.add_column(col, justify="left" if col == "item" else "right")
     for name, pred, meas in report.rows():
         diff = "n/a" if not pred else f"{100 * (meas - pred) / pred:+.1f}%"
-        shown = "n/a" if pred is None else f"{pred / GIB:.2f} GiB"
-        table.add_row(LABELS.get(name, name), shown, f"{meas / GIB:.2f} GiB", diff)
+        table.add_row(
+            LABELS.get(name, name), f"{pred / GIB:.2f} GiB", f"{meas / GIB:.2f} GiB", diff
+        )
     if report.shed_blocks:
         action = (
             f"over the plan by {report.excess / GIB:.2f} GiB: KV pool shrunk from "

@@ -57,32 +57,28 @@ class Measurement:
 class MemoryReport:
     """Predicted vs measured memory after warm-up, and what was done about it."""
 
-    predicted: MemoryItems | None
+    predicted: MemoryItems
     measured: MemoryItems
     measured_peak: int
     limit: int
-    """The plan's total (or the usable memory x utilization without a plan)."""
+    """The plan's total: a measured peak above it sheds KV blocks."""
     num_kv_blocks: int
     """Blocks planned before the check."""
     shed_blocks: int
     block_bytes: int
 
-    def rows(self) -> list[tuple[str, int | None, int]]:
-        """(item, predicted or None, measured) per item, then the total."""
-        out = []
-        for f in fields(MemoryItems):
-            pred = getattr(self.predicted, f.name) if self.predicted else None
-            out.append((f.name, pred, getattr(self.measured, f.name)))
-        total = self.predicted.total if self.predicted else None
-        out.append(("peak", total, self.measured_peak))
+    def rows(self) -> list[tuple[str, int, int]]:
+        """(item, predicted, measured) per item, then the total."""
+        out = [
+            (f.name, getattr(self.predicted, f.name), getattr(self.measured, f.name))
+            for f in fields(MemoryItems)
+        ]
+        out.append(("peak", self.predicted.total, self.measured_peak))
         return out
 
     def lines(self) -> list[str]:
         lines = []
         for name, pred, meas in self.rows():
-            if pred is None:
-                lines.append(f"memory {name}: measured {meas / GIB:.2f} GiB")
-                continue
             diff = f"{100 * (meas - pred) / pred:+.1f}%" if pred else "n/a"
             lines.append(
                 f"memory {name}: predicted {pred / GIB:.2f} GiB, measured {meas / GIB:.2f} GiB "
