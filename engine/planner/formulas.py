@@ -5,6 +5,8 @@ and with which command.
 
 from __future__ import annotations
 
+import math
+
 from engine.models.config import ModelConfig
 
 GIB, MIB = 1024**3, 1024**2
@@ -81,7 +83,7 @@ def kv_bytes_per_token(m: ModelConfig, kv_dtype: str) -> int:
 
 
 def activation_bytes(
-    m: ModelConfig, num_tokens: int, num_rows: int, dtype_bytes: int, fmt: str = "none"
+    m: ModelConfig, num_tokens: int, num_rows: float, dtype_bytes: int, fmt: str = "none"
 ) -> int:
     """Peak of live tensors in one step over num_tokens tokens sampling num_rows rows: the
     forward's peak plus the sampling's. (Measured on the H200, 2026-12-01, Llama-3-8B and
@@ -104,14 +106,16 @@ def activation_bytes(
     return forward + sampling_bytes(m, num_tokens, num_rows, dtype_bytes)
 
 
-def sampling_bytes(m: ModelConfig, num_tokens: int, num_rows: int, dtype_bytes: int) -> int:
-    """The final hidden states plus SAMPLING_BYTES_PER_LOGIT per sampled row and vocab entry."""
+def sampling_bytes(m: ModelConfig, num_tokens: int, num_rows: float, dtype_bytes: int) -> int:
+    """The final hidden states plus SAMPLING_BYTES_PER_LOGIT per sampled row and vocab entry
+    (num_rows may be fractional: the planner sizes for a count between two multiples of 8)."""
     rows = min(num_rows, num_tokens)
-    return num_tokens * m.hidden_size * dtype_bytes + rows * m.vocab_size * SAMPLING_BYTES_PER_LOGIT
+    logits = int(rows * m.vocab_size * SAMPLING_BYTES_PER_LOGIT)
+    return num_tokens * m.hidden_size * dtype_bytes + logits
 
 
 def allocator_bytes(
-    m: ModelConfig, num_tokens: int, num_rows: int, dtype_bytes: int, fmt: str = "none"
+    m: ModelConfig, num_tokens: int, num_rows: float, dtype_bytes: int, fmt: str = "none"
 ) -> int:
     """What the caching allocator holds at the peak beyond live tensors: blocks cached after
     steps of other shapes. Fitted to `appliance profile --measure` and the GPU memory tests on
@@ -134,14 +138,18 @@ def graph_batch_sizes(max_num_seqs: int) -> list[int]:
     return sorted(set(sizes + [max_num_seqs]))
 
 
-def graph_pool_bytes(m: ModelConfig, max_num_seqs: int, dtype_bytes: int) -> int:
+def graph_pool_bytes(
+    m: ModelConfig, max_num_seqs: float, dtype_bytes: int, num_graphs: int | None = None
+) -> int:
     """Decode graphs share one pool sized by the largest graph's forward (no logits: sampling
-    runs eagerly), plus GRAPH_OVERHEAD_BYTES per captured batch size and GRAPH_POOL_BASE_BYTES."""
+    runs eagerly), plus GRAPH_OVERHEAD_BYTES per captured batch size (num_graphs; default the
+    ladder up to max_num_seqs) and GRAPH_POOL_BASE_BYTES."""
     h, i = m.hidden_size, m.intermediate_size
     q, kv = m.num_heads * m.head_dim, m.num_kv_heads * m.head_dim
     largest = max_num_seqs * dtype_bytes * (4 * h + max(3 * i, h + 3 * q + 3 * kv))
-    per_graph = GRAPH_OVERHEAD_BYTES * len(graph_batch_sizes(max_num_seqs))
-    return GRAPH_POOL_BASE_BYTES + largest + per_graph
+    if num_graphs is None:
+        num_graphs = len(graph_batch_sizes(math.ceil(max_num_seqs)))
+    return int(GRAPH_POOL_BASE_BYTES + largest + GRAPH_OVERHEAD_BYTES * num_graphs)
 
 
 def model_length_limit(m: ModelConfig, device_kind: str) -> tuple[int, str]:

@@ -17,6 +17,7 @@ fit raise PlanError naming one setting and the value to give it (engine.planner.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from math import floor
 
 from engine.models.config import ModelConfig
 from engine.planner.device import Device
@@ -27,6 +28,7 @@ from engine.planner.formulas import (
     WEIGHT_FORMATS,
     activation_bytes,
     allocator_bytes,
+    graph_batch_sizes,
     graph_pool_bytes,
     kv_bytes_per_token,
     model_length_limit,
@@ -57,6 +59,7 @@ class _Draft:
     dev: Device
     req: PlanRequest
     seqs_cap: int
+    """The most sequences to plan: the pinned max_num_seqs, or the class's cap."""
     why: dict[str, str] = field(default_factory=dict)
 
     @property
@@ -64,11 +67,9 @@ class _Draft:
         return self.req.block_size
 
 
-def attempt(m: ModelConfig, dev: Device, req: PlanRequest, seqs_ceiling: int | None = None) -> Plan:
-    """One planning pass; raises Misfit naming the setting at fault. seqs_ceiling: size the
-    activation peak and the graph pool for this many sequences (not the class's cap) and choose
-    at most that many (plan's second pass)."""
-    d = _Draft(m, dev, req, req.max_num_seqs or seqs_ceiling or dev.max_num_seqs)
+def attempt(m: ModelConfig, dev: Device, req: PlanRequest) -> Plan:
+    """Plan once; raises Misfit naming the setting at fault."""
+    d = _Draft(m, dev, req, req.max_num_seqs or dev.max_num_seqs)
     _budget(d)
     _weights_and_kv_dtype(d)
     _kv_blocks(d)
@@ -96,20 +97,45 @@ def _budget(d: _Draft) -> None:
             d.limit,
         )
     d.tokens = req.max_num_batched_tokens or max(dev.max_num_batched_tokens, d.seqs_cap)
-    eager = dev.kind == "cpu" or req.enforce_eager
-    d.graphs = 0 if eager else graph_pool_bytes(d.m, d.seqs_cap, d.dtype_bytes)
+    d.eager = dev.kind == "cpu" or req.enforce_eager
     d.context = dev.cuda_context_bytes if dev.kind == "cuda" else 0
     d.margin = max(MIN_SAFETY_BYTES, int(SAFETY_FRACTION * d.budget))
 
 
-def _activation(d: _Draft, fmt: str) -> int:
-    return activation_bytes(d.m, d.tokens, d.seqs_cap, d.dtype_bytes, fmt)
+def _overheads(d: _Draft, fmt: str, rows: float) -> dict[str, int]:
+    """The activation peak, allocator cache and graph pool, sized for `rows` sequences."""
+    act = activation_bytes(d.m, d.tokens, rows, d.dtype_bytes, fmt)
+    if d.dev.kind == "cpu":
+        return {"act": act, "alloc": 0, "graphs": 0}
+    # one graph per batch size of the ladder up to the cap: a count that does not step with
+    # the sequences sized for
+    ladder = len(graph_batch_sizes(d.seqs_cap))
+    return {
+        "act": act,
+        "alloc": allocator_bytes(d.m, d.tokens, rows, d.dtype_bytes, fmt),
+        "graphs": 0 if d.eager else graph_pool_bytes(d.m, rows, d.dtype_bytes, ladder),
+    }
 
 
-def _allocator(d: _Draft, fmt: str) -> int:
-    return (
-        0 if d.dev.kind == "cpu" else allocator_bytes(d.m, d.tokens, d.seqs_cap, d.dtype_bytes, fmt)
-    )
+def _sized_rooms(d: _Draft, options: list, weights: dict) -> tuple[dict, dict]:
+    """Per option (KV dtype, weight format): the sequences its overheads are sized for, and
+    the room left for its KV cache. A pinned max_num_seqs sizes them for itself. Otherwise
+    they are sized for the typical requests the option's pool holds with overheads sized for
+    the class's cap (at most that cap, unrounded: the count grows smoothly with memory, so a
+    little more memory never plans fewer blocks), and the memory that frees goes to the KV
+    cache."""
+    fixed = d.context + d.margin
+    typical = min(d.req.typical_len, d.limit, d.req.max_model_len or d.limit)
+    rows, room = {}, {}
+    for kv, fmt in options:
+        capped = d.budget - fixed - weights[fmt] - sum(_overheads(d, fmt, d.seqs_cap).values())
+        rows[kv, fmt] = float(d.seqs_cap)
+        if d.req.max_num_seqs is None:
+            request = -(-typical // d.bs) * d.bs * kv_bytes_per_token(d.m, kv)
+            rows[kv, fmt] = min(float(d.seqs_cap), max(1.0, capped / request))
+        used = sum(_overheads(d, fmt, rows[kv, fmt]).values())
+        room[kv, fmt] = d.budget - fixed - weights[fmt] - used
+    return rows, room
 
 
 def _weights_and_kv_dtype(d: _Draft) -> None:
@@ -128,15 +154,14 @@ def _weights_and_kv_dtype(d: _Draft) -> None:
         f: weight_bytes(m, f, d.dtype_bytes, req.quantize_embeddings, req.quant_block_size)
         for f in formats
     }
-    fixed = {
-        f: _activation(d, f) + _allocator(d, f) + d.graphs + d.context + d.margin for f in formats
-    }
-    room = {o: d.budget - fixed[o[1]] - weights[o[1]] for o in options}
+    rows, room = _sized_rooms(d, options, weights)
     need = {o: target_tokens * kv_bytes_per_token(m, o[0]) for o in options}
     fit = [o for o in options if room[o] >= need[o]]
     d.kv_dtype, d.fmt = chosen = fit[0] if fit else options[-1]
-    d.weights, d.room, d.fixed = weights[d.fmt], room[chosen], fixed[d.fmt]
-    d.act, d.allocator, d.target_met = _activation(d, d.fmt), _allocator(d, d.fmt), bool(fit)
+    d.weights, d.room, d.rows, d.target_met = weights[d.fmt], room[chosen], rows[chosen], bool(fit)
+    sized = _overheads(d, d.fmt, d.rows)
+    d.act, d.allocator, d.graphs = sized["act"], sized["alloc"], sized["graphs"]
+    d.fixed = d.act + d.allocator + d.graphs + d.context + d.margin
     name = {f: FORMAT_NAMES[f] or d.dtype for f in WEIGHT_FORMATS}
     target = f"{req.target_num_seqs} x {d.useful} tokens ({size_text(need[chosen])} of KV)"
     best, w = options[0], size_text(d.weights)
@@ -247,7 +272,7 @@ def _max_num_seqs(d: _Draft) -> None:
             )
     else:
         by_typical = d.blocks // -(-d.typical // d.bs)
-        seqs = max(1, min(d.seqs_cap, by_typical))
+        seqs = max(1, min(floor(d.rows), by_typical))
         d.seqs = seqs // 8 * 8 if seqs >= 8 else seqs
         d.why["max_num_seqs"] = (
             f"memory for {by_typical} requests of a typical {d.typical} "
@@ -303,39 +328,3 @@ def _finish(d: _Draft) -> Plan:
         target_met=d.target_met,
         reasons=why,
     )
-
-
-def tightened(m: ModelConfig, dev: Device, req: PlanRequest, first: Plan) -> Plan:
-    """The first pass sizes the overheads that grow with sequences (sampled rows, graphs) for
-    the class's max_num_seqs; where it chose fewer, plan again with them sized for the
-    sequences chosen. The weight and KV formats are those of the pass sized for the first
-    pass's choice; max_num_seqs is then the most sequences (a multiple of 8) that still fit in
-    those formats once the overheads are sized for them, so the memory they do not need goes to
-    the KV pool. By this arithmetic a 24 GiB card with Llama-3-8B at max_model_len 1,024 plans
-    16 sequences where the first pass left room for 8."""
-    if req.max_num_seqs is not None or first.max_num_seqs >= dev.max_num_seqs:
-        return first
-    try:
-        base = attempt(m, dev, req, seqs_ceiling=first.max_num_seqs)
-    except Misfit:  # cannot happen with more room, but the first plan is sound
-        return first
-    quality = (base.quantization, base.kv_cache_dtype)
-
-    def sized_for(seqs: int) -> Plan | None:
-        """The plan sized for `seqs`, if it holds them in the base's formats."""
-        try:
-            p = attempt(m, dev, req, seqs_ceiling=seqs)
-        except Misfit:
-            return None
-        same = (p.quantization, p.kv_cache_dtype) == quality
-        return p if p.max_num_seqs == seqs and same else None
-
-    best, lo, hi = base, 1, dev.max_num_seqs // 8
-    while lo <= hi:  # more sequences need more room: the fitting ones come first
-        mid = (lo + hi) // 2
-        found = sized_for(8 * mid)
-        if found is not None:
-            best, lo = found, mid + 1
-        else:
-            hi = mid - 1
-    return best

@@ -8,7 +8,7 @@ from dataclasses import replace
 from engine.models.config import ModelConfig
 from engine.planner.device import Device
 from engine.planner.formulas import GIB, WEIGHT_FORMATS
-from engine.planner.plan import Misfit, attempt, tightened
+from engine.planner.plan import Misfit, attempt
 from engine.planner.request import Plan, PlanError, PlanRequest
 
 FITS = 99
@@ -19,7 +19,7 @@ def plan(model: ModelConfig, device: Device, request: PlanRequest | None = None)
     """Plan, or raise PlanError naming the one setting to change and the value to give it."""
     req = request or PlanRequest()
     try:
-        return tightened(model, device, req, attempt(model, device, req))
+        return attempt(model, device, req)
     except Misfit as exc:
         misfit = exc
     setting, value = _fix(model, device, req, misfit)
