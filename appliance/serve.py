@@ -24,6 +24,7 @@ from appliance.settings import ServeSettings
 
 logger = logging.getLogger("appliance.server")
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+ENGINE_GONE_GRACE_S = 1.0  # how long answers already on their way get, once the engine died
 
 
 class ConsoleProgress(Progress):
@@ -150,13 +151,36 @@ async def serve(
                 "(health: /health, stats: /v1/stats; Ctrl-C drains and stops)",
                 flush=True,
             )
-            await signals.stop.wait()
+            await _first(signals.stop, state.core_gone)
+        if state.core_gone.is_set():
+            return await _engine_gone(state)
         drained = await state.drain(settings.drain_timeout, signals.force)
         logger.info("drain %s; stopping", "complete" if drained else "timed out: cut the rest")
         return 0
     finally:
         signals.close()
         await runner.cleanup()
+
+
+async def _first(*events: asyncio.Event) -> None:
+    """Wait until any of `events` is set."""
+    waits = [asyncio.ensure_future(e.wait()) for e in events]
+    try:
+        await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for w in waits:
+            w.cancel()
+
+
+async def _engine_gone(state) -> int:
+    """The engine core died while serving: every open stream has had its error event and
+    every new request gets a 503; leave a moment for those answers to go out, then exit 1 so
+    that a supervisor (systemd, docker) restarts the server."""
+    logger.error(
+        "the engine core stopped (%s): exiting so that it can be restarted", state.load_error
+    )
+    await asyncio.sleep(ENGINE_GONE_GRACE_S)
+    return 1
 
 
 class LogProgress(Progress):
@@ -242,12 +266,20 @@ async def _serve_with_dashboard(
     handler.attach(dashboard.write_log)
     loop.add_signal_handler(signal.SIGTERM, dashboard.exit)
     logger.info("serving at %s/v1 (health: /health, stats: /v1/stats)", url)
+    state = app[STATE]
+
+    async def close_when_engine_gone() -> None:
+        await state.core_gone.wait()
+        await _engine_gone(state)
+        dashboard.exit()
+
+    watch = asyncio.create_task(close_when_engine_gone())
     try:
         await dashboard.run_async()
     finally:
+        watch.cancel()
         loop.remove_signal_handler(signal.SIGTERM)
         handler.detach()
-        state = app[STATE]
         if state.inflight:
             print(
                 f"appliance: draining {len(state.inflight)} requests (up to "
@@ -257,7 +289,7 @@ async def _serve_with_dashboard(
         drained = await state.drain(settings.drain_timeout)
         logger.info("drain %s; stopping", "complete" if drained else "timed out: cut the rest")
         await runner.cleanup()
-    return 0
+    return 1 if state.core_gone.is_set() else 0
 
 
 class _Signals:

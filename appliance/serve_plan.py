@@ -35,6 +35,19 @@ def plan_for_serve(settings: ServeSettings) -> Plan:
     return result
 
 
+@dataclasses.dataclass(frozen=True)
+class EngineLoader:
+    """Builds the engine for `settings`; picklable, so the engine core process calls it."""
+
+    settings: ServeSettings
+
+    def __call__(self) -> Any:
+        from engine.llm_engine import LLMEngine
+
+        s = self.settings
+        return LLMEngine(s.model, device=s.device, **s.engine_kwargs())
+
+
 def planned_loader(settings: ServeSettings) -> Callable[[], Any]:
     """Plan now (fail fast); the returned loader builds the engine, which plans the same values
     and checks them against the measured peak after warm-up."""
@@ -43,10 +56,4 @@ def planned_loader(settings: ServeSettings) -> Callable[[], Any]:
     model = resolve_served_model(settings.model, settings.load_format)
     settings = dataclasses.replace(settings, model=model)
     plan_for_serve(settings)
-
-    def load() -> Any:
-        from engine.llm_engine import LLMEngine
-
-        return LLMEngine(settings.model, device=settings.device, **settings.engine_kwargs())
-
-    return load
+    return EngineLoader(settings)

@@ -1,6 +1,6 @@
 """LLMEngine: loads a model and runs the step loop (schedule, run, update) over requests.
 
-Not thread-safe: one thread owns it (AsyncEngine runs it in its own thread).
+Not thread-safe: one thread owns it (the engine core process runs it in its loop, engine.core).
 """
 
 from __future__ import annotations

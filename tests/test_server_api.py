@@ -6,7 +6,13 @@ from __future__ import annotations
 import asyncio
 import json
 
-from tests.support.fake_engine import EOS_MARK, FakeEngine, fake_client, sse_events
+from tests.support.fake_engine import (
+    COMPILE_MARK,
+    EOS_MARK,
+    FakeEngine,
+    fake_client,
+    sse_events,
+)
 
 
 async def test_completion_shape_and_usage():
@@ -174,17 +180,17 @@ async def test_stats_and_metrics_reflect_work():
 async def test_stats_and_metrics_count_compiles_after_warm_up():
     """The engine's count of Triton compiles after warm-up reaches /v1/stats and /metrics; an
     engine that cannot count them (None) shows null and no metric."""
-    engine = FakeEngine()
-    async with fake_client(engine) as client:
+    async with fake_client() as client:
         stats = await (await client.get("/v1/stats")).json()
         assert stats["engine"]["compiles_after_warmup"] == 0
-        engine.compiles_after_warmup = 5
-        await client.post("/v1/completions", json={"prompt": "w1 w2", "max_tokens": 2})
+        for _ in range(5):  # each stands in for a kernel compiled while serving
+            body = {"prompt": f"w1 w{COMPILE_MARK}", "max_tokens": 2}
+            await client.post("/v1/completions", json=body)
         stats = await (await client.get("/v1/stats")).json()
         assert stats["engine"]["compiles_after_warmup"] == 5
         text = await (await client.get("/metrics")).text()
         assert 'appliance:triton_compiles_after_warmup_total{model_name="fake-model"} 5.0' in text
-        engine.compiles_after_warmup = None
+    async with fake_client(FakeEngine(counts_compiles=False)) as client:
         await client.post("/v1/completions", json={"prompt": "w1 w2", "max_tokens": 2})
         stats = await (await client.get("/v1/stats")).json()
         assert stats["engine"]["compiles_after_warmup"] is None

@@ -4,14 +4,22 @@ Also overload (429), timeouts, disconnects, API keys and loading."""
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
-import threading
 import time
 
 import aiohttp
 import pytest
 
-from tests.support.fake_engine import STALL_MARK, FakeEngine, fake_client
+from appliance.server.keys import STATE
+from tests.support.fake_engine import (
+    CRASH_MARK,
+    STALL_MARK,
+    FakeEngine,
+    SlowLoader,
+    fake_client,
+    wait_until_served,
+)
 
 CHAT = "/v1/chat/completions"
 COMPLETIONS = "/v1/completions"
@@ -212,31 +220,22 @@ async def test_api_keys(tmp_path, caplog):
     assert "key=alice" in caplog.text
 
 
-async def test_loading_is_503_until_the_engine_is_ready():
+async def test_loading_is_503_until_the_engine_is_ready(tmp_path):
     from aiohttp.test_utils import TestClient, TestServer
 
     from appliance.server import create_app
     from appliance.settings import ServeSettings
 
-    release = threading.Event()
-
-    def loader():
-        release.wait(10)
-        return FakeEngine()
-
-    app = create_app(ServeSettings(warmup=True), loader=loader)
+    release = tmp_path / "release"
+    app = create_app(ServeSettings(warmup=True), loader=SlowLoader(str(release)))
     async with TestClient(TestServer(app)) as client:
         r = await client.get("/health")
         assert r.status == 503 and (await r.json()) == {"status": "loading"}
         r = await client.post(COMPLETIONS, json={"prompt": "w1"})
         err = await expect_error(r, 503, "still loading")
         assert err["code"] == "loading" and r.headers["Retry-After"]
-        release.set()
-        for _ in range(200):
-            if (await client.get("/health")).status == 200:
-                break
-            await asyncio.sleep(0.02)
-        assert (await client.get("/health")).status == 200
+        release.touch()
+        await wait_until_served(client)
         r = await client.post(COMPLETIONS, json={"prompt": "w1", "max_tokens": 2})
         assert r.status == 200
 
@@ -329,10 +328,32 @@ async def test_engine_failure_is_an_error_not_a_hang():
             client.post(COMPLETIONS, json={"prompt": "w1", "max_tokens": 100})
         )
         await asyncio.sleep(0.05)
-        engine.crash_next_step = True
-        r = await asyncio.wait_for(task, 5)
+        crash = client.post(COMPLETIONS, json={"prompt": f"w{CRASH_MARK}", "max_tokens": 2})
+        r, crashed = await asyncio.wait_for(asyncio.gather(task, crash), 5)
         await expect_error(r, 500, "simulated engine crash")
+        await expect_error(crashed, 503, "simulated engine crash")  # crashed before accepted
         health = await client.get("/health")
         assert health.status == 503 and (await health.json())["status"] == "error"
         r = await client.post(COMPLETIONS, json={"prompt": "w1"})
         await expect_error(r, 503, "not running")
+
+
+async def test_killing_the_engine_process_ends_every_stream_with_an_error_event():
+    """The core process dies mid-stream (SIGKILL): each open stream gets an error event and
+    [DONE], new requests a 503, and nothing hangs."""
+    async with fake_client(FakeEngine(step_time=0.01)) as client:
+        state = client.server.app[STATE]
+        body = {"prompt": "w1", "max_tokens": 100, "stream": True}
+        streams = [await client.post(COMPLETIONS, json=body) for _ in range(3)]
+        for r in streams:  # every stream has begun
+            assert (await r.content.readuntil(b"\n\n")).startswith(b"data: ")
+        state.process.process.kill()
+        for r in streams:
+            text = (await asyncio.wait_for(r.text(), 5)).split("\n\n")
+            error = json.loads(next(e for e in text if '"error"' in e)[len("data: ") :])
+            assert "engine" in error["error"]["message"] and text[-2] == "data: [DONE]"
+        assert state.core_gone.is_set()
+        r = await client.post(COMPLETIONS, json={"prompt": "w1"})
+        await expect_error(r, 503, "not running")
+        health = await client.get("/health")
+        assert health.status == 503 and "exited" in (await health.json())["error"]

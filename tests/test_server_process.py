@@ -4,19 +4,21 @@ and a failed engine load -> exit 1."""
 from __future__ import annotations
 
 import asyncio
+import multiprocessing
 import os
 import re
 import shutil
 import signal
 import ssl
 import subprocess
+from functools import partial
 
 import aiohttp
 import pytest
 
 from appliance.serve import make_ssl_context, serve
 from appliance.settings import ServeSettings
-from tests.support.fake_engine import FakeEngine
+from tests.support.fake_engine import BrokenLoader, FakeEngine
 
 
 async def wait_for_url(capsys, task: asyncio.Task) -> str:
@@ -54,8 +56,8 @@ async def test_https_then_sigterm_drains_and_returns_0(tmp_path, capsys):
         timeout=60,
     )
     settings = ServeSettings(port=0, ssl_certfile=str(cert), ssl_keyfile=str(key), warmup=True)
-    engine = FakeEngine(step_time=0.01)
-    task = asyncio.create_task(serve(settings, make_ssl_context(settings), lambda: engine))
+    loader = partial(FakeEngine, step_time=0.01)
+    task = asyncio.create_task(serve(settings, make_ssl_context(settings), loader))
     url = await wait_for_url(capsys, task)
     assert url.startswith("https://127.0.0.1:")
     client_ctx = ssl.create_default_context(cafile=str(cert))
@@ -77,9 +79,26 @@ async def test_https_then_sigterm_drains_and_returns_0(tmp_path, capsys):
 
 
 async def test_failed_engine_load_exits_1(capsys):
-    def broken():
-        raise FileNotFoundError("no model at /nowhere")
-
-    code = await asyncio.wait_for(serve(ServeSettings(port=0), None, broken), 10)
+    code = await asyncio.wait_for(serve(ServeSettings(port=0), None, BrokenLoader()), 30)
     assert code == 1
     assert "no model at /nowhere" in capsys.readouterr().err
+
+
+async def test_engine_process_death_fails_streams_and_exits_1(capsys, caplog):
+    """The engine core is killed mid-stream: the open stream ends with an error event, a new
+    request gets a 503 at once, and serve() returns 1 for a supervisor to restart it."""
+    loader = partial(FakeEngine, step_time=0.01)
+    task = asyncio.create_task(serve(ServeSettings(port=0), None, loader))
+    url = await wait_for_url(capsys, task)
+    async with aiohttp.ClientSession() as session:
+        body = {"prompt": "w1", "max_tokens": 100, "stream": True}
+        stream = await session.post(f"{url}/v1/completions", json=body)
+        assert (await stream.content.readuntil(b"\n\n")).startswith(b"data: ")
+        core = next(p for p in multiprocessing.active_children() if p.name == "engine-core")
+        core.kill()
+        rest = await asyncio.wait_for(stream.text(), 5)
+        assert '"error"' in rest and rest.rstrip().endswith("data: [DONE]")
+        refused = await session.post(f"{url}/v1/completions", json={"prompt": "w1"})
+        assert refused.status == 503
+    assert await asyncio.wait_for(task, 10) == 1
+    assert "exiting so that it can be restarted" in caplog.text

@@ -21,11 +21,7 @@ def _shape(node: object) -> object:
 async def test_fake_documents_have_the_servers_shape():
     """The fake's documents carry every key the real /v1/stats has, at the same places."""
 
-    class Engine(FakeEngine):
-        def kv_blocks_by_request(self) -> dict[str, int]:
-            return {r.rid: r.blocks for r in list(self._running)}
-
-    async with fake_client(Engine(step_time=0.05)) as client:
+    async with fake_client(FakeEngine(step_time=0.05)) as client:
         running = asyncio.ensure_future(
             client.post("/v1/completions", json={"prompt": "w5 w6", "max_tokens": 20})
         )

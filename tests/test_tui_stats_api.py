@@ -120,7 +120,7 @@ async def test_kv_share_of_the_largest_requests_and_refusal_counts():
 
 
 async def test_kv_per_request_is_null_when_the_engine_cannot_say():
-    async with fake_client() as client:
+    async with fake_client(FakeEngine(reports_kv=False)) as client:
         await client.post("/v1/completions", json={"prompt": "w5", "max_tokens": 2})
         stats = await (await client.get("/v1/stats")).json()
     assert stats["kv"]["top_share_perc"] is None

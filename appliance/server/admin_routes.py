@@ -27,7 +27,7 @@ async def health(request: web.Request) -> web.Response:
     """200 {"status": "ok"} when serving; 503 with "loading", "draining" or "error" otherwise."""
     state = request.app[STATE]
     status = state.phase.value
-    if state.phase is Phase.READY and not state.async_engine.is_running:
+    if state.phase is Phase.READY and not state.core.is_running:
         status = Phase.FAILED.value
     error = state.load_error if status == Phase.FAILED.value else None
     body = HealthResponse(status=status, error=error or None)
@@ -59,7 +59,7 @@ async def tokenize(request: web.Request) -> web.Response:
                 400, f"cannot apply the chat template: {exc}", param="messages"
             ) from None
     else:
-        encode = partial(engine.tokenizer.encode, prompt, add_special_tokens=add_special)
+        encode = partial(engine.encode, prompt, add_special_tokens=add_special)
         tokens = await offload(request.app, encode, len(prompt))
     body = TokenizeResponse(
         tokens=tokens, count=len(tokens), max_model_len=engine.config.max_model_len
@@ -72,9 +72,13 @@ async def detokenize(request: web.Request) -> web.Response:
     state = request.app[STATE]
     state.require_ready()
     data = await read_json(request)
-    tokens = parse_detokenize(data, len(state.engine.tokenizer))
+    tokens = parse_detokenize(data, state.engine.vocab_size)
     check_model(state, data.get("model"))
-    body = DetokenizeResponse(prompt=state.engine.tokenizer.decode(tokens))
+    try:
+        text = state.engine.decode(tokens)
+    except ValueError as exc:
+        raise APIError(400, str(exc), param="tokens") from None
+    body = DetokenizeResponse(prompt=text)
     return web.json_response(body.model_dump())
 
 

@@ -1,7 +1,9 @@
 """create_app: the aiohttp Application: middlewares, routes, shared state and long-lived tasks.
 
-The engine is either handed in (tests hand in a fake) or loaded in a worker thread by a
-cleanup-context task, so the HTTP server answers `/health` (503 "loading") while it loads.
+The engine runs in its own process, the engine core (engine.core): a cleanup-context task
+starts it from an engine handed in (tests hand in a fake, pickled across) or from a loader that
+builds one there, so the HTTP server answers `/health` (503 "loading") while it loads. This
+process keeps the HTTP work: parsing, tokenization, chat templates, SSE, stats and metrics.
 """
 
 from __future__ import annotations
@@ -9,10 +11,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
+import threading
 import time
 import uuid
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 from typing import Any
 
 from aiohttp import web
@@ -28,7 +32,7 @@ from appliance.server.request_log import RequestLog
 from appliance.server.state import Phase, ServerState
 from appliance.server.stats import StatsTracker
 from appliance.settings import ServeSettings
-from engine.sampling_params import SamplingParams
+from engine.core.process import CoreStartError, start_core
 
 logger = logging.getLogger("appliance.server")
 _REQUEST_ID = re.compile(r"^[A-Za-z0-9._:~-]{1,128}$")
@@ -99,8 +103,9 @@ def create_app(
     loader: Callable[[], Any] | None = None,
     progress: Progress | None = None,
 ) -> web.Application:
-    """Build the app. `engine`: an already loaded LLMEngine (or fake); otherwise `loader` (by
-    default LLMEngine from the settings) runs in a worker thread once the app starts."""
+    """Build the app. `engine`: an LLMEngine-like object to run in the core process (pickled
+    across); otherwise `loader` (by default LLMEngine from the settings), a picklable callable
+    that the core process calls to build it."""
     app = web.Application(
         client_max_size=config.max_body_bytes,
         middlewares=[
@@ -126,12 +131,9 @@ def create_app(
 
 
 def _default_loader(config: ServeSettings) -> Callable[[], Any]:
-    def load() -> Any:
-        from engine.llm_engine import LLMEngine
+    from appliance.serve_plan import EngineLoader
 
-        return LLMEngine(config.model, device=config.device, **config.engine_kwargs())
-
-    return load
+    return EngineLoader(config)
 
 
 async def _request_log_ctx(app: web.Application):
@@ -149,40 +151,52 @@ async def _request_log_ctx(app: web.Application):
 def _engine_ctx(engine: Any, loader: Callable[[], Any], progress: Progress | None):
     async def ctx(app: web.Application):
         state = app[STATE]
-        task = None
-        if engine is not None:
-            state.attach(engine)
-            state.ready()
-        else:
-            task = asyncio.create_task(_load(state, loader, progress or Progress()))
+        source = engine if engine is not None else loader
+        task = asyncio.create_task(_load(state, source, progress or Progress()))
         yield
-        if task is not None:
-            task.cancel()
-        if state.async_engine is not None:
-            await asyncio.get_running_loop().run_in_executor(None, state.async_engine.shutdown)
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        await state.close()
 
     return ctx
 
 
-async def _load(state: ServerState, loader: Callable[[], Any], progress: Progress) -> None:
+async def _load(state: ServerState, source: Any, progress: Progress) -> None:
     loop = asyncio.get_running_loop()
+    settings = state.settings
+
+    def on_phase(name: str) -> None:
+        loop.call_soon_threadsafe(progress.phase, name)
+
+    cancel = threading.Event()
+    start = partial(
+        start_core,
+        source,
+        warmup=settings.warmup,
+        on_phase=on_phase,
+        log_file=str(settings.tui_log_path) if settings.tui else None,
+        cancel=cancel,
+    )
     try:
-        progress.phase("loading the model")
-        engine = await loop.run_in_executor(None, loader)
-        state.attach(engine)
-        if state.settings.warmup:
-            progress.phase("warming up")
-            params = SamplingParams(max_tokens=2, temperature=0.0)
-            async for _ in state.async_engine.generate("warmup", "Hello", params):
-                pass
+        try:
+            core = await loop.run_in_executor(None, start)
+        except asyncio.CancelledError:
+            cancel.set()  # the thread kills the loading process and returns
+            raise
+        await state.attach(core.info, core.address, core)
+        if settings.warmup:
             try:  # the first render compiles the template: do it now, not on a client's request
-                engine.apply_chat_template([{"role": "user", "content": "Hello"}])
+                core.info.apply_chat_template([{"role": "user", "content": "Hello"}])
             except ValueError:
                 pass
         state.ready()
         progress.done()
     except asyncio.CancelledError:
         raise
+    except CoreStartError as exc:
+        logger.error("the engine failed to load: %s", exc)
+        state.phase, state.load_error = Phase.FAILED, str(exc)
+        progress.done()
     except BaseException as exc:
         logger.exception("the engine failed to load")
         state.phase, state.load_error = Phase.FAILED, f"{type(exc).__name__}: {exc}"
@@ -193,8 +207,8 @@ async def _sampler_ctx(app: web.Application):
     async def sample() -> None:
         while True:
             state = app[STATE]
-            if state.async_engine is not None:
-                app[TRACKER].sample_engine(state.async_engine.stats())
+            if state.core is not None:
+                app[TRACKER].sample_engine(state.core.stats())
             await asyncio.sleep(SAMPLE_INTERVAL_S)
 
     task = asyncio.create_task(sample())

@@ -1,6 +1,6 @@
 """Generation: one HTTP request's choices running in the engine, consumed under its deadlines.
 
-It submits every choice (prompt x n) to the AsyncEngine, merges their output streams, enforces
+It submits every choice (prompt x n) to the engine core, merges their output streams, enforces
 the time-to-first-token, total and stall timeouts, turns a server-side cut (drain) into an
 error, and aborts whatever is unfinished when it is closed early (client gone, error, timeout).
 """
@@ -16,7 +16,8 @@ from appliance.server.errors import APIError, bad_request, timeout_error
 from appliance.server.records import ChoiceRecord, RequestRecord
 from appliance.server.state import InFlight
 from appliance.settings import ServeSettings
-from engine.async_engine import AsyncEngine, EngineDeadError, RequestStream
+from engine.core.client import CoreClient
+from engine.core.stream import EngineDeadError, RequestStream
 from engine.request import RequestOutput
 from engine.sampling_params import SamplingParams
 
@@ -42,7 +43,7 @@ class Choice:
 class Generation:
     def __init__(
         self,
-        engine: AsyncEngine,
+        engine: CoreClient,
         settings: ServeSettings,
         record: RequestRecord,
         entry: InFlight,

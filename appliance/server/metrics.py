@@ -1,6 +1,6 @@
 """Prometheus metrics under vLLM's names (so existing vLLM dashboards work), one registry per app.
 
-Engine gauges and counters are read from the AsyncEngine snapshot at scrape time; request
+Engine gauges and counters are read from the engine core's last stats at scrape time; request
 histograms are observed when a request closes.
 """
 
@@ -91,7 +91,7 @@ class _EngineCollector:
         state = self.state
         labels = ["model_name"]
         model = [state.model_name]
-        stats = state.async_engine.stats() if state.async_engine else {}
+        stats = state.core.stats() if state.core else {}
         total = stats.get("kv_blocks_total") or 0
         usage = (stats.get("kv_blocks_used", 0) / total) if total else 0.0
         gauges = {

@@ -91,9 +91,7 @@ async def _prompt_ids(app: web.Application, state: ServerState, req: GenerateReq
         except ValueError as exc:
             raise bad_request(f"cannot apply the chat template: {exc}", "messages") from None
     return [
-        p
-        if isinstance(p, list)
-        else await offload(app, partial(engine.tokenizer.encode, p), len(p))
+        p if isinstance(p, list) else await offload(app, partial(engine.encode, p), len(p))
         for p in req.prompts
     ]
 
@@ -157,7 +155,7 @@ async def serve_generation(request: web.Request, req: GenerateRequest) -> web.St
         tracker.observe_itl(seconds, count)
         metrics.observe_itl(seconds, count)
 
-    gen = Generation(state.async_engine, state.settings, record, entry, choices, on_itl)
+    gen = Generation(state.core, state.settings, record, entry, choices, on_itl)
     fmt = Formatter(
         req.endpoint, rid, state.model_name, int(record.received_at), state.engine.tokenizer
     )

@@ -1,5 +1,6 @@
-"""ServerState: what the handlers share: the engine (once loaded), the phase (loading, ready,
-draining), admission control over the bounded queue, and the registry of in-flight requests."""
+"""ServerState: what the handlers share: the engine core (once started) and what it reported of
+the engine, the phase (loading, ready, draining, failed), admission control over the bounded
+queue, and the registry of in-flight requests."""
 
 from __future__ import annotations
 
@@ -12,7 +13,8 @@ from typing import Any
 
 from appliance.server.errors import APIError
 from appliance.settings import ServeSettings
-from engine.async_engine import AsyncEngine
+from engine.core.client import CoreClient
+from engine.core.info import EngineInfo
 
 
 class Phase(enum.Enum):
@@ -34,24 +36,42 @@ class InFlight:
 @dataclass
 class ServerState:
     settings: ServeSettings
-    engine: Any = None
-    """The LLMEngine (or a fake with its contract); None while loading."""
-    async_engine: AsyncEngine | None = None
+    engine: EngineInfo | None = None
+    """What the core reported of its engine (names, config, plan, tokenizer); None while
+    loading."""
+    core: CoreClient | None = None
+    process: Any = None
+    """The engine core's CoreProcess, when this front end started it."""
     phase: Phase = Phase.LOADING
     load_error: str | None = None
     started_at: float = field(default_factory=time.time)
     inflight: dict[str, InFlight] = field(default_factory=dict)
     num_inflight_seqs: int = 0
     _idle: asyncio.Event = field(default_factory=asyncio.Event)
+    core_gone: asyncio.Event = field(default_factory=asyncio.Event)
+    """Set when the engine core died while serving: the front end should exit non-zero."""
 
     def __post_init__(self) -> None:
         self._idle.set()
 
-    def attach(self, engine: Any) -> None:
-        """Wrap a loaded engine and start its loop thread (phase stays LOADING until ready())."""
-        self.engine = engine
-        self.async_engine = AsyncEngine(engine)
-        self.async_engine.start()
+    async def attach(self, info: EngineInfo, address: str, process: Any = None) -> None:
+        """Connect to a started core (phase stays LOADING until ready())."""
+        self.engine, self.process = info, process
+        self.core = CoreClient(address, info.stats, on_dead=self._core_died)
+        await self.core.start()
+
+    def _core_died(self, reason: str) -> None:
+        if self.phase is not Phase.DRAINING:
+            self.phase = Phase.FAILED
+        self.load_error = reason
+        self.core_gone.set()
+
+    async def close(self) -> None:
+        """Stop the core this front end started (after a drain) and wait for it to exit."""
+        if self.core is not None:
+            await self.core.close(shutdown_core=self.process is not None)
+        if self.process is not None:
+            await asyncio.get_running_loop().run_in_executor(None, self.process.join, 30.0)
 
     def ready(self) -> None:
         self.phase = Phase.READY
@@ -64,7 +84,7 @@ class ServerState:
 
     def require_ready(self) -> None:
         """503 unless the engine is loaded and the server is not draining."""
-        if self.phase is Phase.READY and self.async_engine and self.async_engine.is_running:
+        if self.phase is Phase.READY and self.core and self.core.is_running:
             return
         if self.phase is Phase.LOADING:
             raise APIError(
@@ -92,8 +112,10 @@ class ServerState:
         k = len(engine_ids)
         cfg = self.engine.config
         capacity = cfg.max_num_seqs + self.settings.max_queue
-        waiting = self.async_engine.stats()["num_waiting"]
-        full = self.num_inflight_seqs + k > capacity
+        stats = self.core.stats()
+        waiting = stats["num_waiting"]
+        # Other API workers' requests count too: the core's own count covers every front end.
+        full = max(self.num_inflight_seqs, stats["num_unfinished"]) + k > capacity
         # Fewer may run than max_num_seqs when KV blocks run out: then the engine's queue is real.
         queue_full = waiting > 0 and waiting + k > self.settings.max_queue
         if full or queue_full:
@@ -143,7 +165,7 @@ class ServerState:
         for entry in list(self.inflight.values()):
             entry.abort_reason = reason
             for engine_id in entry.engine_ids:
-                self.async_engine.abort(engine_id)
+                self.core.abort(engine_id)
         await _wait_any(self._idle, None, 5.0)
         return False
 

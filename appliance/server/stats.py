@@ -125,14 +125,14 @@ class StatsTracker:
     def snapshot(self, state: ServerState, num_traces: int = 10, num_rows: int = 50) -> dict:
         """The /v1/stats document."""
         engine = state.engine
-        estats = state.async_engine.stats() if state.async_engine else {}
+        estats = state.core.stats() if state.core else {}
         total = estats.get("kv_blocks_total") or 0
         used = estats.get("kv_blocks_used") or 0
         records = list(self.records.values())
         running = [r for r in records if r.finished_at is None]
         recent = [r for r in reversed(records) if r.finished_at is not None]
         settings = state.settings
-        kv_by_request = _kv_by_request(engine, running)
+        kv_by_request = _kv_by_request(state.core, running)
         kv_known = kv_by_request is not None
         kv_by_request = kv_by_request or {}
         rows = [
@@ -179,23 +179,11 @@ class StatsTracker:
         }
 
 
-def _kv_by_request(engine, running: list[RequestRecord]) -> dict[str, int] | None:
-    """KV blocks held by each in-flight HTTP request (the sum over its choices); None when the
-    engine does not say.
-
-    Reads the engine's running list from the event loop while the engine thread steps: a list
-    copy is atomic under the GIL, and a figure one step old is fine for a dashboard.
-    """
-    by_engine_id: dict[str, int] = {}
-    try:
-        if hasattr(engine, "kv_blocks_by_request"):
-            by_engine_id = dict(engine.kv_blocks_by_request())
-        elif getattr(engine, "scheduler", None) is not None:
-            for req in list(engine.scheduler.running):
-                by_engine_id[req.request_id] = len(req.block_table)
-        else:
-            return None
-    except Exception:  # a reading that races the engine thread is skipped, never fatal
+def _kv_by_request(core, running: list[RequestRecord]) -> dict[str, int] | None:
+    """KV blocks held by each in-flight HTTP request (the sum over its choices), as the core
+    last sent them (a few times a second); None when the engine does not say."""
+    by_engine_id = core.kv_blocks_by_request() if core is not None else None
+    if by_engine_id is None:
         return None
     out: dict[str, int] = {}
     for record in running:
@@ -260,12 +248,13 @@ class GpuReader:
         return reading
 
     def _handle(self, device):
-        if device is None or getattr(device, "type", str(device).split(":")[0]) != "cuda":
+        kind, _, number = str(device).partition(":")  # "cuda:0" (a torch.device or its name)
+        if device is None or kind != "cuda":
             return None
         nvml = self._init()
         if nvml is None:
             return None
-        index = getattr(device, "index", None) or 0
+        index = int(number) if number.isdigit() else 0
         visible = [v.strip() for v in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",")]
         try:
             if visible and visible[0] and index < len(visible):

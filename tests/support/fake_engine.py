@@ -3,29 +3,38 @@
 Tokens are words "w<id>": text " w12 w57" encodes to [12, 57] and decodes back. Generated
 tokens are a hash of (seed, prompt, position), so the same seed gives the same text. Prompt
 markers steer behaviour: token 3 ("w3") makes a request stall after its first token, token 4
-("w4") makes it end with EOS after three tokens. KV blocks are reserved for prompt + max_tokens
+("w4") makes it end with EOS after three tokens, token 13 ("w13") counts one Triton compile
+after warm-up (as a kernel built while serving would), token 14 ("w14") crashes the engine on
+the step that admits it. The engine runs in the server's core process, so markers are how a
+test steers it once the server started. KV blocks are reserved for prompt + max_tokens
 at admission, so `kv_blocks_used` returns to 0 exactly when requests finish or are aborted.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
+import os
 import random
 import time
 import zlib
 from collections import deque
+from dataclasses import dataclass
 
 import torch
 
 from engine.config import EngineConfig
 from engine.request import Logprob, RequestMetrics, RequestOutput, TraceEvent
 from engine.sampling_params import SamplingParams
+from engine.tokenizer import apply_chat_template
 
 VOCAB = 512
 EOS_ID = 2
 STALL_MARK = 3
 EOS_MARK = 4
+COMPILE_MARK = 13
+CRASH_MARK = 14
 
 
 class FakeTokenizer:
@@ -47,6 +56,11 @@ class FakeTokenizer:
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
         return "".join(f" w{i}" for i in ids if not (skip_special_tokens and i == EOS_ID))
 
+    def apply_chat_template(self, messages, tokenize=False, add_generation_prompt=True) -> str:
+        """As a Hugging Face tokenizer renders its template (tokenize=False): the text."""
+        text = " ".join(f"{m['role']}: {m['content']}" for m in messages)
+        return text + (" assistant:" if add_generation_prompt else "")
+
 
 class _Req:
     def __init__(self, rid: str, prompt: list[int], params: SamplingParams, seed: int, now: float):
@@ -65,7 +79,14 @@ class _Req:
 class FakeEngine:
     """Honours LLMEngine's contract: add_request/abort/step/has_unfinished/stats/tokenizer."""
 
-    def __init__(self, step_time: float = 0.002, markers: bool = True, **config) -> None:
+    def __init__(
+        self,
+        step_time: float = 0.002,
+        markers: bool = True,
+        counts_compiles: bool = True,
+        reports_kv: bool = True,
+        **config,
+    ) -> None:
         defaults = dict(
             max_model_len=128,
             max_num_seqs=4,
@@ -81,11 +102,12 @@ class FakeEngine:
         self.device = torch.device("cpu")
         self.step_time = step_time
         self.markers = markers
-        """Whether prompt tokens 3 (stall) and 4 (EOS after three tokens) steer requests."""
+        """Whether the prompt markers (module docstring) steer requests."""
         self.crash_next_step = False
-        self.compiles_after_warmup: int | None = 0
-        """What stats() reports as Triton compiles after warm-up: set it (or None, unknown)
-        to stand in for an engine whose kernels compile while serving."""
+        self.compiles_after_warmup: int | None = 0 if counts_compiles else None
+        """What stats() reports as Triton compiles after warm-up (None: cannot count)."""
+        if not reports_kv:  # an engine that does not say which request holds which blocks
+            self.kv_blocks_by_request = None
         self._rng = random.Random(0)
         self._reqs: dict[str, _Req] = {}
         self._waiting: deque[_Req] = deque()
@@ -95,8 +117,7 @@ class FakeEngine:
         self._totals = {"prompt": 0, "gen": 0, "steps": 0}
 
     def apply_chat_template(self, messages: list[dict]) -> list[int]:
-        text = " ".join(f"{m['role']}: {m['content']}" for m in messages)
-        return self.tokenizer.encode(text + " assistant:")
+        return apply_chat_template(self.tokenizer, messages)
 
     def add_request(self, request_id, prompt, params, arrival_time=None) -> None:
         if request_id in self._reqs:
@@ -121,6 +142,9 @@ class FakeEngine:
         self._finish(req, "abort")
         self._aborted.append(req)
 
+    def kv_blocks_by_request(self) -> dict[str, int]:
+        return {r.rid: r.blocks for r in self._running}
+
     def has_unfinished(self) -> bool:
         return bool(self._waiting or self._running or self._aborted)
 
@@ -142,6 +166,8 @@ class FakeEngine:
             raise RuntimeError("simulated engine crash")
         touched, self._aborted = list(self._aborted), []
         self._admit()
+        if self.crash_next_step:
+            raise RuntimeError("simulated engine crash")
         if self._running:
             time.sleep(self.step_time)
             self._totals["steps"] += 1
@@ -161,6 +187,14 @@ class FakeEngine:
             if self._blocks_used + need > self.config.num_kv_blocks:
                 break
             self._waiting.popleft()
+            if self.markers and CRASH_MARK in req.prompt:
+                self.crash_next_step = True
+            if (
+                self.markers
+                and COMPILE_MARK in req.prompt
+                and self.compiles_after_warmup is not None
+            ):
+                self.compiles_after_warmup += 1
             req.blocks = need
             self._blocks_used += need
             self._running.append(req)
@@ -232,9 +266,32 @@ class FakeEngine:
         )
 
 
+@dataclass(frozen=True)
+class SlowLoader:
+    """Builds a FakeEngine in the core process once the file `release` exists (at most 10 s):
+    a model that takes as long to load as the test wants."""
+
+    release: str
+
+    def __call__(self) -> FakeEngine:
+        deadline = time.monotonic() + 10
+        while not os.path.exists(self.release) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        return FakeEngine()
+
+
+class BrokenLoader:
+    """A model that fails to load, in the core process."""
+
+    def __call__(self) -> FakeEngine:
+        raise FileNotFoundError("no model at /nowhere")
+
+
 @contextlib.asynccontextmanager
 async def fake_client(engine: FakeEngine | None = None, **settings):
-    """An aiohttp TestClient on create_app(ServeSettings(**settings), engine or FakeEngine())."""
+    """An aiohttp TestClient on create_app(ServeSettings(**settings), engine or FakeEngine()),
+    once its engine core process serves: the engine is pickled into that process, so changing
+    it afterwards changes nothing there (steer it with prompt markers instead)."""
     from aiohttp.test_utils import TestClient, TestServer
 
     from appliance.server import create_app
@@ -243,7 +300,21 @@ async def fake_client(engine: FakeEngine | None = None, **settings):
     engine = engine or FakeEngine()
     app = create_app(ServeSettings(**{"warmup": False, **settings}), engine)
     async with TestClient(TestServer(app)) as client:
+        await wait_until_served(client)
         yield client
+
+
+async def wait_until_served(client, timeout_s: float = 60.0) -> None:
+    """Wait for /health to leave "loading"; fails when the engine did not start."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        r = await client.get("/health")
+        body = await r.json()
+        if body["status"] != "loading":
+            assert r.status == 200, f"the engine did not start: {body}"
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"the engine did not start within {timeout_s:g} s")
 
 
 def sse_events(text: str) -> list:

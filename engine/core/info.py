@@ -1,0 +1,62 @@
+"""EngineInfo: what the front end knows of the engine in the core process, sent once when the
+core is ready: names, configuration, plan, and the tokenizer (tokenization, chat templates and
+the /tokenize routes run in the front end, off the core's busy loop)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from engine.config import EngineConfig
+from engine.tokenizer import apply_chat_template
+
+
+@dataclass
+class EngineInfo:
+    model_name: str
+    config: EngineConfig
+    device: str
+    tokenizer: Any
+    """The engine's tokenizer (pickled across), or None for a token-ids-only model."""
+    vocab_size: int | None = None
+    """Token ids run from 0 to vocab_size - 1."""
+    plan: dict | None = None
+    """LLMEngine.plan_report(): the plan, the memory check, the start-up times."""
+    stats: dict | None = None
+    """engine.stats() when the core started serving."""
+
+    @classmethod
+    def of(cls, engine: Any) -> EngineInfo:
+        report = getattr(engine, "plan_report", None)
+        model_config = getattr(engine, "model_config", None)
+        if engine.tokenizer is not None:
+            vocab_size = len(engine.tokenizer)
+        else:
+            vocab_size = getattr(model_config, "vocab_size", None)
+        return cls(
+            model_name=engine.model_name,
+            config=engine.config,
+            device=str(engine.device),
+            tokenizer=engine.tokenizer,
+            vocab_size=vocab_size,
+            plan=report() if report is not None else None,
+            stats={**engine.stats(), "num_unfinished": 0, "last_step_s": 0.0},
+        )
+
+    def plan_report(self) -> dict | None:
+        return self.plan
+
+    def encode(self, prompt: str, add_special_tokens: bool = True) -> list[int]:
+        if self.tokenizer is None:
+            raise ValueError("this model has no tokenizer: pass prompts as token ids")
+        return self.tokenizer.encode(prompt, add_special_tokens=add_special_tokens)
+
+    def decode(self, token_ids: list[int]) -> str:
+        if self.tokenizer is None:
+            raise ValueError("this model has no tokenizer: it cannot turn token ids into text")
+        return self.tokenizer.decode(token_ids)
+
+    def apply_chat_template(self, messages: list[dict]) -> list[int]:
+        if self.tokenizer is None:
+            raise ValueError("this model has no tokenizer, so chat messages cannot be formatted")
+        return apply_chat_template(self.tokenizer, messages)
