@@ -5,8 +5,10 @@ Not thread-safe: one thread owns it (the engine core process runs it in its loop
 
 from __future__ import annotations
 
+import logging
 import random
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 from engine import compile_count
@@ -24,6 +26,9 @@ from engine.request import Request, RequestOutput, RequestStatus
 from engine.sampling_params import SamplingParams
 from engine.scheduler import Scheduler
 from engine.tokenizer import apply_chat_template, eos_token_ids, load_tokenizer
+from engine.warmup import EVERY_FEATURE, WarmUp
+
+logger = logging.getLogger(__name__)
 
 
 class LLMEngine:
@@ -67,6 +72,7 @@ class LLMEngine:
         self.runner.allocate_kv_cache(self.config.num_kv_blocks, self.kv_dtype)
         self._new_scheduler(self.config.num_kv_blocks)
         self._reset_counters()
+        self._compiles_logged: int | None = None  # from the end of warm-up: see step()
         # On CUDA: capture graphs, warm up, measure; the runner shrinks its pool if the
         # measured peak exceeds the plan, and the scheduler follows.
         self.memory = self.runner.check_memory(
@@ -76,6 +82,7 @@ class LLMEngine:
             self.config.num_kv_blocks = self.memory.final_blocks
             self._new_scheduler(self.memory.final_blocks)
         self._compiles_at_warmup = compile_count.total()  # stats() counts from here
+        self._compiles_logged = self._compiles_at_warmup
 
     def _new_scheduler(self, num_blocks: int) -> None:
         self.block_manager = BlockManager(num_blocks, self.config.block_size)
@@ -91,22 +98,14 @@ class LLMEngine:
         return {**self.plan.to_dict(), "memory_check": check}
 
     def warm_up(self) -> None:
-        """Run the step shapes serving will meet, so no kernel compiles while users wait: a
-        full-budget prefill step (several prompts where max_model_len is shorter than the
-        budget, so the activation peak the memory check measures is the serving one), a decode
-        batch beside prefill chunks of odd and aligned lengths, and plain decodes. Counters are
-        reset afterwards."""
-        cfg = self.config
-        params = SamplingParams(max_tokens=3, temperature=0.0, ignore_eos=True)
-        lengths = [cfg.budget_prompt_lengths(params.max_tokens), [1], [17], [32], [100], [333]]
-        gen = random.Random(0)
-        vocab = self.model_config.vocab_size
-        for i, group in enumerate(lengths):
-            for j, n in enumerate(x for x in group if 0 < x <= cfg.max_model_len - 4):
-                prompt = [gen.randrange(vocab) for _ in range(n)]
-                self.add_request(f"__warmup-{i}-{j}", prompt, params)
-            self.step()  # staggered arrivals: decodes run beside new prefill chunks
-        self._run_to_completion()
+        """Run the steps serving will meet, so no kernel variant compiles while users wait
+        (engine/warmup.py): a full-budget prefill step (several prompts where max_model_len is
+        shorter than the budget, so the activation peak the memory check measures is the
+        serving one), a lone prefill of every token-count class, decodes beside prefill chunks
+        (one and several, short and long contexts), a chunk continuing a prompt longer than the
+        budget; greedy, seeded and fully featured sampling. Counters are reset afterwards."""
+        WarmUp(self).run()
+        self._reset_counters()
 
     def run_peak_step(self) -> None:
         """The heaviest steps serving can meet: max_num_seqs sequences at once, the long ones
@@ -116,19 +115,7 @@ class LLMEngine:
         cfg = self.config
         vocab = self.model_config.vocab_size
         gen = random.Random(1)
-        params = SamplingParams(
-            max_tokens=2,
-            temperature=0.8,
-            top_p=0.9,
-            top_k=50,
-            min_p=0.01,
-            repetition_penalty=1.1,
-            presence_penalty=0.1,
-            frequency_penalty=0.1,
-            logprobs=5,
-            ignore_eos=True,
-            seed=0,
-        )
+        params = replace(EVERY_FEATURE, max_tokens=2)
         longs = cfg.budget_prompt_lengths(params.max_tokens) or [1]
         for i in range(cfg.max_num_seqs - len(longs)):
             self.add_request(f"__peak-{i}", [gen.randrange(vocab)], params)
@@ -227,7 +214,29 @@ class LLMEngine:
         self._pending = launched
         if launched is not None and not self._overlap:
             touched += self._resolve()
+        if (
+            self._compiles_logged is not None
+            and compile_count.counter.total > self._compiles_logged
+        ):
+            self._log_compiles()
         return [self._output(req) for req in dict.fromkeys(touched)]
+
+    def _log_compiles(self) -> None:
+        """One WARNING per kernel variant built since the last step (after warm-up)."""
+        for variant in compile_count.counter.since(self._compiles_logged):
+            logger.warning(
+                "kernel %s compiled while serving: %s", variant.kernel, variant.describe()
+            )
+            self._compiles_logged += 1
+
+    def compiles_after_warmup(self) -> list[str]:
+        """Each kernel variant built since the warm-up ended: "kernel: specialisation"."""
+        if self._compiles_at_warmup is None:
+            return []
+        return [
+            f"{v.kernel}: {v.describe()}"
+            for v in compile_count.counter.since(self._compiles_at_warmup)
+        ]
 
     def _resolve(self) -> list[Request]:
         """Read the pending step's tokens back and apply them."""

@@ -30,6 +30,15 @@ def test_the_listener_counts_variants_and_calls_the_one_it_replaced():
     assert seen == [False, True]
 
 
+def test_the_listener_remembers_which_variant_was_built():
+    counter = CompileCounter()
+    counter.on_compile(src=None, metadata={"num_warps": 8, "num_stages": 3}, cache_hit=True)
+    (variant,) = counter.since(0)
+    assert (variant.num_warps, variant.num_stages, variant.cache_hit) == (8, 3, True)
+    assert variant.kernel == "?" and variant.describe().endswith("from the disk cache")
+    assert counter.since(1) == []
+
+
 def test_without_triton_the_count_is_unknown(monkeypatch):
     monkeypatch.setattr(compile_count, "_installed", None)
     monkeypatch.setitem(sys.modules, "triton", None)  # import triton now fails
@@ -69,7 +78,12 @@ def build(block):
     triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4})
 build(64); build(128); build(64)  # two compiles, then the disk cache's copy of the first
 c = compile_count.counter
-print(triton.__version__, compile_count.total(), c.disk_cache_hits)
+# as the JIT builds a launch with n == 1 and a 16-byte-aligned x: n a constexpr, x_ptr an attr
+src = ASTSource(fn=add_one, signature={"x_ptr": "*fp32", "n": "constexpr", "BLOCK": "constexpr"},
+                constexprs={"BLOCK": 32, "n": 1}, attrs={(0,): [["tt.divisibility", 16]]})
+triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 2})
+print(c.variants[-1].kernel, "|", c.variants[-1].describe(), file=sys.stderr)
+print(triton.__version__, compile_count.total() - 1, c.disk_cache_hits)
 """
 
 
@@ -96,5 +110,9 @@ def test_the_listener_fires_when_triton_builds_a_kernel(triton_dir, tmp_path):
     assert run.returncode == 0, run.stderr[-3000:]
     version, total, hits = run.stdout.split()
     assert (int(total), int(hits)) == (3, 1), run.stdout
+    kernel, described = run.stderr.strip().splitlines()[-1].split(" | ")
+    assert kernel == "add_one"
+    assert described.startswith("constexprs BLOCK=32; value 1: n; %16: x_ptr; types x_ptr=*fp32;")
+    assert "num_warps=2" in described and described.endswith("compiled"), described
     if triton_dir is not None:
         assert version.startswith("3.6"), version

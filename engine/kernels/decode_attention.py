@@ -33,6 +33,8 @@ from engine.kernels.paged_args import (
 LOG2E = 1.4426950408889634  # kernels use exp2; scores are pre-multiplied by log2(e)
 MIN_TOKENS_PER_SPLIT = 64  # one BLOCK_N tile: at batch 1 more splits keep winning
 MAX_SPLITS = 64
+WS_STRIDES = ("stride_ws_s", "stride_ws_h", "stride_ws_p")
+"""The split-K workspace's strides, which follow the split count."""
 
 
 def default_num_splits(
@@ -48,7 +50,10 @@ def default_num_splits(
     return max(1, min(by_work, by_occupancy, MAX_SPLITS))
 
 
-@triton.jit
+# Step-varying ints: the split count (eager decodes pick it from the batch), the workspace
+# strides that follow it, and the block table's row stride (the batch's longest table). None
+# addresses a vector access that could use the hint: a workspace row is head_dim + 2 floats.
+@triton.jit(do_not_specialize=["num_splits", "stride_bt", *WS_STRIDES])
 def _decode_split_kernel(
     q_ptr,
     k_cache_ptr,
@@ -162,7 +167,7 @@ def _decode_split_kernel(
         tl.store(ws + HEAD_DIM + 1, l_i, mask=g_mask)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_splits", *WS_STRIDES])
 def _decode_merge_kernel(
     ws_ptr,
     out_ptr,
@@ -202,6 +207,13 @@ def _decode_merge_kernel(
         (num / den).to(out_ptr.dtype.element_ty),
         mask=d_mask,
     )
+
+
+def merge_block(num_splits: int) -> int:
+    """The merge kernel's split tile: one size for every split count up to MAX_SPLITS, so the
+    split count an eager decode picks from its batch never selects a new kernel variant
+    (masked rows cost no memory traffic)."""
+    return next_power_of_2(max(num_splits, MAX_SPLITS))
 
 
 def tile_configs(block_d: int) -> list[dict]:
@@ -348,7 +360,7 @@ def decode_attention(
             out.stride(1),
             HEAD_DIM=head_dim,
             BLOCK_D=block_d,
-            BLOCK_P=next_power_of_2(num_splits),
+            BLOCK_P=merge_block(num_splits),
             PDL=use_pdl,
             num_warps=4,
             launch_pdl=use_pdl,

@@ -109,7 +109,13 @@ def _attend_kv_tile(
     return acc * alpha[:, None] + pv, m_new, l_i
 
 
-@triton.jit
+# A mixed step passes the prefill rows' metadata as views past its decodes
+# (block_tables[num_decodes:], ...): their addresses' 16-byte alignment and the table's row
+# stride change from step to step. They are read as scalars and gathers, never vector loads.
+@triton.jit(
+    do_not_specialize=["stride_bt"],
+    do_not_specialize_on_alignment=["block_tables_ptr", "query_start_loc_ptr", "seq_lens_ptr"],
+)
 def _prefill_kernel(
     q_ptr,
     k_cache_ptr,

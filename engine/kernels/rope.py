@@ -89,7 +89,10 @@ def cos_sin(
     return c1, c2, s1, s2
 
 
-@triton.jit
+# positions is a view into the step's one upload buffer at an offset of one int64 a token
+# (engine/input_prep.upload): its 16-byte alignment follows the token count's parity. It is
+# read one scalar a program.
+@triton.jit(do_not_specialize_on_alignment=["pos_ptr"])
 def _rope_kernel(
     q_ptr,
     k_ptr,

@@ -24,7 +24,9 @@ from engine.kernels.store_kv import _check as check_store
 _CACHE_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 
-@triton.jit
+# positions and slot_mapping: views into the step's upload buffer at token-count-dependent
+# offsets, read one scalar a program (as in rope.py and store_kv.py).
+@triton.jit(do_not_specialize_on_alignment=["pos_ptr", "slot_ptr"])
 def _rope_store_kernel(
     q_ptr,
     k_ptr,

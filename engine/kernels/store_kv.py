@@ -27,7 +27,9 @@ def _quantize_rows(x):
     return tl.minimum(tl.maximum(q, -127.0), 127.0), scale
 
 
-@triton.jit
+# slot_mapping is a view into the step's one upload buffer, at an offset that depends on the
+# step's token count; it is read one scalar a program.
+@triton.jit(do_not_specialize_on_alignment=["slot_ptr"])
 def _store_kv_kernel(
     k_ptr,
     v_ptr,

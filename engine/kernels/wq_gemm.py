@@ -126,7 +126,8 @@ def _decode_words(words, table_ptr):
     return tl.join(even, tl.join(tl.join(c1, c5), tl.join(c3, c7)))
 
 
-@triton.jit
+# M, the step's row count, only masks rows and offsets the split partials.
+@triton.jit(do_not_specialize=["M"])
 def _wq_gemm_kernel(
     x_ptr,
     w_ptr,
@@ -192,7 +193,7 @@ def _wq_gemm_kernel(
         tl.store(part, acc, mask=mask)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["MN"])
 def _sum_splits_kernel(
     part_ptr,
     bias_ptr,

@@ -27,7 +27,8 @@ from engine.kernels.launch_math import cdiv
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 
-@triton.jit
+# M, the step's row count, only masks rows; M_BUCKET (fixed per bucket) keys the autotuner.
+@triton.jit(do_not_specialize=["M"])
 def _wq_matmul_kernel(
     x_ptr,
     w_ptr,
