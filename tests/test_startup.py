@@ -73,3 +73,17 @@ def test_a_measured_start_adds_the_memory_check_and_its_warm_up(tiny_llama):
     assert startup["warm_up"] > 0
     parts = sum(s for name, s in startup.items() if name != "total")
     assert startup["total"] == pytest.approx(parts, abs=0.05 + 0.05 * startup["total"])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("eager", [False, True])
+def test_cuda_engine_reports_every_phase(tiny_llama, eager):
+    """Kernel choice and graph capture (none with enforce_eager) run inside the memory check,
+    before its warm-up."""
+    startup = LLM(
+        str(tiny_llama), device="cuda", dtype="bfloat16", max_num_seqs=4, enforce_eager=eager
+    ).engine.startup_s
+    measured = ["kernel_choice", *([] if eager else ["graph_capture"]), "warm_up", "memory_check"]
+    assert list(startup) == [*CPU_PHASES[:-1], *measured, "total"]
+    parts = sum(s for name, s in startup.items() if name != "total")
+    assert startup["total"] == pytest.approx(parts, abs=0.05 + 0.05 * startup["total"])

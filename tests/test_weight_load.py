@@ -16,16 +16,16 @@ from engine.models.loader import ParallelCopy, load_model
 from engine.quant.format import WeightQuant
 
 
-def _load(folder, monkeypatch, workers: int | None, quant=None):
+def _load(folder, monkeypatch, workers: int | None, quant=None, device="cpu", dtype=torch.float32):
     if workers is None:  # the reference: every copy in the loading thread
         monkeypatch.setattr(loader, "ParallelCopy", _Sequential)
     else:
         monkeypatch.setattr(loader, "LOAD_WORKERS", workers)
         monkeypatch.setattr(loader.os, "cpu_count", lambda: workers)
     cfg = ModelConfig.from_folder(folder)
-    model = load_model(folder, cfg, 64, torch.float32, torch.device("cpu"), quant=quant)
+    model = load_model(folder, cfg, 64, dtype, torch.device(device), quant=quant)
     monkeypatch.undo()
-    return {name: t.clone() for name, t in model.state_dict().items()}
+    return {name: t.cpu().clone() for name, t in model.state_dict().items()}
 
 
 class _Sequential:
@@ -45,6 +45,17 @@ def test_parallel_load_gives_the_sequential_weights(tiny_llama, monkeypatch, qua
     for name in want:
         assert torch.equal(got[name], want[name]), name
     assert any(t.abs().sum() > 0 for t in got.values())
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_parallel_load_to_the_gpu_gives_the_sequential_weights(tiny_llama, monkeypatch, dtype):
+    """Each copy on its thread's CUDA stream, the same dtype or a conversion on the way."""
+    want = _load(tiny_llama, monkeypatch, None, device="cuda", dtype=dtype)
+    got = _load(tiny_llama, monkeypatch, 4, device="cuda", dtype=dtype)
+    assert got.keys() == want.keys()
+    for name in want:
+        assert torch.equal(got[name], want[name]), name
 
 
 def test_a_failed_copy_is_raised_when_the_load_ends():
