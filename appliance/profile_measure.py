@@ -24,10 +24,14 @@ LABELS = {
 
 def measure_plan(folder: str, config, device: Device):
     """The engine's MemoryReport (engine.memory_check) for a planned EngineConfig on cuda:0,
-    planned for `device` (the same plan), with random weights."""
+    planned for `device` (the same plan), with random weights. Its kernels compile into the
+    appliance's Triton cache, as `appliance serve`'s do."""
     import torch
 
+    from appliance.triton_cache import triton_cache_env
     from engine.llm_engine import LLMEngine
+
+    triton_cache_env()
 
     settings = {**asdict(config), "load_format": "random"}
     engine = LLMEngine(folder, device="cuda", device_info=device, **settings)

@@ -50,10 +50,14 @@ class EngineLoader:
 
 def planned_loader(settings: ServeSettings) -> Callable[[], Any]:
     """Plan now (fail fast); the returned loader builds the engine, which plans the same values
-    and checks them against the measured peak after warm-up."""
+    and checks them against the measured peak after warm-up. Once the plan fits, Triton's
+    kernel cache is pointed at the appliance's (appliance.triton_cache) in this process's
+    environment, which every process it starts inherits."""
     from appliance.model_presets import resolve_served_model
+    from appliance.triton_cache import triton_cache_env
 
     model = resolve_served_model(settings.model, settings.load_format)
     settings = dataclasses.replace(settings, model=model)
     plan_for_serve(settings)
+    logger.info("Triton kernel cache: %s", triton_cache_env())
     return EngineLoader(settings)

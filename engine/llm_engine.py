@@ -25,6 +25,7 @@ from engine.planning import TORCH_DTYPES, plan_engine, resolve_device
 from engine.request import Request, RequestOutput, RequestStatus
 from engine.sampling_params import SamplingParams
 from engine.scheduler import Scheduler
+from engine.startup import StartupTimer, startup_line
 from engine.tokenizer import apply_chat_template, eos_token_ids, load_tokenizer
 from engine.warmup import EVERY_FEATURE, WarmUp
 
@@ -44,34 +45,45 @@ class LLMEngine:
         model on this device (engine.planner), as `appliance serve` plans it. device_info: the
         Device to plan for (default: read here). measure: replaces the CUDA memory measurement
         after warm-up (tests)."""
-        pins = EngineConfig.from_kwargs(**config)
-        self.device = resolve_device(device)
-        self.folder = resolve_model_folder(model)
-        self.model_name = Path(model).stem if model is not None else "SmolLM2-135M-Instruct"
-        self.model_config = ModelConfig.from_folder(self.folder)
-        self.plan, self.config = plan_engine(pins, self.model_config, self.device.type, device_info)
-        self.tokenizer = None  # random-weight benchmarks may come without one: token ids only
-        if self.config.load_format != "random" or (self.folder / "tokenizer_config.json").exists():
-            self.tokenizer = load_tokenizer(self.folder)
-        self.eos_token_ids = (
-            eos_token_ids(self.folder, self.tokenizer)
-            if self.tokenizer is not None
-            else frozenset()
-        )
+        timer = StartupTimer()
+        with timer.phase("config"):
+            pins = EngineConfig.from_kwargs(**config)
+            self.device = resolve_device(device)
+            self.folder = resolve_model_folder(model)
+            self.model_name = Path(model).stem if model is not None else "SmolLM2-135M-Instruct"
+            self.model_config = ModelConfig.from_folder(self.folder)
+        with timer.phase("plan"):
+            self.plan, self.config = plan_engine(
+                pins, self.model_config, self.device.type, device_info
+            )
+        with timer.phase("tokenizer"):
+            self.tokenizer = None  # random-weight benchmarks may come without one: token ids
+            if (
+                self.config.load_format != "random"
+                or (self.folder / "tokenizer_config.json").exists()
+            ):
+                self.tokenizer = load_tokenizer(self.folder)
+            self.eos_token_ids = (
+                eos_token_ids(self.folder, self.tokenizer)
+                if self.tokenizer is not None
+                else frozenset()
+            )
         self.dtype = TORCH_DTYPES[self.config.dtype]
         self.kv_dtype = TORCH_DTYPES[self.config.kv_cache_dtype]
-        self.runner = ModelRunner(
-            self.folder, self.model_config, self.config, self.device, self.dtype
-        )
+        with timer.phase("load"):
+            self.runner = ModelRunner(
+                self.folder, self.model_config, self.config, self.device, self.dtype, timer
+            )
         self._rng = random.Random(self.config.seed)
         self._requests: dict[str, Request] = {}
         self._detokenizers: dict[str, IncrementalDetokenizer] = {}
         self._aborted: list[Request] = []
         self._pending: PendingStep | None = None
         self._overlap = self.config.overlap_steps and self.device.type == "cuda"
-        self.runner.allocate_kv_cache(self.config.num_kv_blocks, self.kv_dtype)
-        self._new_scheduler(self.config.num_kv_blocks)
-        self._reset_counters()
+        with timer.phase("kv_alloc"):
+            self.runner.allocate_kv_cache(self.config.num_kv_blocks, self.kv_dtype)
+            self._new_scheduler(self.config.num_kv_blocks)
+            self._reset_counters()
         self._compiles_logged: int | None = None  # from the end of warm-up: see step()
         # On CUDA: capture graphs, warm up, measure; the runner shrinks its pool if the
         # measured peak exceeds the plan, and the scheduler follows.
@@ -83,6 +95,9 @@ class LLMEngine:
             self._new_scheduler(self.memory.final_blocks)
         self._compiles_at_warmup = compile_count.total()  # stats() counts from here
         self._compiles_logged = self._compiles_at_warmup
+        self.startup_s = timer.report()
+        """Seconds per start-up phase, in order, then "total" (plain floats: it pickles)."""
+        logger.info(startup_line(self.startup_s))
 
     def _new_scheduler(self, num_blocks: int) -> None:
         self.block_manager = BlockManager(num_blocks, self.config.block_size)
@@ -93,9 +108,10 @@ class LLMEngine:
         self.scheduler.num_preemptions = 0
 
     def plan_report(self) -> dict:
-        """The plan and the memory check after warm-up (None on the CPU), for /v1/stats."""
+        """The plan, the memory check after warm-up (None on the CPU) and the seconds each
+        start-up phase took, for /v1/stats."""
         check = self.memory.to_dict() if self.memory is not None else None
-        return {**self.plan.to_dict(), "memory_check": check}
+        return {**self.plan.to_dict(), "memory_check": check, "startup_s": dict(self.startup_s)}
 
     def warm_up(self) -> None:
         """Run the steps serving will meet, so no kernel variant compiles while users wait

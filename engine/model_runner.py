@@ -38,6 +38,7 @@ from engine.pending_step import PendingStep
 from engine.quant.format import resolve_weight_quant
 from engine.sampler import sample
 from engine.scheduler import ScheduledBatch
+from engine.startup import StartupTimer
 from engine.tuning import KernelChoices, choose_kernels
 
 logger = logging.getLogger("engine.memory")
@@ -53,7 +54,11 @@ class ModelRunner:
         config: EngineConfig,
         device: torch.device,
         dtype: torch.dtype,
+        timer: StartupTimer | None = None,
     ) -> None:
+        """Builds the model and loads its weights. `timer`: where the start-up phases this
+        runner runs (kernel choice, graph capture, warm-up, memory check) add their time."""
+        self.timer = timer or StartupTimer()
         self.model_config = model_config
         self.config = config
         self.device = device
@@ -131,17 +136,22 @@ class ModelRunner:
         if self.device.type != "cuda" or self.backend.name != "triton":
             return
         cfg = self.config
-        choose_kernels(
-            self.model, self.kernel_choices, self.dtype, cfg.max_num_seqs, cfg.enforce_eager
-        )
+        with self.timer.phase("kernel_choice"):
+            choose_kernels(
+                self.model, self.kernel_choices, self.dtype, cfg.max_num_seqs, cfg.enforce_eager
+            )
 
     def capture_cuda_graphs(self) -> None:
         """Capture decode graphs for the batch-size ladder (CUDA, unless enforce_eager)."""
         if not self.uses_cuda_graphs():
             return
+        self.choose_kernels()  # chosen once: later calls find every choice made
+        with self.timer.phase("graph_capture"):
+            self._capture_cuda_graphs()
+
+    def _capture_cuda_graphs(self) -> None:
         from engine.kernels.decode_attention import default_num_splits
 
-        self.choose_kernels()  # chosen once: later calls find every choice made
         cfg, max_len = self.model_config, self.config.max_model_len
         sizes = graph_batch_sizes(self.config.max_num_seqs)
         splits = {
@@ -175,7 +185,20 @@ class ModelRunner:
         measure = measure or (measure_cuda if self.device.type == "cuda" else None)
         if measure is None:
             return None
-        got = measure(self, workload)
+        with self.timer.phase("memory_check"):
+            return self._check_memory(predicted, workload, measure)
+
+    def _check_memory(
+        self,
+        predicted: MemoryItems,
+        workload: Callable[[], None],
+        measure: Callable[..., Measurement],
+    ) -> MemoryReport:
+        def timed_workload() -> None:
+            with self.timer.phase("warm_up"):
+                workload()
+
+        got = measure(self, timed_workload)
         cfg, num_blocks = self.config, self.kv_cache.shape[2]
         block_bytes = max(1, got.items.kv_pool // num_blocks)
         shed = blocks_to_shed(got.peak, predicted.total, block_bytes)

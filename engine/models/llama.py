@@ -6,7 +6,7 @@ metadata comes from the runner's context. Q/K/V and gate/up projections are fuse
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 import torch
 from torch import nn
@@ -122,8 +122,14 @@ class LlamaForCausalLM(nn.Module):
         return [layer.self_attn.attn for layer in self.layers]
 
     @torch.no_grad()
-    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
-        """Copy Hugging Face-named tensors into our (fused) parameters; check none is missing."""
+    def load_weights(
+        self,
+        weights: Iterable[tuple[str, torch.Tensor]],
+        copy: Callable[[torch.Tensor, torch.Tensor], object] = torch.Tensor.copy_,
+    ) -> None:
+        """Copy Hugging Face-named tensors into our (fused) parameters; check none is missing.
+        `copy(dst, src)` does each copy (engine.models.loader's runs them on threads; the
+        caller then waits for them)."""
         params = dict(self.named_parameters(remove_duplicate=False))
         cfg = self.config
         shard_sizes = {
@@ -154,7 +160,7 @@ class LlamaForCausalLM(nn.Module):
                 raise ValueError(
                     f"weight {name!r}: shape {tuple(tensor.shape)}, expected {tuple(dst.shape)}"
                 )
-            dst.copy_(tensor)
+            copy(dst, tensor)
             loaded.add(f"{target}#{shard}")
         expected = set()
         for pname in params:

@@ -1,10 +1,14 @@
 """Model loading: resolve what the user named (nothing, a .gguf file, a Hugging Face folder)
-to a Hugging Face folder, then build our model and fill it from its safetensors."""
+to a Hugging Face folder, then build our model and fill it from its safetensors, several
+tensors at a time (ParallelCopy)."""
 
 from __future__ import annotations
 
 import json
+import os
+import threading
 from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import torch
@@ -15,6 +19,9 @@ from engine.models.config import ModelConfig
 from engine.models.llama import LlamaForCausalLM
 from engine.quant.format import WeightQuant
 from engine.quant.modules import QuantLinear, quantize_model
+
+LOAD_WORKERS = 8
+"""Threads copying checkpoint tensors into the model at once (at most one per CPU)."""
 
 
 def resolve_model_folder(model: str | Path | None) -> Path:
@@ -60,6 +67,8 @@ def _safetensors_files(folder: Path) -> list[Path]:
 
 
 def iter_safetensors(folder: Path) -> Iterator[tuple[str, torch.Tensor]]:
+    """Every tensor of the checkpoint, as a view of its memory-mapped shard: nothing is read
+    until the tensor is copied (each view keeps its mapping alive after the file is closed)."""
     for file in _safetensors_files(folder):
         with safe_open(str(file), framework="pt") as f:
             for name in f.keys():
@@ -90,7 +99,8 @@ def load_model(
         if random_weights:
             init_random_weights(model, gen)
         else:
-            model.load_weights(iter_safetensors(folder))
+            with ParallelCopy() as copy:
+                model.load_weights(iter_safetensors(folder), copy)
     elif random_weights:
 
         def draw(linear: nn.Linear) -> nn.Linear:  # each projection drawn on the device
@@ -104,10 +114,12 @@ def load_model(
 
         quantize_model(model, quant, device)  # empty: the checkpoint fills them
         _materialize(model, device)
-        model.load_weights(convert_bnb_weights(iter_safetensors(folder), quant))
+        with ParallelCopy() as copy:
+            model.load_weights(convert_bnb_weights(iter_safetensors(folder), quant), copy)
     else:
         model.to_empty(device="cpu")
-        model.load_weights(iter_safetensors(folder))
+        with ParallelCopy() as copy:
+            model.load_weights(iter_safetensors(folder), copy)
         quantize_model(model, quant, device, lambda linear: linear.to(device))
         model.to(device)
     # Buffers (RoPE tables) were on meta: rebuild them on the device, in fp32.
@@ -116,6 +128,58 @@ def load_model(
     if cfg.tie_word_embeddings and isinstance(model.embed_tokens, nn.Embedding):
         model.lm_head.weight = model.embed_tokens.weight  # else both read one quantized copy
     return model.eval()
+
+
+class ParallelCopy:
+    """`copy(dst, src)` for Model.load_weights that runs the copies on a pool of threads:
+    torch's copy releases the GIL, so the page faults of several memory-mapped tensors and
+    their transfers to the device overlap (each thread copies on its own CUDA stream). The
+    caller queues at most 2 x workers copies ahead, so tensors a conversion made on the host
+    never pile up; a copy that changes the dtype into a device tensor makes a host temporary of
+    the converted tensor, so those run one at a time, as a sequential load would. Leaving the
+    `with` block waits for every copy and raises the first error."""
+
+    def __init__(self, workers: int | None = None) -> None:
+        self.workers = workers or min(LOAD_WORKERS, os.cpu_count() or 1)
+        self._pool = ThreadPoolExecutor(self.workers, thread_name_prefix="load-weights")
+        self._queued = threading.BoundedSemaphore(2 * self.workers)
+        self._converting = threading.Lock()
+        self._local = threading.local()  # each thread's CUDA stream
+        self._futures: list[Future] = []
+        self._devices: set[torch.device] = set()
+
+    def __call__(self, dst: torch.Tensor, src: torch.Tensor) -> None:
+        self._queued.acquire()
+        future = self._pool.submit(self._copy, dst, src)
+        future.add_done_callback(lambda _: self._queued.release())
+        self._futures.append(future)
+
+    @torch.no_grad()  # grad mode is per thread: the loader's does not reach the pool's
+    def _copy(self, dst: torch.Tensor, src: torch.Tensor) -> None:
+        if dst.device.type != "cuda":
+            dst.copy_(src)
+            return
+        stream = getattr(self._local, "stream", None)
+        if stream is None:
+            stream = self._local.stream = torch.cuda.Stream(dst.device)
+            self._devices.add(dst.device)
+        with torch.cuda.stream(stream):
+            if dst.dtype == src.dtype:
+                dst.copy_(src)
+            else:
+                with self._converting:
+                    dst.copy_(src)
+
+    def __enter__(self) -> ParallelCopy:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._pool.shutdown(wait=True, cancel_futures=exc[0] is not None)
+        for device in self._devices:  # the copies' streams, before any other reads
+            torch.cuda.synchronize(device)
+        if exc[0] is None:
+            for future in self._futures:
+                future.result()
 
 
 def _materialize(model: nn.Module, device: torch.device) -> None:
