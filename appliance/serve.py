@@ -85,8 +85,12 @@ def run_server(settings: ServeSettings, loader: Callable[[], Any] | None = None)
         return 2
     if loader is None:  # plan before listening: pins that cannot fit are refused at once
         from appliance.serve_plan import planned_loader
+        from appliance.triton_cache import triton_cache_env
+        from engine.core.process import prestart
 
         try:
+            logger.info("Triton kernel cache: %s", triton_cache_env())
+            prestart()  # the engine's process imports its modules while this one plans
             loader = planned_loader(settings)
         except ValueError as exc:
             print(f"appliance serve: {exc}", file=sys.stderr)

@@ -25,11 +25,16 @@ def plan_for_serve(settings: ServeSettings) -> Plan:
     from engine.config import EngineConfig
     from engine.models.config import ModelConfig
     from engine.models.loader import resolve_model_folder
+    from engine.planner import read_device
     from engine.planning import plan_engine, resolve_device
 
     model = ModelConfig.from_folder(resolve_model_folder(settings.model))
     pins = EngineConfig.from_kwargs(**settings.engine_kwargs())
-    result, _ = plan_engine(pins, model, resolve_device(settings.device).type)
+    kind = resolve_device(settings.device).type
+    # Read through NVML: the engine runs in the core process, and a CUDA context here would
+    # hold GPU memory for nothing and be counted against the engine's own plan.
+    device_info = read_device(kind, nvml=True) if kind == "cuda" else None
+    result, _ = plan_engine(pins, model, kind, device_info)
     for key, value in result.engine_kwargs().items():
         logger.info("plan: %s = %s (%s)", key, value, result.reasons.get(key, ""))
     return result
@@ -50,14 +55,10 @@ class EngineLoader:
 
 def planned_loader(settings: ServeSettings) -> Callable[[], Any]:
     """Plan now (fail fast); the returned loader builds the engine, which plans the same values
-    and checks them against the measured peak after warm-up. Once the plan fits, Triton's
-    kernel cache is pointed at the appliance's (appliance.triton_cache) in this process's
-    environment, which every process it starts inherits."""
+    and checks them against the measured peak after warm-up."""
     from appliance.model_presets import resolve_served_model
-    from appliance.triton_cache import triton_cache_env
 
     model = resolve_served_model(settings.model, settings.load_format)
     settings = dataclasses.replace(settings, model=model)
     plan_for_serve(settings)
-    logger.info("Triton kernel cache: %s", triton_cache_env())
     return EngineLoader(settings)

@@ -160,7 +160,7 @@ def run_served(args, model: str | None, prompts: dict) -> tuple[dict, dict | Non
             if not args.no_warmup:
                 lo, hi = args.prompt_range
                 warm = ["--num-requests", str(c), "--output-len", str(WARMUP_TOKENS)]
-                warm += ["--input-len", f"uniform:{lo}-{min(hi, 64)}"]
+                warm += ["--input-len", f"uniform:{min(lo, 64)}-{min(hi, 64)}"]
                 bench(url, folder / "warmup", c, args.processes, *warm)
             jsonl = folder / "prompts.jsonl"
             lines = (json.dumps({"prompt": p, "max_tokens": args.output_len}) for p in prompts[c])

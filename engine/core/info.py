@@ -8,7 +8,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from engine.config import EngineConfig
-from engine.tokenizer import apply_chat_template
 
 
 @dataclass
@@ -59,4 +58,6 @@ class EngineInfo:
     def apply_chat_template(self, messages: list[dict]) -> list[int]:
         if self.tokenizer is None:
             raise ValueError("this model has no tokenizer, so chat messages cannot be formatted")
+        from engine.tokenizer import apply_chat_template  # transformers: imported once needed
+
         return apply_chat_template(self.tokenizer, messages)

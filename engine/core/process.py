@@ -37,6 +37,16 @@ PRELOAD = ["engine.core.process", "engine.llm_engine"]
 WARMUP_LIMIT_S = 120
 
 
+def prestart() -> None:
+    """Start the forkserver now, so that it imports the engine's modules (torch, Triton,
+    transformers: seconds) while this process does other start-up work, such as planning."""
+    ctx = multiprocessing.get_context("forkserver")
+    ctx.set_forkserver_preload(PRELOAD)
+    from multiprocessing import forkserver
+
+    forkserver.ensure_running()
+
+
 class CoreStartError(RuntimeError):
     """The engine failed to load in the core process (the message says why)."""
 
@@ -137,7 +147,8 @@ def _main(source, address, conn, warmup, parent_pid, log_level, log_file) -> Non
     )
     try:
         conn.send(("phase", "loading the model"))
-        engine = source if hasattr(source, "step") else source()
+        is_engine = hasattr(source, "step") and not isinstance(source, type)
+        engine = source if is_engine else source()
         if warmup:
             conn.send(("phase", "warming up"))
             _warm_up(engine)
