@@ -17,6 +17,7 @@ from rich.console import Console
 from rich.progress import Progress as RichBar
 from rich.progress import SpinnerColumn, TextColumn, TimeElapsedColumn
 
+from appliance.api_workers import start_workers, stop_workers, watch_workers
 from appliance.server.app import Progress, create_app
 from appliance.server.keys import STATE
 from appliance.server.state import Phase
@@ -117,7 +118,13 @@ async def _listen(
     with the reason on stderr, when the address cannot be bound."""
     runner = web.AppRunner(app, handler_cancellation=True, shutdown_timeout=3.0, access_log=None)
     await runner.setup()
-    site = web.TCPSite(runner, settings.host, settings.port, ssl_context=ssl_ctx)
+    site = web.TCPSite(
+        runner,
+        settings.host,
+        settings.port,
+        ssl_context=ssl_ctx,
+        reuse_port=settings.api_workers > 1,  # the API workers bind the same port
+    )
     try:
         await site.start()
     except OSError as exc:
@@ -139,6 +146,9 @@ async def serve(
     if runner is None:
         return 1
     signals = _Signals(settings.drain_timeout)
+    workers: list = []
+    worker_gone = asyncio.Event()
+    watcher = None
     try:
         state = app[STATE]
         while state.phase is Phase.LOADING and not signals.stop.is_set():
@@ -155,14 +165,24 @@ async def serve(
                 "(health: /health, stats: /v1/stats; Ctrl-C drains and stops)",
                 flush=True,
             )
-            await _first(signals.stop, state.core_gone)
+            if settings.api_workers > 1:
+                workers = start_workers(settings, port, state.engine, state.core.address)
+                watcher = asyncio.create_task(watch_workers(workers, worker_gone))
+                logger.info("%d API workers share port %d", settings.api_workers, port)
+            await _first(signals.stop, state.core_gone, worker_gone)
         if state.core_gone.is_set():
             return await _engine_gone(state)
+        if watcher is not None:
+            watcher.cancel()  # the workers stop now on purpose
+        stopping = asyncio.create_task(stop_workers(workers, settings.drain_timeout + 10))
         drained = await state.drain(settings.drain_timeout, signals.force)
         logger.info("drain %s; stopping", "complete" if drained else "timed out: cut the rest")
-        return 0
+        await stopping
+        return 1 if worker_gone.is_set() else 0
     finally:
         signals.close()
+        if workers:
+            await stop_workers(workers, 5)
         await runner.cleanup()
 
 

@@ -108,6 +108,9 @@ class ServeSettings(EngineSettings):
     """Largest number of choices (n x prompts) one request may ask for."""
     warmup: bool = True
     """Run a tiny generation before reporting healthy."""
+    api_workers: int = 1
+    """HTTP front-end processes sharing the port and the one engine (more when one event loop
+    is the limit)."""
     log_level: Annotated[Literal["debug", "info", "warning", "error"], BeforeValidator(_lower)] = (
         "info"
     )
@@ -127,9 +130,11 @@ class ServeSettings(EngineSettings):
         for name in ("drain_timeout", "request_timeout", "ttft_timeout", "stall_timeout"):
             if getattr(self, name) < 0:
                 raise SettingsError(f"{name} must be >= 0 seconds (0 = none)")
-        for name in ("max_queue", "max_body_bytes", "max_n"):
+        for name in ("max_queue", "max_body_bytes", "max_n", "api_workers"):
             if getattr(self, name) < (0 if name == "max_queue" else 1):
                 raise SettingsError(f"{name} is too small: {getattr(self, name)}")
+        if self.tui and self.api_workers > 1:
+            raise SettingsError("--tui runs one front end: drop --api-workers or --tui")
         if bool(self.ssl_certfile) != bool(self.ssl_keyfile):
             raise SettingsError("TLS needs both --ssl-certfile and --ssl-keyfile")
         try:

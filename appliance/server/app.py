@@ -102,10 +102,12 @@ def create_app(
     *,
     loader: Callable[[], Any] | None = None,
     progress: Progress | None = None,
+    core: tuple[Any, str] | None = None,
 ) -> web.Application:
     """Build the app. `engine`: an LLMEngine-like object to run in the core process (pickled
     across); otherwise `loader` (by default LLMEngine from the settings), a picklable callable
-    that the core process calls to build it."""
+    that the core process calls to build it. `core`: (EngineInfo, address) of a core another
+    front end started (an API worker): connect to it instead of starting one."""
     app = web.Application(
         client_max_size=config.max_body_bytes,
         middlewares=[
@@ -125,7 +127,10 @@ def create_app(
     app.router.add_routes(admin_routes)
     app.on_response_prepare.append(_on_prepare)
     app.cleanup_ctx.append(_request_log_ctx)
-    app.cleanup_ctx.append(_engine_ctx(engine, loader or _default_loader(config), progress))
+    if core is not None:
+        app.cleanup_ctx.append(_connect_ctx(*core))
+    else:
+        app.cleanup_ctx.append(_engine_ctx(engine, loader or _default_loader(config), progress))
     app.cleanup_ctx.append(_sampler_ctx)
     return app
 
@@ -156,6 +161,17 @@ def _engine_ctx(engine: Any, loader: Callable[[], Any], progress: Progress | Non
         yield
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
+        await state.close()
+
+    return ctx
+
+
+def _connect_ctx(info: Any, address: str):
+    async def ctx(app: web.Application):
+        state = app[STATE]
+        await state.attach(info, address)
+        state.ready()
+        yield
         await state.close()
 
     return ctx

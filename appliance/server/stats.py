@@ -152,6 +152,8 @@ class StatsTracker:
             "config": dataclasses.asdict(engine.config) if engine is not None else None,
             "plan": _plan(engine),
             "server": {
+                "pid": os.getpid(),
+                "api_workers": settings.api_workers,
                 "max_queue": settings.max_queue,
                 "auth": bool(settings.api_keys),
                 "timeouts_s": {

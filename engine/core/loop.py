@@ -136,10 +136,11 @@ class CoreLoop:
             self.sock.send_multipart([peer, wire.pack(frame)], zmq.NOBLOCK)
         except zmq.ZMQError:  # the front end is gone (ROUTER_MANDATORY): free its requests
             self.peers.discard(peer)
-            for rid, owner in list(self.owner.items()):
-                if owner == peer:
-                    self._abort(rid)
-            logger.warning("a front end went away; its requests were aborted")
+            orphans = [rid for rid, owner in self.owner.items() if owner == peer]
+            for rid in orphans:
+                self._abort(rid)
+            if orphans:
+                logger.warning("a front end went away: its %d requests were aborted", len(orphans))
 
     def tell_dead(self, reason: str) -> None:
         """Tell every front end why the core stops, before the process exits."""
