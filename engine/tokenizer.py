@@ -5,15 +5,30 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from transformers import AutoTokenizer, PreTrainedTokenizerBase
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
+GENERIC_CLASSES = ("TokenizersBackend", "PreTrainedTokenizerFast")
+"""tokenizer_config.json's tokenizer_class values that name transformers' generic class for a
+tokenizer.json: loaded by that class directly, the result is what AutoTokenizer gives, without
+importing AutoTokenizer's registry of every model (16 s of imports on the H200 test machine
+against 2.3 s for the generic class alone)."""
 
 
 def load_tokenizer(folder: str | Path) -> PreTrainedTokenizerBase:
     """Load the tokenizer saved in `folder` (local files only; never reaches the network)."""
     folder = Path(folder)
+    config = _read_json(folder / "tokenizer_config.json")
+    generic = config.get("tokenizer_class") in GENERIC_CLASSES
     try:
+        if generic and (folder / "tokenizer.json").exists():
+            from transformers import PreTrainedTokenizerFast
+
+            return PreTrainedTokenizerFast.from_pretrained(str(folder), local_files_only=True)
+        from transformers import AutoTokenizer
+
         return AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
     except (OSError, ValueError) as e:
         raise ValueError(
