@@ -78,23 +78,14 @@ def _worker_main(settings: ServeSettings, info: Any, address: str) -> None:
 
 
 async def _serve_worker(settings: ServeSettings, info: Any, address: str) -> int:
-    from aiohttp import web
-
-    from appliance.serve import ENGINE_GONE_GRACE_S, make_ssl_context
+    from appliance.serve import ENGINE_GONE_GRACE_S, listen, make_ssl_context
     from appliance.server.app import create_app
     from appliance.server.keys import STATE
 
     app = create_app(settings, core=(info, address))
-    runner = web.AppRunner(app, handler_cancellation=True, shutdown_timeout=3.0, access_log=None)
-    await runner.setup()
-    site = web.TCPSite(
-        runner,
-        settings.host,
-        settings.port,
-        ssl_context=make_ssl_context(settings),
-        reuse_port=True,
-    )
-    await site.start()
+    runner = await listen(app, settings, make_ssl_context(settings))  # reuse_port: N > 1
+    if runner is None:
+        return 1
     state = app[STATE]
     stop = asyncio.Event()
     asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)

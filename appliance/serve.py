@@ -111,7 +111,7 @@ def make_ssl_context(settings: ServeSettings) -> ssl.SSLContext | None:
     return ctx
 
 
-async def _listen(
+async def listen(
     app: web.Application, settings: ServeSettings, ssl_ctx: ssl.SSLContext | None
 ) -> web.AppRunner | None:
     """Start listening (before the engine loads, so /health answers 503 meanwhile); None,
@@ -142,7 +142,7 @@ async def serve(
     """The server's life on the running loop (the main thread's, so that signals reach it)."""
     console = Console(stderr=True)
     app = create_app(settings, loader=loader, progress=ConsoleProgress(console))
-    runner = await _listen(app, settings, ssl_ctx)
+    runner = await listen(app, settings, ssl_ctx)
     if runner is None:
         return 1
     signals = _Signals(settings.drain_timeout)
@@ -278,7 +278,7 @@ async def _serve_with_dashboard(
 ) -> int:
     loop = asyncio.get_running_loop()
     app = create_app(settings, loader=loader, progress=LogProgress())
-    runner = await _listen(app, settings, ssl_ctx)
+    runner = await listen(app, settings, ssl_ctx)
     if runner is None:
         return 1
     port = runner.addresses[0][1] if runner.addresses else settings.port

@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import multiprocessing
 import os
-import re
 import signal
 from functools import partial
 
@@ -16,16 +15,7 @@ import pytest
 from appliance.serve import serve
 from appliance.settings import ServeSettings, SettingsError
 from tests.support.fake_engine import FakeEngine
-
-
-async def wait_for_url(capsys, task: asyncio.Task) -> str:
-    for _ in range(1000):
-        match = re.search(r"at (https?://\S+)/v1", capsys.readouterr().out)
-        if match:
-            return match.group(1)
-        assert not task.done(), task.result()
-        await asyncio.sleep(0.02)
-    raise AssertionError("no URL line")
+from tests.support.serve_process import wait_for_url
 
 
 async def pids_answering(url: str, tries: int = 200) -> set[int]:

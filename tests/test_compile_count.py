@@ -5,19 +5,14 @@ venv's Triton and with the H200's 3.6."""
 
 from __future__ import annotations
 
-import os
-import subprocess
 import sys
 import textwrap
-from pathlib import Path
 
 import pytest
 
 from engine import compile_count
 from engine.compile_count import CompileCounter
-
-ROOT = Path(__file__).resolve().parents[1]
-H200_TRITON = ROOT / ".venv" / "triton-3.6"
+from tests.support.triton_versions import each_triton, run_under_triton
 
 
 def test_the_listener_counts_variants_and_calls_the_one_it_replaced():
@@ -87,27 +82,13 @@ print(triton.__version__, compile_count.total() - 1, c.disk_cache_hits)
 """
 
 
-@pytest.mark.parametrize("triton_dir", [None, H200_TRITON], ids=["venv", "triton-3.6"])
+@each_triton
 def test_the_listener_fires_when_triton_builds_a_kernel(triton_dir, tmp_path):
     pytest.importorskip("triton")
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["TRITON_CACHE_DIR"] = str(tmp_path / "cache")  # empty: the first builds compile
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
-    if triton_dir is not None:
-        if not (triton_dir / "triton").is_dir():
-            pytest.skip(f"{triton_dir} holds no triton (scripts/setup installs it)")
-        env["PYTHONPATH"] = os.pathsep.join([str(triton_dir), str(ROOT)])
     script = tmp_path / "build.py"
     script.write_text(textwrap.dedent(SCRIPT))
-    run = subprocess.run(
-        [sys.executable, str(script)],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert run.returncode == 0, run.stderr[-3000:]
+    empty = {"TRITON_CACHE_DIR": str(tmp_path / "cache")}  # empty: the first builds compile
+    run = run_under_triton(triton_dir, [str(script)], env=empty)
     version, total, hits = run.stdout.split()
     assert (int(total), int(hits)) == (3, 1), run.stdout
     kernel, described = run.stderr.strip().splitlines()[-1].split(" | ")

@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import multiprocessing
 import os
-import re
 import shutil
 import signal
 import ssl
@@ -19,16 +18,7 @@ import pytest
 from appliance.serve import make_ssl_context, serve
 from appliance.settings import ServeSettings
 from tests.support.fake_engine import BrokenLoader, FakeEngine
-
-
-async def wait_for_url(capsys, task: asyncio.Task) -> str:
-    for _ in range(200):
-        match = re.search(r"at (https?://\S+)/v1", capsys.readouterr().out)
-        if match:
-            return match.group(1)
-        assert not task.done(), task.result()
-        await asyncio.sleep(0.02)
-    raise AssertionError("no URL line")
+from tests.support.serve_process import wait_for_url
 
 
 @pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl command")

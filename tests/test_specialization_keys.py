@@ -10,16 +10,11 @@ the GEMMs' row count did). With the venv's Triton and the H200's 3.6."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 
+from tests.support.triton_versions import each_triton, run_under_triton
+
 pytest.importorskip("triton")
-ROOT = Path(__file__).resolve().parents[1]
-H200_TRITON = ROOT / ".venv" / "triton-3.6"
 KERNELS = (
     "_decode_split_kernel",
     "_decode_merge_kernel",
@@ -35,23 +30,9 @@ KERNELS = (
 )
 
 
-@pytest.mark.parametrize("triton_dir", [None, H200_TRITON], ids=["venv", "triton-3.6"])
+@each_triton
 def test_no_kernel_is_specialised_on_the_step(triton_dir):
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
-    if triton_dir is not None:
-        if not (triton_dir / "triton").is_dir():
-            pytest.skip(f"{triton_dir} holds no triton (scripts/setup installs it)")
-        env["PYTHONPATH"] = os.pathsep.join([str(triton_dir), str(ROOT)])
-    run = subprocess.run(
-        [sys.executable, "-m", "tests.support.specialization_keys"],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert run.returncode == 0, run.stderr[-3000:]
+    run = run_under_triton(triton_dir, ["-m", "tests.support.specialization_keys"])
     lines = run.stdout.splitlines()
     varies = [line for line in lines if line.startswith("varies ")]
     assert not varies, "\n".join(varies)

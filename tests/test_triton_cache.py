@@ -5,15 +5,12 @@ H200's 3.6, even when the variable is set after Triton is imported."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 import textwrap
 
 import pytest
 
 from appliance.triton_cache import TRITON_CACHE_ENV, triton_cache_env
-from tests.test_compile_count import H200_TRITON, ROOT
+from tests.support.triton_versions import each_triton, run_under_triton
 
 
 def test_the_cache_goes_under_the_appliance_cache_root(tmp_path, monkeypatch):
@@ -64,30 +61,16 @@ print(triton.__version__, folder, compile_count.total(), compile_count.counter.d
 """
 
 
-@pytest.mark.parametrize("triton_dir", [None, H200_TRITON], ids=["venv", "triton-3.6"])
+@each_triton
 def test_a_second_start_compiles_nothing(triton_dir, tmp_path):
     pytest.importorskip("triton")
-    env = {k: v for k, v in os.environ.items() if k not in ("TRITON_INTERPRET", TRITON_CACHE_ENV)}
-    env["APPLIANCE_CACHE_DIR"] = str(tmp_path / "app")
+    env = {"APPLIANCE_CACHE_DIR": str(tmp_path / "app")}
     env["HOME"] = str(tmp_path / "home")  # Triton's own default would be under it
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
-    if triton_dir is not None:
-        if not (triton_dir / "triton").is_dir():
-            pytest.skip(f"{triton_dir} holds no triton (scripts/setup installs it)")
-        env["PYTHONPATH"] = os.pathsep.join([str(triton_dir), str(ROOT)])
     script = tmp_path / "build.py"
     script.write_text(textwrap.dedent(SCRIPT))
     counts = []
     for _ in range(2):
-        run = subprocess.run(
-            [sys.executable, str(script)],
-            cwd=ROOT,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=300,
-        )
-        assert run.returncode == 0, run.stderr[-3000:]
+        run = run_under_triton(triton_dir, [str(script)], env=env, drop=(TRITON_CACHE_ENV,))
         version, folder, total, hits = run.stdout.split()
         assert folder == str(tmp_path / "app" / "triton")
         counts.append((int(total), int(hits)))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import re
 import selectors
 import subprocess
@@ -32,6 +33,19 @@ def launch_serve(flags: list[str], timeout_s: float = 300, env: dict | None = No
     for pipe in (proc.stdout, proc.stderr):  # keep both drained
         threading.Thread(target=pipe.read, daemon=True).start()
     return proc, url
+
+
+async def wait_for_url(capsys, task, timeout_s: float = 20.0) -> str:
+    """The base URL from the serving line an in-process serve() task prints (captured by
+    pytest's capsys); fails when the task ends first or no line comes within `timeout_s`."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        match = re.search(r"at (https?://\S+)/v1", capsys.readouterr().out)
+        if match:
+            return match.group(1)
+        assert not task.done(), task.result()
+        await asyncio.sleep(0.02)
+    raise AssertionError("no URL line")
 
 
 def start_server(*flags: str) -> tuple[subprocess.Popen, str]:
