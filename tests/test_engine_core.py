@@ -117,6 +117,10 @@ async def test_two_front_ends_share_one_core_and_a_departed_one_frees_its_blocks
     await stalled.next()
     mine = await collect(client, "mine", "w5", greedy(3))
     assert mine[-1].finished and not stalled.finished
+    same = await asyncio.gather(  # one id from two front ends: two requests in the core
+        collect(client, "same", "w7", greedy(2)), collect(other, "same", "w8", greedy(2))
+    )
+    assert [outs[-1].finish_reason for outs in same] == ["length", "length"]
     assert client.stats()["num_unfinished"] == 1  # the core counts every front end's requests
     await other.close()  # gone without aborting: the core aborts its requests
     await collect(client, "poke", "w6", greedy(2))  # a step, so the core notices

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import uuid
 from collections.abc import AsyncIterator, Callable
 
 import zmq
@@ -34,6 +35,9 @@ class CoreClient:
         self.on_dead = on_dead
         """Called once, on the loop, with the reason, when the core is found gone."""
         self.dead: str | None = None
+        self._tag = f"{uuid.uuid4().hex[:8]}/"
+        """Prefixed to request ids in the core: front ends sharing a core may both be sent the
+        same id (a client's X-Request-Id) without colliding there."""
         self._streams: dict[str, RequestStream] = {}
         self._assembled: dict[str, wire.Assembled] = {}
         self._accepting: dict[str, asyncio.Future] = {}
@@ -99,7 +103,8 @@ class CoreClient:
         self._accepting[request_id] = accepted
         prompt_ids = list(prompt) if isinstance(prompt, list) else []
         self._assembled[request_id] = wire.Assembled(request_id, prompt_ids)
-        frame = [wire.ADD, request_id, prompt, wire.params_to_wire(params), arrival_time]
+        params_wire = wire.params_to_wire(params)
+        frame = [wire.ADD, self._tag + request_id, prompt, params_wire, arrival_time]
         self._sock.send(wire.pack(frame))
         try:
             await accepted
@@ -132,7 +137,7 @@ class CoreClient:
         """Ask the core to abort a request (it frees the request's KV blocks); returns at once.
         The stream ends with a final output whose finish_reason is "abort"."""
         if self.is_running and request_id in self._streams:
-            self._sock.send(wire.pack([wire.ABORT, request_id]))
+            self._sock.send(wire.pack([wire.ABORT, self._tag + request_id]))
 
     def stats(self) -> dict:
         """The engine's counters as of the core's last step, plus the requests in the core."""
@@ -149,13 +154,15 @@ class CoreClient:
             if "dead" in frame:
                 self._die(frame["dead"])
                 return
+            cut = len(self._tag)
             for request_id, error, prompt_ids in frame["a"]:
-                self._accepted(request_id, error, prompt_ids)
+                self._accepted(request_id[cut:], error, prompt_ids)
             for delta in frame["o"]:
-                self._deliver(delta)
+                self._deliver(delta[0][cut:], delta)
             self._stats = frame["s"]
             if "kv" in frame:
-                self._kv = frame["kv"]
+                mine = self._tag
+                self._kv = {rid[cut:]: n for rid, n in frame["kv"].items() if rid.startswith(mine)}
 
     def _accepted(self, request_id: str, error: str | None, prompt_ids: list | None) -> None:
         future = self._accepting.pop(request_id, None)
@@ -168,8 +175,7 @@ class CoreClient:
         else:
             future.set_exception(ValueError(error))
 
-    def _deliver(self, delta: list) -> None:
-        request_id = delta[0]
+    def _deliver(self, request_id: str, delta: list) -> None:
         assembled = self._assembled.get(request_id)
         stream = self._streams.get(request_id)
         if assembled is None or stream is None:
