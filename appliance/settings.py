@@ -108,6 +108,9 @@ class ServeSettings(EngineSettings):
     """Largest number of choices (n x prompts) one request may ask for."""
     warmup: bool = True
     """Run a tiny generation before reporting healthy."""
+    tool_parser: str | None = field(default=None, metadata={"metavar": "FAMILY"})
+    """How tool calls are read from the model's output (hermes, llama3_json, mistral); None =
+    chosen from the model's chat template and type."""
     api_workers: int = 1
     """HTTP front-end processes sharing the port and the one engine (more when one event loop
     is the limit)."""

@@ -12,6 +12,7 @@ import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
+from appliance.server.chat_output import ChatStream
 from appliance.server.errors import APIError, bad_request, timeout_error
 from appliance.server.records import ChoiceRecord, RequestRecord
 from appliance.server.state import InFlight
@@ -34,6 +35,8 @@ class Choice:
     sent_text: int = 0
     sent_logprobs: int = 0
     last_token_at: float | None = None
+    chat: ChatStream | None = None
+    """Where the chat text is parsed (reasoning, tool calls) and streamed: the parser's state."""
 
     @property
     def engine_id(self) -> str:

@@ -8,6 +8,7 @@ from functools import partial
 
 from aiohttp import web
 
+from appliance.server.chat_output import ChatOutput
 from appliance.server.errors import APIError, bad_request
 from appliance.server.generation import Choice, Generation
 from appliance.server.keys import EXECUTOR, METRICS, STATE, TRACKER
@@ -17,6 +18,7 @@ from appliance.server.request_keys import KEY_NAME, RECEIVED_AT, REQUEST_ID
 from appliance.server.responses import Formatter, dumps, send_event, usage
 from appliance.server.schema.responses import ModelCard, ModelList
 from appliance.server.state import ServerState
+from appliance.server.tools import parser_for
 
 routes = web.RouteTableDef()
 OFFLOAD_CHARS = 2048
@@ -87,13 +89,30 @@ async def _prompt_ids(app: web.Application, state: ServerState, req: GenerateReq
     if req.messages is not None:
         size = sum(len(m["content"]) for m in req.messages)
         try:
-            return [await offload(app, partial(engine.apply_chat_template, req.messages), size)]
+            render = partial(
+                engine.apply_chat_template, req.messages, req.tools, req.template_kwargs
+            )
+            return [await offload(app, render, size)]
         except ValueError as exc:
             raise bad_request(f"cannot apply the chat template: {exc}", "messages") from None
     return [
         p if isinstance(p, list) else await offload(app, partial(engine.encode, p), len(p))
         for p in req.prompts
     ]
+
+
+def chat_output(state: ServerState, req: GenerateRequest, prompt_ids: list[int]) -> ChatOutput:
+    """How this chat request's output is read: reasoning when the template has `<think>`
+    (starting inside it when the rendered prompt ends with an open one), tool calls by the
+    model's parser when the request sent tools."""
+    engine = state.engine
+    template = getattr(engine.tokenizer, "chat_template", None) or ""
+    reasoning = "<think>" in template
+    opened = reasoning and engine.decode(prompt_ids[-8:]).rstrip().endswith("<think>")
+    parser = None
+    if req.tools:
+        parser = parser_for(template, engine.model_type, state.settings.tool_parser)
+    return ChatOutput(reasoning, opened, parser, req.parallel_tool_calls)
 
 
 def resolve_max_tokens(req: GenerateRequest, prompt_len: int, limit: int) -> int:
@@ -157,7 +176,12 @@ async def serve_generation(request: web.Request, req: GenerateRequest) -> web.St
 
     gen = Generation(state.core, state.settings, record, entry, choices, on_itl)
     fmt = Formatter(
-        req.endpoint, rid, state.model_name, int(record.received_at), state.engine.tokenizer
+        req.endpoint,
+        rid,
+        state.model_name,
+        int(record.received_at),
+        state.engine.tokenizer,
+        chat_output(state, req, prompts[0]) if req.messages is not None else None,
     )
     outcome = ["error", 500, None]
     try:
@@ -201,8 +225,7 @@ async def _stream(
         try:
             async with aclosing(gen.outputs()) as events:
                 async for choice, _ in events:
-                    chunk = fmt.delta_chunk(choice, req.include_usage)
-                    if chunk is not None:
+                    for chunk in fmt.delta_chunks(choice, req.include_usage):
                         await send_event(resp, chunk)
             if req.include_usage:
                 u = usage(record.prompt_tokens, record.completion_tokens)

@@ -63,7 +63,11 @@ class GenerateRequest:
     prompts: list[str | list[int]] = field(default_factory=list)
     """Completions: each prompt gets n choices."""
     messages: list[dict] | None = None
-    """Chat: normalised to {'role', 'content': str}."""
+    """Chat: normalised to {'role', 'content': str} (+ tool_calls, tool_call_id)."""
+    tools: list[dict] | None = None
+    """Chat: OpenAI tool definitions, for the template; None when the output is all content."""
+    parallel_tool_calls: bool = True
+    template_kwargs: dict | None = None
     n: int = 1
     stream: bool = False
     include_usage: bool = False
@@ -125,19 +129,37 @@ def parse_chat(data: dict) -> GenerateRequest:
     req.max_tokens = body.max_completion_tokens or body.max_tokens  # both >= 1 when set
     req.logprobs = (body.top_logprobs or 0) if body.logprobs else None
     req.messages = chat_messages(body.messages)
+    if body.tools and body.tool_choice != "none":
+        req.tools = [t.model_dump(exclude_none=True) for t in body.tools]
+    req.parallel_tool_calls = body.parallel_tool_calls is not False
+    req.template_kwargs = body.chat_template_kwargs
     return req
 
 
 def chat_messages(messages: list[ChatMessage]) -> list[dict]:
-    """Messages as chat templates take them: [{'role', 'content': str}]."""
+    """Messages as chat templates take them: [{'role', 'content': str}], with an assistant's
+    tool_calls and a tool message's tool_call_id where they were sent."""
     out = []
-    for msg in messages:
+    for i, msg in enumerate(messages):
         content = msg.content
-        if not isinstance(content, str):
+        if content is None:
+            if not msg.tool_calls:
+                raise bad_request(
+                    f"messages[{i}].content may be null only in an assistant message with "
+                    "tool_calls",
+                    param=f"messages[{i}].content",
+                )
+            content = ""
+        elif not isinstance(content, str):
             content = "".join(part.text for part in content)
         # Chat templates know "system"; OpenAI's newer "developer" role means the same.
         role = "system" if msg.role == "developer" else msg.role
-        out.append({"role": role, "content": content})
+        entry: dict = {"role": role, "content": content}
+        if msg.tool_calls:
+            entry["tool_calls"] = [call.model_dump() for call in msg.tool_calls]
+        if msg.tool_call_id is not None:
+            entry["tool_call_id"] = msg.tool_call_id
+        out.append(entry)
     return out
 
 

@@ -11,6 +11,7 @@ import json
 
 from aiohttp import web
 
+from appliance.server.chat_output import ChatOutput
 from appliance.server.generation import Choice
 from engine.request import Logprob
 
@@ -45,8 +46,18 @@ def usage(prompt_tokens: int, completion_tokens: int) -> dict:
 class Formatter:
     """Builds the bodies of one request (completions or chat); knows ids, model and tokenizer."""
 
-    def __init__(self, endpoint: str, request_id: str, model: str, created: int, tokenizer) -> None:
+    def __init__(
+        self,
+        endpoint: str,
+        request_id: str,
+        model: str,
+        created: int,
+        tokenizer,
+        chat_output: ChatOutput | None = None,
+    ) -> None:
         self.chat = endpoint == "chat"
+        self.chat_output = chat_output if chat_output and not chat_output.is_plain else None
+        """How chat text splits into reasoning, content and tool calls; None: all content."""
         self.id = f"{'chatcmpl' if self.chat else 'cmpl'}-{request_id}"
         self.model = model
         self.created = created
@@ -85,11 +96,15 @@ class Formatter:
                 else None
             )
             item: dict = {"index": c.record.index, "logprobs": lps}
-            if self.chat:
+            reason = c.record.finish_reason
+            if self.chat_output is not None:
+                item["message"], has_calls = self.chat_output.message(text)
+                reason = "tool_calls" if has_calls else reason
+            elif self.chat:
                 item["message"] = {"role": "assistant", "content": text}
             else:
                 item["text"] = text
-            item["finish_reason"] = c.record.finish_reason
+            item["finish_reason"] = reason
             item["stop_reason"] = last.stop_reason if last is not None else None
             out.append(item)
         return {**self._envelope(out, chunk=False), "usage": usage_}
@@ -137,6 +152,43 @@ class Formatter:
             return self._chunk(self._text_item % (c.record.index, dumps(text)), with_usage)
         item = self._delta_item(c.record.index, text, lps, out if out.finished else None)
         return self._chunk(dumps(item), with_usage)
+
+    def delta_chunks(self, c: Choice, with_usage: bool) -> list[str]:
+        """The next chunks of a choice: delta_chunk's one, or, where the chat text is parsed
+        (reasoning, tool calls), one per delta the parser released, then the finish."""
+        if self.chat_output is None:
+            chunk = self.delta_chunk(c, with_usage)
+            return [] if chunk is None else [chunk]
+        out = c.last
+        text = out.text[c.sent_text :]
+        lps = None
+        if out.logprobs is not None and len(out.logprobs) > c.sent_logprobs:
+            lps = self.logprobs(out.logprobs[c.sent_logprobs :], c.sent_text)
+        c.sent_text, c.sent_logprobs = len(out.text), len(out.logprobs or [])
+        if c.chat is None:
+            c.chat = self.chat_output.stream()
+        deltas = c.chat.feed(text) if text else []
+        if out.finished:
+            deltas += c.chat.finish()
+        if lps is not None and not deltas:
+            deltas = [{}]
+        index = c.record.index
+        items = [
+            {"index": index, "delta": d, "logprobs": lps if i == 0 else None, "finish_reason": None}
+            for i, d in enumerate(deltas)
+        ]
+        if out.finished:
+            reason = "tool_calls" if c.chat.has_calls else out.finish_reason
+            items.append(
+                {
+                    "index": index,
+                    "delta": {},
+                    "logprobs": None,
+                    "finish_reason": reason,
+                    "stop_reason": out.stop_reason,
+                }
+            )
+        return [self._chunk(dumps(item), with_usage) for item in items]
 
     def usage_chunk(self, usage_: dict) -> str:
         return self._chunk("", True, dumps(usage_))

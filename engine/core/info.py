@@ -17,6 +17,8 @@ class EngineInfo:
     device: str
     tokenizer: Any
     """The engine's tokenizer (pickled across), or None for a token-ids-only model."""
+    model_type: str | None = None
+    """config.json's model_type ("llama", "qwen3", ...), for choosing a tool-call parser."""
     vocab_size: int | None = None
     """Token ids run from 0 to vocab_size - 1."""
     plan: dict | None = None
@@ -38,6 +40,7 @@ class EngineInfo:
             device=str(engine.device),
             tokenizer=engine.tokenizer,
             vocab_size=vocab_size,
+            model_type=getattr(model_config, "model_type", None),
             plan=report() if report is not None else None,
             stats={**engine.stats(), "num_unfinished": 0, "last_step_s": 0.0},
         )
@@ -55,9 +58,12 @@ class EngineInfo:
             raise ValueError("this model has no tokenizer: it cannot turn token ids into text")
         return self.tokenizer.decode(token_ids)
 
-    def apply_chat_template(self, messages: list[dict]) -> list[int]:
+    def apply_chat_template(
+        self, messages: list[dict], tools: list[dict] | None = None, kwargs: dict | None = None
+    ) -> list[int]:
+        """Token ids of `messages` (with `tools` and extra template variables `kwargs`)."""
         if self.tokenizer is None:
             raise ValueError("this model has no tokenizer, so chat messages cannot be formatted")
         from engine.tokenizer import apply_chat_template  # transformers: imported once needed
 
-        return apply_chat_template(self.tokenizer, messages)
+        return apply_chat_template(self.tokenizer, messages, tools, kwargs)

@@ -43,6 +43,8 @@ class ModelConfig:
     eos_token_id: list[int]
     quantization_config: dict | None = None
     """config.json's quantization_config (a bitsandbytes-quantized checkpoint), if any."""
+    model_type: str | None = None
+    """config.json's model_type ("llama", "qwen3", ...)."""
 
     def kv_bytes_per_token(self, elem_bytes: int, scale_bytes: int = 0) -> int:
         """The KV-cache formula: 2 (K and V) x layers x KV heads (not attention heads) x
@@ -112,6 +114,7 @@ class ModelConfig:
             torch_dtype=raw.get("torch_dtype") or raw.get("dtype"),
             eos_token_id=[] if eos is None else ([eos] if isinstance(eos, int) else list(eos)),
             quantization_config=raw.get("quantization_config"),
+            model_type=raw.get("model_type"),
         )
 
     @classmethod

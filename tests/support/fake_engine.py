@@ -33,6 +33,7 @@ VOCAB = 512
 EOS_ID = 2
 STALL_MARK = 3
 EOS_MARK = 4
+SCRIPT_CHARS = 3  # characters of a scripted output each token brings
 COMPILE_MARK = 13
 CRASH_MARK = 14
 
@@ -56,9 +57,14 @@ class FakeTokenizer:
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
         return "".join(f" w{i}" for i in ids if not (skip_special_tokens and i == EOS_ID))
 
-    def apply_chat_template(self, messages, tokenize=False, add_generation_prompt=True) -> str:
-        """As a Hugging Face tokenizer renders its template (tokenize=False): the text."""
-        text = " ".join(f"{m['role']}: {m['content']}" for m in messages)
+    def apply_chat_template(
+        self, messages, tokenize=False, add_generation_prompt=True, tools=None, **variables
+    ) -> str:
+        """As a Hugging Face tokenizer renders its template (tokenize=False): the text, with the
+        tools' names and the extra template variables (key=value) in front."""
+        head = [f"tools: {','.join(t['function']['name'] for t in tools)}"] if tools else []
+        head += [f"{k}={v}" for k, v in sorted(variables.items())]
+        text = " ".join(head + [f"{m['role']}: {m['content']}" for m in messages])
         return text + (" assistant:" if add_generation_prompt else "")
 
 
@@ -85,6 +91,8 @@ class FakeEngine:
         markers: bool = True,
         counts_compiles: bool = True,
         reports_kv: bool = True,
+        script: str | None = None,
+        chat_template: str | None = None,
         **config,
     ) -> None:
         defaults = dict(
@@ -98,6 +106,10 @@ class FakeEngine:
         )
         self.config = EngineConfig(**{**defaults, **config})
         self.tokenizer = FakeTokenizer()
+        if chat_template is not None:
+            self.tokenizer.chat_template = chat_template
+        self.script = script
+        """Every request's output text, when set: SCRIPT_CHARS characters a token, then EOS."""
         self.model_name = "fake-model"
         self.device = torch.device("cpu")
         self.step_time = step_time
@@ -223,7 +235,12 @@ class FakeEngine:
             req.trace.append(TraceEvent(now, "first_token"))
         # incremental, as the real engine's detokenizer: decoding all tokens every step made
         # this stand-in's cost grow with the output length and dominate scripts/bench_http.py
-        req.text += self.tokenizer.decode([token], p.skip_special_tokens)
+        if self.script is not None:
+            req.text = self.script[: SCRIPT_CHARS * len(req.out)]
+            if len(req.text) == len(self.script):
+                return self._finish(req, "stop")
+        else:
+            req.text += self.tokenizer.decode([token], p.skip_special_tokens)
         for s in p.stop:
             if s in req.text:
                 req.text = req.text[: req.text.index(s)]

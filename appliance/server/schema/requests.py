@@ -19,6 +19,7 @@ MAX_STOP = 16
 MAX_LOGPROBS = 20
 MAX_SEED = (1 << 63) - 1
 MAX_TOP_K = 1 << 20
+MAX_TOOLS = 128
 
 NonEmptyStr = Annotated[str, Field(min_length=1)]
 TokenId = Annotated[int, Field(ge=0)]
@@ -34,17 +35,43 @@ class TextPart(Part):
     text: str
 
 
+class FunctionCall(Part):
+    name: NonEmptyStr
+    arguments: str = Field(description="The arguments, a JSON object as text.")
+
+
+class ToolCallPart(Part):
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
 class ChatMessage(Part):
     role: Role = Field(description='"developer" is read as "system".')
     content: Annotated[
-        str | list[TextPart],
+        str | list[TextPart] | None,
         Allowed(
             'a string or a list of text parts ({"type": "text", "text": "..."}); '
             "only text parts are supported"
         ),
-    ]
+    ] = Field(None, description="May be null only in an assistant message with tool_calls.")
     name: str | None = None
-    tool_calls: unsupported(Any, []) = None
+    tool_calls: list[ToolCallPart] | None = Field(
+        None, description="An assistant message's calls, as the server returned them."
+    )
+    tool_call_id: str | None = Field(None, description="A tool message: the call it answers.")
+
+
+class FunctionDef(Part):
+    name: Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.-]+$")]
+    description: str | None = None
+    parameters: dict[str, Any] | None = Field(None, description="A JSON Schema object.")
+    strict: bool | None = None
+
+
+class ToolDef(Part):
+    type: Literal["function"]
+    function: FunctionDef
 
 
 Messages = Annotated[
@@ -109,7 +136,9 @@ class SamplingRequest(RequestModel):
     metadata: dict[str, str] | None = Field(None, description="Accepted and ignored.")
     store: bool | None = Field(None, description="Accepted and ignored.")
     service_tier: str | None = Field(None, description="Accepted and ignored.")
-    parallel_tool_calls: bool | None = Field(None, description="Accepted and ignored.")
+    parallel_tool_calls: bool | None = Field(
+        None, description="false: at most one tool call per choice (default true)."
+    )
 
 
 class CompletionRequest(SamplingRequest):
@@ -137,8 +166,17 @@ class ChatCompletionRequest(SamplingRequest):
     top_logprobs: int | None = Field(
         None, ge=0, le=MAX_LOGPROBS, description="Alternatives per token; needs logprobs."
     )
-    tools: unsupported(Any, []) = None
-    tool_choice: unsupported(Any, "none", "auto") = None
+    tools: Annotated[list[ToolDef], Field(max_length=MAX_TOOLS)] | None = Field(
+        None, description="Functions the model may call; the chat template lists them."
+    )
+    tool_choice: unsupported(Any, "none", "auto") = Field(
+        None,
+        description='"auto" (the default with tools): the calls the model writes are parsed; '
+        '"none": the output is content. Not supported yet: "required" and a named function.',
+    )
+    chat_template_kwargs: dict[str, Any] | None = Field(
+        None, description='(extension) More template variables, e.g. {"enable_thinking": false}.'
+    )
     functions: unsupported(Any, []) = None
     function_call: unsupported(Any, "none", "auto") = None
     response_format: unsupported(Any, {"type": "text"}) = None

@@ -1,0 +1,104 @@
+"""What a chat choice's generated text becomes in the response: reasoning (a model's
+`<think>...</think>`, appliance.server.reasoning), content, and tool calls parsed from the
+content by the model family's parser (appliance.server.tools). Whole, for a plain response, or
+as deltas, for a stream: the deltas of a stream add up to the whole response."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from appliance.server.reasoning import ReasoningStream, split_reasoning
+from appliance.server.tools import PARSERS, ContentDelta, ToolCallDelta
+
+
+@dataclass(frozen=True)
+class ChatOutput:
+    """How one request's chat text is read: reasoning split or not, which tool parser (None:
+    the text is all content), and whether several calls may be returned."""
+
+    reasoning: bool = False
+    starts_in_reasoning: bool = False
+    tool_parser: str | None = None
+    parallel_tool_calls: bool = True
+
+    @property
+    def is_plain(self) -> bool:
+        return not self.reasoning and self.tool_parser is None
+
+    def message(self, text: str) -> tuple[dict, bool]:
+        """The response's message for `text`, and whether it holds tool calls."""
+        reasoning, content = None, text
+        if self.reasoning:
+            reasoning, content = split_reasoning(text, self.starts_in_reasoning)
+        message: dict = {"role": "assistant", "content": content}
+        if reasoning is not None:
+            message["reasoning_content"] = reasoning
+        calls = []
+        if self.tool_parser is not None:
+            parsed = PARSERS[self.tool_parser]().parse(content)
+            calls = parsed.tool_calls if self.parallel_tool_calls else parsed.tool_calls[:1]
+            message["content"] = parsed.content or None if calls else parsed.content
+        if calls:
+            message["tool_calls"] = [
+                {
+                    "id": call.id,
+                    "type": "function",
+                    "function": {"name": call.name, "arguments": call.arguments},
+                }
+                for call in calls
+            ]
+        return message, bool(calls)
+
+    def stream(self) -> ChatStream:
+        return ChatStream(self)
+
+
+class ChatStream:
+    """One choice's text deltas in, the chunk deltas out ({"reasoning_content": ...},
+    {"content": ...}, {"tool_calls": [...]}); `has_calls` once a call has begun."""
+
+    def __init__(self, output: ChatOutput) -> None:
+        self.reasoning = ReasoningStream(output.starts_in_reasoning) if output.reasoning else None
+        parser = output.tool_parser
+        self.tools = PARSERS[parser]().stream() if parser is not None else None
+        self.parallel = output.parallel_tool_calls
+        self.has_calls = False
+
+    def feed(self, text: str) -> list[dict]:
+        return self._route(*self.reasoning.feed(text)) if self.reasoning else self._content(text)
+
+    def finish(self) -> list[dict]:
+        deltas = self._route(*self.reasoning.finish()) if self.reasoning else []
+        if self.tools is not None:
+            deltas += self._tool_deltas(self.tools.finish())
+        return deltas
+
+    def _route(self, reasoning: str, content: str) -> list[dict]:
+        deltas = [{"reasoning_content": reasoning}] if reasoning else []
+        return deltas + self._content(content)
+
+    def _content(self, text: str) -> list[dict]:
+        if self.tools is None:
+            return [{"content": text}] if text else []
+        return self._tool_deltas(self.tools.feed(text)) if text else []
+
+    def _tool_deltas(self, items: list) -> list[dict]:
+        deltas = []
+        for item in items:
+            if isinstance(item, ContentDelta):
+                if item.text:
+                    deltas.append({"content": item.text})
+            elif isinstance(item, ToolCallDelta):
+                if item.index > 0 and not self.parallel:
+                    continue  # one call only: the rest is dropped, as in the whole response
+                self.has_calls = True
+                call: dict = {"index": item.index}
+                if item.id is not None:
+                    call.update(id=item.id, type="function")
+                function = {}
+                if item.name is not None:
+                    function["name"] = item.name
+                function["arguments"] = item.arguments_fragment
+                call["function"] = function
+                deltas.append({"tool_calls": [call]})
+        return deltas
