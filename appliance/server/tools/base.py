@@ -55,12 +55,15 @@ def new_call_id() -> str:
     return "call_" + secrets.token_hex(12)
 
 
-def call_from_json(obj: Any, argument_keys: tuple[str, ...]) -> tuple[str, str] | None:
+def call_from_json(
+    obj: Any, argument_keys: tuple[str, ...], needs_arguments: bool = False
+) -> tuple[str, str] | None:
     """(name, arguments JSON text) from a decoded call object, or None when it is not one.
 
     A call is an object with a non-empty string "name" and its arguments under the first of
     `argument_keys` present: an object (dumped as JSON), or a string holding a JSON object
-    (kept verbatim). No arguments key means no arguments ("{}")."""
+    (kept verbatim). No arguments key means no arguments ("{}"), or no call when
+    `needs_arguments` (where bare JSON, not markup, marks a call)."""
     if not isinstance(obj, dict):
         return None
     name = obj.get("name")
@@ -71,6 +74,9 @@ def call_from_json(obj: Any, argument_keys: tuple[str, ...]) -> tuple[str, str] 
         if key in obj:
             args = obj[key]
             break
+    else:
+        if needs_arguments:
+            return None
     if isinstance(args, dict):
         return name, json.dumps(args, ensure_ascii=False)
     if isinstance(args, str):

@@ -10,10 +10,11 @@ ARGUMENT_KEYS = ("parameters", "arguments")
 
 
 class Llama3JsonScanner:
-    """Calls only at the start of the output (after whitespace), then each after `;` (or
-    directly after the previous one). From the first text that is not a call on, the rest of
-    the output is content, verbatim. A call's JSON is held until its closing brace; JSON that
-    never completes is content at the end."""
+    """A call is an object with "name" and "parameters" (or "arguments"); a JSON answer such
+    as {"name": "Bob"} stays content. Calls come only at the start of the output (after
+    whitespace), then each after `;` or directly after the previous one. From the first text
+    that is not a call on, the rest of the output is content, verbatim. A call's JSON is held
+    until its closing brace; JSON that never completes is content at the end."""
 
     def __init__(self) -> None:
         self._state = "start"  # "start" | "after_call" | "content"
@@ -50,7 +51,7 @@ class Llama3JsonScanner:
         decoded = decode_json_at(text, brace)
         if decoded is None:
             return self._to_content() if final else Pending(start)
-        call = call_from_json(decoded[0], ARGUMENT_KEYS)
+        call = call_from_json(decoded[0], ARGUMENT_KEYS, needs_arguments=True)
         if call is None:
             return self._to_content()
         self._state = "after_call"
