@@ -55,9 +55,14 @@ class EngineInfo:
             raise ValueError("this model has no tokenizer: it cannot turn token ids into text")
         return self.tokenizer.decode(token_ids)
 
-    def apply_chat_template(self, messages: list[dict]) -> list[int]:
+    def apply_chat_template(
+        self,
+        messages: list[dict],
+        tools: list[dict] | None = None,
+        template_kwargs: dict | None = None,
+    ) -> list[int]:
         if self.tokenizer is None:
             raise ValueError("this model has no tokenizer, so chat messages cannot be formatted")
         from engine.tokenizer import apply_chat_template  # transformers: imported once needed
 
-        return apply_chat_template(self.tokenizer, messages)
+        return apply_chat_template(self.tokenizer, messages, tools, template_kwargs)
