@@ -155,8 +155,13 @@ class LLMEngine:
             raise ValueError("this model has no tokenizer: pass prompts as token ids")
         return self.tokenizer.encode(prompt)
 
-    def apply_chat_template(self, messages: list[dict]) -> list[int]:
-        return apply_chat_template(self.tokenizer, messages)
+    def apply_chat_template(
+        self,
+        messages: list[dict],
+        tools: list[dict] | None = None,
+        template_kwargs: dict | None = None,
+    ) -> list[int]:
+        return apply_chat_template(self.tokenizer, messages, tools, template_kwargs)
 
     def add_request(
         self,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import json
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -56,13 +57,42 @@ def eos_token_ids(folder: str | Path, tokenizer: PreTrainedTokenizerBase) -> fro
 
 
 def apply_chat_template(
-    tokenizer: PreTrainedTokenizerBase, messages: list[dict[str, Any]]
+    tokenizer: PreTrainedTokenizerBase,
+    messages: list[dict[str, Any]],
+    tools: list[dict[str, Any]] | None = None,
+    template_kwargs: Mapping[str, Any] | None = None,
 ) -> list[int]:
     """Token ids of `messages` rendered with the model's chat template, ending with the prompt
-    for the assistant's reply (add_generation_prompt=True).
+    for the assistant's reply: `render_chat_template` encoded without added special tokens (the
+    template writes any BOS itself).
+    """
+    text = render_chat_template(tokenizer, messages, tools, template_kwargs)
+    return list(tokenizer.encode(text, add_special_tokens=False))
+
+
+def render_chat_template(
+    tokenizer: PreTrainedTokenizerBase,
+    messages: list[dict[str, Any]],
+    tools: list[dict[str, Any]] | None = None,
+    template_kwargs: Mapping[str, Any] | None = None,
+) -> str:
+    """The text of `messages` rendered with the model's chat template (add_generation_prompt).
+
+    `tools`: OpenAI tool definitions (`{"type": "function", "function": {"name", "description",
+    "parameters"}}`), handed to the template as transformers' `tools` variable unchanged.
+    `template_kwargs`: extra template variables, such as `{"enable_thinking": False}`.
+    With neither, the template is called exactly as before they existed.
+
+    Messages are passed as OpenAI sends them (role "tool" with `tool_call_id`; assistant
+    `tool_calls` of `{"id", "type": "function", "function": {"name", "arguments"}}`), with two
+    changes that templates written for transformers expect: each call's `arguments` JSON string
+    becomes the object it encodes (templates write it with `tojson` or iterate its items), and
+    keys whose value is None (`"content": null` beside `tool_calls`) are left out.
 
     Raises:
-        ValueError: the tokenizer has no chat template (a base model): send a plain prompt.
+        ValueError: the tokenizer has no chat template (a base model: send a plain prompt), a
+            call's arguments are not a JSON object, or a template variable is one of
+            apply_chat_template's own parameters.
     """
     if not getattr(tokenizer, "chat_template", None):
         name = getattr(tokenizer, "name_or_path", "") or type(tokenizer).__name__
@@ -70,10 +100,58 @@ def apply_chat_template(
             f"the tokenizer of {name} has no chat template, so chat messages cannot be formatted; "
             "use a completion prompt instead, or a chat (instruct) model"
         )
-    # Render then encode: the template writes any BOS itself, so none is added on top. This is
-    # what transformers does internally, without depending on its return type across versions.
-    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-    return list(tokenizer.encode(text, add_special_tokens=False))
+    extra: dict[str, Any] = dict(template_kwargs or {})
+    reserved = sorted(set(extra) & _reserved_names(tokenizer))
+    if reserved:
+        raise ValueError(
+            f"chat_template_kwargs may not set {', '.join(reserved)}: the server sets these "
+            "itself; remove them from chat_template_kwargs"
+        )
+    if tools is not None:
+        extra["tools"] = tools
+    # Render then encode: what transformers does internally, without depending on its return
+    # type across versions.
+    return tokenizer.apply_chat_template(
+        _template_messages(messages), tokenize=False, add_generation_prompt=True, **extra
+    )
+
+
+def _template_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Copies of `messages` as templates read them (see render_chat_template)."""
+    out = []
+    for i, message in enumerate(messages):
+        message = {k: v for k, v in message.items() if v is not None}
+        calls = message.get("tool_calls")
+        if isinstance(calls, list):
+            message["tool_calls"] = [_template_call(call, i) for call in calls]
+        out.append(message)
+    return out
+
+
+def _template_call(call: Any, index: int) -> Any:
+    function = call.get("function") if isinstance(call, Mapping) else None
+    if not isinstance(function, Mapping) or not isinstance(function.get("arguments"), str):
+        return call
+    try:
+        arguments = json.loads(function["arguments"])
+    except ValueError as e:
+        raise ValueError(
+            f"messages[{index}].tool_calls: the arguments of {function.get('name')!r} are not "
+            f"valid JSON ({e}); send them as a JSON object encoded in a string"
+        ) from e
+    if not isinstance(arguments, dict):
+        raise ValueError(
+            f"messages[{index}].tool_calls: the arguments of {function.get('name')!r} encode a "
+            f"{type(arguments).__name__}, not a JSON object; send an object such as '{{}}'"
+        )
+    return {**call, "function": {**function, "arguments": arguments}}
+
+
+def _reserved_names(tokenizer: PreTrainedTokenizerBase) -> set[str]:
+    """Template variable names that apply_chat_template takes as its own parameters."""
+    params = inspect.signature(tokenizer.apply_chat_template).parameters
+    names = {n for n, p in params.items() if p.kind is not inspect.Parameter.VAR_KEYWORD}
+    return names | {"messages", "conversation", "conversations", "tools"}
 
 
 def _add_ids(ids: set[int], value: Any) -> None:

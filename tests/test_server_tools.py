@@ -91,7 +91,7 @@ async def test_template_variables_and_a_tool_conversation_reach_the_template():
         plain = (await (await client.post(CHAT, json=body)).json())["usage"]["prompt_tokens"]
         kwargs = {**body, "chat_template_kwargs": {"enable_thinking": False}}
         r = await client.post(CHAT, json=kwargs)
-        assert (await r.json())["usage"]["prompt_tokens"] == plain + 1  # "enable_thinking=False"
+        assert (await r.json())["usage"]["prompt_tokens"] == plain + 2  # "enable_thinking: False"
         call = {"id": "call_1", "type": "function"}
         call["function"] = {"name": "get_weather", "arguments": '{"city": "Paris"}'}
         turns = MSGS + [

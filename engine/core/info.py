@@ -59,11 +59,13 @@ class EngineInfo:
         return self.tokenizer.decode(token_ids)
 
     def apply_chat_template(
-        self, messages: list[dict], tools: list[dict] | None = None, kwargs: dict | None = None
+        self,
+        messages: list[dict],
+        tools: list[dict] | None = None,
+        template_kwargs: dict | None = None,
     ) -> list[int]:
-        """Token ids of `messages` (with `tools` and extra template variables `kwargs`)."""
         if self.tokenizer is None:
             raise ValueError("this model has no tokenizer, so chat messages cannot be formatted")
         from engine.tokenizer import apply_chat_template  # transformers: imported once needed
 
-        return apply_chat_template(self.tokenizer, messages, tools, kwargs)
+        return apply_chat_template(self.tokenizer, messages, tools, template_kwargs)

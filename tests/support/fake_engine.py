@@ -60,11 +60,11 @@ class FakeTokenizer:
     def apply_chat_template(
         self, messages, tokenize=False, add_generation_prompt=True, tools=None, **variables
     ) -> str:
-        """As a Hugging Face tokenizer renders its template (tokenize=False): the text, with the
-        tools' names and the extra template variables (key=value) in front."""
+        """As a Hugging Face tokenizer renders its template (tokenize=False): the text, led by
+        the names of the tools and the template variables when there are any."""
         head = [f"tools: {','.join(t['function']['name'] for t in tools)}"] if tools else []
-        head += [f"{k}={v}" for k, v in sorted(variables.items())]
-        text = " ".join(head + [f"{m['role']}: {m['content']}" for m in messages])
+        head += [f"{k}: {v}" for k, v in sorted(variables.items())]
+        text = " ".join(head + [f"{m['role']}: {m.get('content')}" for m in messages])
         return text + (" assistant:" if add_generation_prompt else "")
 
 
@@ -128,8 +128,13 @@ class FakeEngine:
         self._blocks_used = 0
         self._totals = {"prompt": 0, "gen": 0, "steps": 0}
 
-    def apply_chat_template(self, messages: list[dict]) -> list[int]:
-        return apply_chat_template(self.tokenizer, messages)
+    def apply_chat_template(
+        self,
+        messages: list[dict],
+        tools: list[dict] | None = None,
+        template_kwargs: dict | None = None,
+    ) -> list[int]:
+        return apply_chat_template(self.tokenizer, messages, tools, template_kwargs)
 
     def add_request(self, request_id, prompt, params, arrival_time=None) -> None:
         if request_id in self._reqs:
