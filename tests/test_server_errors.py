@@ -106,15 +106,22 @@ BAD_CHATS = [
     ({"messages": []}, "'messages' must be a non-empty list"),
     ({"messages": "hi"}, "'messages' must be a non-empty list"),
     ({"messages": [{"role": "wizard", "content": "x"}]}, "messages[0].role must be one of"),
-    ({"messages": [{"role": "user"}]}, "messages[0].content must be a string"),
+    (  # content may be left out only where tool_calls stand instead
+        {"messages": [{"role": "user"}]},
+        "messages[0].content may be null only in an assistant message with tool_calls",
+    ),
     ({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, "only text parts"),
-    ({"tools": [{"type": "function"}]}, "'tools' is not supported"),
+    ({"tools": [{"type": "function"}]}, "tools[0].function is required"),
+    (
+        {"tools": [{"type": "function", "function": {"name": "get weather"}}]},
+        "tools[0].function.name must be letters, digits, '_', '.' or '-'",
+    ),
     ({"top_logprobs": 2}, "'top_logprobs' needs 'logprobs': true"),
     ({"max_completion_tokens": 0}, "'max_completion_tokens' must be >= 1"),
     ({"messages": [5]}, "messages[0] must be an object, got a number"),
     (
         {"messages": [{"role": "user", "content": "x", "tool_calls": [{"id": "c1"}]}]},
-        "messages[0].tool_calls is not supported",
+        "messages[0].tool_calls[0].function is required",
     ),
     ({"response_format": {"type": "json_object"}}, "'response_format' is not supported"),
     ({"tool_choice": "required"}, "'tool_choice' is not supported"),
@@ -137,7 +144,7 @@ async def test_param_is_the_parameters_json_path():
             (COMPLETIONS, {"prompt": "w1", "metadata": {"team": 7}}, "metadata.team"),
             (CHAT, {"messages": [msg, {"role": "robot", "content": "x"}]}, "messages[1].role"),
             (CHAT, {"messages": [msg, {"role": "user"}]}, "messages[1].content"),
-            (CHAT, {"messages": [msg], "tools": [{"type": "function"}]}, "tools"),
+            (CHAT, {"messages": [msg], "tools": [{"type": "function"}]}, "tools[0].function"),
         ]:
             err = await expect_error(await client.post(path, json=body), 400, param)
             assert err["param"] == param

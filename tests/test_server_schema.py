@@ -245,6 +245,7 @@ FULL_CHAT = {
     "top_logprobs": 2,
     "tools": [],
     "tool_choice": "auto",
+    "chat_template_kwargs": {"enable_thinking": False},
     "response_format": {"type": "text"},
     "modalities": ["text"],
     "functions": [],

@@ -7,6 +7,7 @@ Every rejection is an APIError(400) whose message names the parameter and what i
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, field, fields
 
 from aiohttp import web
@@ -29,6 +30,7 @@ SAMPLING_FIELDS = tuple(
     if f.name in SamplingRequest.model_fields and f.name != "seed"
 )
 """Request fields handed to SamplingParams as they are (seed is offset per choice)."""
+TOOL_NAME = re.compile(r"^[A-Za-z0-9_.-]+$")
 
 
 async def read_json(request: web.Request) -> dict:
@@ -129,6 +131,12 @@ def parse_chat(data: dict) -> GenerateRequest:
     req.max_tokens = body.max_completion_tokens or body.max_tokens  # both >= 1 when set
     req.logprobs = (body.top_logprobs or 0) if body.logprobs else None
     req.messages = chat_messages(body.messages)
+    for i, tool in enumerate(body.tools or []):
+        if not TOOL_NAME.match(tool.function.name):
+            raise bad_request(
+                f"tools[{i}].function.name must be letters, digits, '_', '.' or '-'",
+                param=f"tools[{i}].function.name",
+            )
     if body.tools and body.tool_choice != "none":
         req.tools = [t.model_dump(exclude_none=True) for t in body.tools]
     req.parallel_tool_calls = body.parallel_tool_calls is not False

@@ -63,7 +63,9 @@ class ChatMessage(Part):
 
 
 class FunctionDef(Part):
-    name: Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.-]+$")]
+    name: Annotated[str, Field(min_length=1, max_length=64)] = Field(
+        description="Letters, digits, '_', '.' and '-'."
+    )
     description: str | None = None
     parameters: dict[str, Any] | None = Field(None, description="A JSON Schema object.")
     strict: bool | None = None

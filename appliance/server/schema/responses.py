@@ -14,7 +14,7 @@ from pydantic import Field
 
 from appliance.server.schema.base import ResponseModel
 
-FinishReason = Literal["stop", "length", "abort"]
+FinishReason = Literal["stop", "length", "abort", "tool_calls"]
 StopReason = str | int | None
 """The stop string or stop token id that ended a choice; null for end-of-sequence or length."""
 
@@ -81,9 +81,36 @@ class CompletionResponse(_Envelope):
     usage: Usage
 
 
+class FunctionCallOut(ResponseModel):
+    name: str
+    arguments: str = Field(description="A JSON object, as text.")
+
+
+class ToolCallOut(ResponseModel):
+    id: str
+    type: Literal["function"]
+    function: FunctionCallOut
+
+
 class AssistantMessage(ResponseModel):
     role: Literal["assistant"]
-    content: str
+    content: str | None = Field(description="null when the answer is only tool calls.")
+    reasoning_content: str | None = Field(
+        None, description="(extension) A reasoning model's thinking, when it wrote any."
+    )
+    tool_calls: list[ToolCallOut] | None = Field(None, description="Present when it called.")
+
+
+class FunctionCallDelta(ResponseModel):
+    name: str | None = Field(None, description="In the call's first delta.")
+    arguments: str = Field(description="The next piece of the arguments' JSON text.")
+
+
+class ToolCallDeltaOut(ResponseModel):
+    index: int
+    id: str | None = Field(None, description="In the call's first delta.")
+    type: Literal["function"] | None = None
+    function: FunctionCallDelta
 
 
 class ChatChoice(ResponseModel):
@@ -103,6 +130,8 @@ class ChatCompletionResponse(_Envelope):
 class ChatDelta(ResponseModel):
     role: Literal["assistant"] | None = Field(None, description="In each choice's first chunk.")
     content: str | None = None
+    reasoning_content: str | None = Field(None, description="(extension) Thinking text.")
+    tool_calls: list[ToolCallDeltaOut] | None = None
 
 
 class ChatChunkChoice(ResponseModel):
