@@ -136,6 +136,13 @@ class ServeSettings(EngineSettings):
         for name in ("max_queue", "max_body_bytes", "max_n", "api_workers"):
             if getattr(self, name) < (0 if name == "max_queue" else 1):
                 raise SettingsError(f"{name} is too small: {getattr(self, name)}")
+        if self.tool_parser is not None:
+            from appliance.server.tools import PARSERS
+
+            if self.tool_parser not in PARSERS:
+                raise SettingsError(
+                    f"tool_parser must be one of {', '.join(PARSERS)}, got {self.tool_parser!r}"
+                )
         if self.tui and self.api_workers > 1:
             raise SettingsError("--tui runs one front end: drop --api-workers or --tui")
         if bool(self.ssl_certfile) != bool(self.ssl_keyfile):

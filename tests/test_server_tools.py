@@ -6,6 +6,9 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
+from appliance.settings import ServeSettings, SettingsError
 from tests.support.fake_engine import FakeEngine, fake_client, sse_events
 
 CHAT = "/v1/chat/completions"
@@ -112,3 +115,8 @@ async def test_forced_tool_choice_is_refused_clearly():
             r = await client.post(CHAT, json=body)
             err = (await r.json())["error"]
             assert r.status == 400 and err["param"] == "tool_choice", err
+
+
+def test_an_unknown_tool_parser_is_refused_at_start():
+    with pytest.raises(SettingsError, match="tool_parser must be one of hermes"):
+        ServeSettings(tool_parser="hermès")
