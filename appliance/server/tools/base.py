@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import secrets
+from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Protocol
 
@@ -221,13 +222,14 @@ def _merge_content(deltas: list[Delta]) -> list[Delta]:
     return merged
 
 
-class ToolParser:
+class ToolParser(ABC):
     """A model family's output format. Subclasses set `name` and make a scanner per output."""
 
     name: ClassVar[str]
 
+    @abstractmethod
     def scanner(self) -> Scanner:
-        raise NotImplementedError
+        """A fresh scanner for one output."""
 
     def stream(self) -> ToolStream:
         """A stream for one output, fed piece by piece."""
