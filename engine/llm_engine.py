@@ -26,7 +26,7 @@ from engine.request import Request, RequestOutput, RequestStatus
 from engine.sampling_params import SamplingParams
 from engine.scheduler import Scheduler
 from engine.startup import StartupTimer, startup_line
-from engine.tokenizer import apply_chat_template, eos_token_ids, load_tokenizer
+from engine.tokenizer import apply_chat_template, encode_prompt, eos_token_ids, load_tokenizer
 from engine.warmup import EVERY_FEATURE, WarmUp
 
 logger = logging.getLogger(__name__)
@@ -151,9 +151,7 @@ class LLMEngine:
 
     # --- requests ----------------------------------------------------------------------------
     def encode(self, prompt: str) -> list[int]:
-        if self.tokenizer is None:
-            raise ValueError("this model has no tokenizer: pass prompts as token ids")
-        return self.tokenizer.encode(prompt)
+        return encode_prompt(self.tokenizer, prompt)
 
     def apply_chat_template(
         self,

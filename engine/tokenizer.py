@@ -56,8 +56,17 @@ def eos_token_ids(folder: str | Path, tokenizer: PreTrainedTokenizerBase) -> fro
     return frozenset(ids)
 
 
+def encode_prompt(
+    tokenizer: PreTrainedTokenizerBase | None, prompt: str, add_special_tokens: bool = True
+) -> list[int]:
+    """Token ids of a text prompt; ValueError for a model without a tokenizer."""
+    if tokenizer is None:
+        raise ValueError("this model has no tokenizer: pass prompts as token ids")
+    return list(tokenizer.encode(prompt, add_special_tokens=add_special_tokens))
+
+
 def apply_chat_template(
-    tokenizer: PreTrainedTokenizerBase,
+    tokenizer: PreTrainedTokenizerBase | None,
     messages: list[dict[str, Any]],
     tools: list[dict[str, Any]] | None = None,
     template_kwargs: Mapping[str, Any] | None = None,
@@ -71,7 +80,7 @@ def apply_chat_template(
 
 
 def render_chat_template(
-    tokenizer: PreTrainedTokenizerBase,
+    tokenizer: PreTrainedTokenizerBase | None,
     messages: list[dict[str, Any]],
     tools: list[dict[str, Any]] | None = None,
     template_kwargs: Mapping[str, Any] | None = None,
@@ -94,6 +103,8 @@ def render_chat_template(
             call's arguments are not a JSON object, or a template variable is one of
             apply_chat_template's own parameters.
     """
+    if tokenizer is None:
+        raise ValueError("this model has no tokenizer, so chat messages cannot be formatted")
     if not getattr(tokenizer, "chat_template", None):
         name = getattr(tokenizer, "name_or_path", "") or type(tokenizer).__name__
         raise ValueError(

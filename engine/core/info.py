@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from engine.config import EngineConfig
+from engine.tokenizer import apply_chat_template, encode_prompt  # transformers: imported lazily
 
 
 @dataclass
@@ -49,9 +50,7 @@ class EngineInfo:
         return self.plan
 
     def encode(self, prompt: str, add_special_tokens: bool = True) -> list[int]:
-        if self.tokenizer is None:
-            raise ValueError("this model has no tokenizer: pass prompts as token ids")
-        return self.tokenizer.encode(prompt, add_special_tokens=add_special_tokens)
+        return encode_prompt(self.tokenizer, prompt, add_special_tokens)
 
     def decode(self, token_ids: list[int]) -> str:
         if self.tokenizer is None:
@@ -64,8 +63,4 @@ class EngineInfo:
         tools: list[dict] | None = None,
         template_kwargs: dict | None = None,
     ) -> list[int]:
-        if self.tokenizer is None:
-            raise ValueError("this model has no tokenizer, so chat messages cannot be formatted")
-        from engine.tokenizer import apply_chat_template  # transformers: imported once needed
-
         return apply_chat_template(self.tokenizer, messages, tools, template_kwargs)
