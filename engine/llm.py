@@ -50,6 +50,7 @@ class LLM:
         encoded = [self.engine.encode(p) if isinstance(p, str) else list(p) for p in prompts]
         for token_ids, p in zip(encoded, params):
             self.engine.validate(token_ids, p)  # all or nothing: raise before queueing any
+            self.engine.check_structured(p)
         ids = [f"offline-{next(self._ids)}" for _ in prompts]
         for request_id, token_ids, p in zip(ids, encoded, params):
             self.engine.add_request(request_id, token_ids, p)

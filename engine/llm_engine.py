@@ -26,6 +26,8 @@ from engine.request import Request, RequestOutput, RequestStatus
 from engine.sampling_params import SamplingParams
 from engine.scheduler import Scheduler
 from engine.startup import StartupTimer, startup_line
+from engine.structured.llguidance_backend import LLGuidanceBackend
+from engine.structured.pool import GrammarPool
 from engine.tokenizer import apply_chat_template, encode_prompt, eos_token_ids, load_tokenizer
 from engine.warmup import EVERY_FEATURE, WarmUp
 
@@ -79,6 +81,7 @@ class LLMEngine:
         self._detokenizers: dict[str, IncrementalDetokenizer] = {}
         self._aborted: list[Request] = []
         self._pending: PendingStep | None = None
+        self.grammars = self._grammar_pool()
         self._overlap = self.config.overlap_steps and self.device.type == "cuda"
         with timer.phase("kv_alloc"):
             self.runner.allocate_kv_cache(self.config.num_kv_blocks, self.kv_dtype)
@@ -98,6 +101,18 @@ class LLMEngine:
         self.startup_s = timer.report()
         """Seconds per start-up phase, in order, then "total" (plain floats: it pickles)."""
         logger.info(startup_line(self.startup_s))
+
+    def _grammar_pool(self) -> GrammarPool | None:
+        """Where requests' grammars compile (None without a tokenizer: token-id benchmarks)."""
+        if self.tokenizer is None:
+            return None
+        tokenizer, vocab, eos = self.tokenizer, self.model_config.vocab_size, self.eos_token_ids
+        return GrammarPool(
+            lambda: LLGuidanceBackend(tokenizer, vocab, eos),
+            self.config.max_num_seqs,
+            vocab,
+            self.device,
+        )
 
     def _new_scheduler(self, num_blocks: int) -> None:
         self.block_manager = BlockManager(num_blocks, self.config.block_size)
@@ -180,7 +195,49 @@ class LLMEngine:
             self._detokenizers[request_id] = IncrementalDetokenizer(
                 self.tokenizer, token_ids, params.skip_special_tokens, params.stop
             )
-        self.scheduler.add(req)
+        if params.structured is None:
+            self.scheduler.add(req)
+        else:
+            req.record("grammar_compiling", kind=params.structured.kind)
+            self.grammars.submit(req, *self._grammar_start(params.structured))
+
+    def _grammar_start(self, spec) -> tuple[tuple[int, ...] | None, int | None]:
+        """(tokens that open the constrained part, a first token that defers it) of a spec."""
+        start_ids = open_id = None
+        if spec.start_after:
+            start_ids = tuple(self.tokenizer.encode(spec.start_after, add_special_tokens=False))
+        if spec.reasoning_open:
+            ids = self.tokenizer.encode(spec.reasoning_open, add_special_tokens=False)
+            open_id = ids[0] if len(ids) == 1 else None
+        return start_ids or None, open_id
+
+    def check_structured(self, params: SamplingParams) -> None:
+        """Compile the request's grammar here and now: ValueError (GrammarError) saying what is
+        wrong with it. The offline API and the front end check before queueing; the core's
+        own compile then runs beside the step loop."""
+        if params.structured is not None:
+            self._grammar_pool_or_refuse().backend.compile(params.structured)
+
+    def _grammar_pool_or_refuse(self) -> GrammarPool:
+        if self.grammars is None:
+            raise ValueError(
+                "structured outputs need the model's tokenizer, and this model has none"
+            )
+        return self.grammars
+
+    def _admit_compiled(self) -> list[Request]:
+        """Queue the requests whose grammar is ready; one whose compile failed ends here."""
+        failed = []
+        for req, result in self.grammars.ready():
+            if isinstance(result, Exception):
+                req.stop_reason = f"grammar error: {result}"
+                req.finish(RequestStatus.FINISHED_ABORTED)
+                failed.append(req)
+            else:
+                req.grammar = result
+                req.record("grammar_compiled", ms=round(result.compile_s * 1e3, 3))
+                self.scheduler.add(req)
+        return failed
 
     def validate(self, token_ids: list[int], params: SamplingParams) -> None:
         if not token_ids:
@@ -189,6 +246,8 @@ class LLMEngine:
         bad = [t for t in token_ids if not (isinstance(t, int) and 0 <= t < vocab)]
         if bad:
             raise ValueError(f"prompt token ids must be integers in [0, {vocab}); got {bad[:5]}")
+        if params.structured is not None:
+            self._grammar_pool_or_refuse()
         limit = self.config.max_model_len
         total = len(token_ids) + params.max_tokens
         if total > limit:
@@ -203,11 +262,19 @@ class LLMEngine:
         req = self._requests.get(request_id)
         if req is None or req.is_finished:
             return
-        self.scheduler.finish(req, RequestStatus.FINISHED_ABORTED)
+        if self.grammars is not None and self.grammars.cancel(request_id) is not None:
+            req.finish(RequestStatus.FINISHED_ABORTED)
+        else:
+            self.scheduler.finish(req, RequestStatus.FINISHED_ABORTED)
         self._aborted.append(req)
 
     def has_unfinished(self) -> bool:
-        return self.scheduler.num_unfinished > 0 or bool(self._aborted) or self._pending is not None
+        return (
+            self.scheduler.num_unfinished > 0
+            or bool(self._aborted)
+            or self._pending is not None
+            or bool(self.grammars)
+        )
 
     # --- the step loop -------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
@@ -216,8 +283,10 @@ class LLMEngine:
         With overlap (GPU), the step launched here is read back by the next call: tokens are
         reported one step late, and the device runs while the host does the bookkeeping."""
         touched, self._aborted = list(self._aborted), []
+        if self.grammars:
+            touched += self._admit_compiled()
         batch = self.scheduler.schedule()
-        launched = None
+        launched = fwd = None
         if not batch.is_empty:
             self.prompt_tokens_total += sum(
                 max(0, min(r.num_computed_tokens + n, r.num_prompt_tokens) - r.num_computed_tokens)
@@ -225,11 +294,24 @@ class LLMEngine:
             )
             if self._pending is not None and self._needs_tokens_on_host(batch):
                 touched += self._resolve()
-            launched = self.runner.launch(batch, self._pending)
+            fwd = self.runner.forward(batch, self._pending)
+            constrained = [
+                (row, r.grammar)
+                for row, r in enumerate(fwd.sampling_requests)
+                if r.grammar is not None
+            ]
+            if not constrained:
+                launched, fwd = self.runner.sample(fwd), None
             self.scheduler.advance(batch)
             self.num_steps += 1
         if self._pending is not None:
             touched += self._resolve()
+        if fwd is not None:
+            # The grammar needs every token so far: the previous step's are read back above,
+            # while the device runs this step's forward; the mask is filled now, then sampled.
+            launched = self.runner.sample(
+                fwd, self.grammars.masks(constrained, len(fwd.sampling_rows))
+            )
         self._pending = launched
         if launched is not None and not self._overlap:
             touched += self._resolve()
@@ -304,7 +386,7 @@ class LLMEngine:
     def stats(self) -> dict:
         return {
             "num_running": len(self.scheduler.running),
-            "num_waiting": len(self.scheduler.waiting),
+            "num_waiting": len(self.scheduler.waiting) + len(self.grammars or ()),
             "kv_blocks_used": self.block_manager.num_used_blocks,
             "kv_blocks_total": self.block_manager.num_blocks,
             "num_preemptions_total": self.scheduler.num_preemptions,

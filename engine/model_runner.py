@@ -14,6 +14,7 @@ from __future__ import annotations
 import gc
 import logging
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 
@@ -39,6 +40,7 @@ from engine.quant.format import resolve_weight_quant
 from engine.sampler import sample
 from engine.scheduler import ScheduledBatch
 from engine.startup import StartupTimer
+from engine.structured.bitmask import apply_bitmask
 from engine.tuning import KernelChoices, choose_kernels
 
 logger = logging.getLogger("engine.memory")
@@ -224,10 +226,14 @@ class ModelRunner:
         return report
 
     # --- execution ---------------------------------------------------------------------------
-    @torch.inference_mode()
     def launch(self, batch: ScheduledBatch, prev: PendingStep | None = None) -> PendingStep:
-        """Queue one batch on the device without waiting for it. Decodes whose input token is
-        still pending read it from `prev` (the step launched just before) on the device."""
+        """Queue one batch on the device without waiting for it (forward, then sampling)."""
+        return self.sample(self.forward(batch, prev))
+
+    @torch.inference_mode()
+    def forward(self, batch: ScheduledBatch, prev: PendingStep | None = None) -> Forward:
+        """Queue the batch's forward and logits. Decodes whose input token is still pending
+        read it from `prev` (the step launched just before) on the device."""
         input_ids, positions, meta, logits_rows, fill = prepare_inputs(
             batch, self.block_size, self.device, prev.rows if prev is not None else None
         )
@@ -240,10 +246,33 @@ class ModelRunner:
         else:
             with forward_context(meta):
                 hidden = self.model(input_ids, positions)  # [num_tokens, hidden]
-        sampling_rows = batch.sampling_indices
-        if not sampling_rows:
-            return PendingStep.launched(batch, sampling_rows, None)
-        reqs = [batch.requests[i] for i in sampling_rows]
-        logits = self.model.compute_logits(hidden[logits_rows])  # [num_sampling, vocab]
+        rows = batch.sampling_indices
+        logits = self.model.compute_logits(hidden[logits_rows]) if rows else None
+        return Forward(batch, rows, logits, prev)  # logits: [num_sampling, vocab]
+
+    @torch.inference_mode()
+    def sample(self, fwd: Forward, bitmask: torch.Tensor | None = None) -> PendingStep:
+        """Queue the sampling of a forward's logits; `bitmask` (host int32 [num_sampling,
+        words], engine.structured) masks the tokens a grammar does not allow."""
+        if fwd.logits is None:
+            return PendingStep.launched(fwd.batch, fwd.sampling_rows, None)
+        logits = fwd.logits if bitmask is None else apply_bitmask(fwd.logits, bitmask)
+        reqs = [fwd.batch.requests[i] for i in fwd.sampling_rows]
         out = sample(logits, prepare_sampling(reqs, self.model_config.vocab_size, self.device))
-        return PendingStep.launched(batch, sampling_rows, out)
+        return PendingStep.launched(fwd.batch, fwd.sampling_rows, out)
+
+
+@dataclass
+class Forward:
+    """A batch whose forward is queued and whose tokens are not sampled yet."""
+
+    batch: ScheduledBatch
+    sampling_rows: list[int]
+    """Batch index of each row of logits."""
+    logits: torch.Tensor | None
+    prev: PendingStep | None
+    """The step before, kept alive: this forward reads its tokens on the device."""
+
+    @property
+    def sampling_requests(self) -> list:
+        return [self.batch.requests[i] for i in self.sampling_rows]

@@ -11,6 +11,7 @@ import time
 from dataclasses import dataclass, field
 
 from engine.sampling_params import SamplingParams
+from engine.structured.state import Verdict
 
 PLACEHOLDER = -1
 """Stands in token_ids for a token sampled on the device but not read back yet (overlap)."""
@@ -120,6 +121,8 @@ class Request:
         token_ids are PLACEHOLDER (an overlapped step launched before its tokens came back)."""
         self.logprobs: list[Logprob] | None = [] if params.logprobs is not None else None
         self.stop_reason: str | int | None = None
+        self.grammar = None
+        """The request's GrammarState (engine.structured) once compiled; None = unconstrained."""
         now = time.time() if arrival_time is None else arrival_time
         self.metrics = RequestMetrics(arrival_time=now)
         self.trace: list[TraceEvent] = [TraceEvent(now, "arrived")]
@@ -179,6 +182,8 @@ class Request:
             self.metrics.first_token_time = time.time()
             self.record("first_token")
         params = self.params
+        if self.grammar is not None and self._grammar_ends(token_id):
+            return
         if not params.ignore_eos and token_id in self.eos_token_ids:
             self.stop_reason = None
             self.finish(RequestStatus.FINISHED_STOPPED)
@@ -187,6 +192,17 @@ class Request:
             self.finish(RequestStatus.FINISHED_STOPPED)
         elif self.num_output_tokens - self.num_pending >= params.max_tokens:
             self.finish(RequestStatus.FINISHED_LENGTH)
+
+    def _grammar_ends(self, token_id: int) -> bool:
+        """Advance the grammar; True when it ended the request (complete, or refused)."""
+        verdict = self.grammar.accept(token_id)
+        if verdict is Verdict.GOING:
+            return False
+        if verdict is Verdict.REFUSED:
+            self.record("grammar_refused", token=token_id)
+        self.stop_reason = None
+        self.finish(RequestStatus.FINISHED_STOPPED)
+        return True
 
     def finish(self, status: RequestStatus) -> None:
         """End the request; tokens still pending are dropped (sampled after the end)."""
@@ -197,4 +213,6 @@ class Request:
             return
         self.status = status
         self.metrics.finished_time = time.time()
+        if self.grammar is not None:
+            self.record("grammar", **self.grammar.summary())
         self.record("finished", reason=status.value)

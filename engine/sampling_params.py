@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from engine.structured.spec import StructuredOutput
+
 
 @dataclass
 class SamplingParams:
@@ -37,6 +39,8 @@ class SamplingParams:
     """Return the chosen token's logprob plus this many top alternatives (0 = chosen only)."""
     skip_special_tokens: bool = True
     """Drop special tokens from the text."""
+    structured: StructuredOutput | None = None
+    """Constrain the output to a JSON schema, regex, choice or grammar (engine.structured)."""
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -65,6 +69,8 @@ class SamplingParams:
             raise ValueError(f"logprobs must be in [0, 20], got {self.logprobs}")
         if any(not s for s in self.stop):
             raise ValueError("stop strings must be non-empty")
+        if isinstance(self.structured, dict):  # as it crosses the wire
+            self.structured = StructuredOutput(**self.structured)
 
     @property
     def has_penalties(self) -> bool:

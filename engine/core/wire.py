@@ -42,7 +42,10 @@ def unpack(frame: bytes):
 
 
 def params_to_wire(params: SamplingParams) -> dict:
-    return {name: getattr(params, name) for name in _PARAM_FIELDS}
+    data = {name: getattr(params, name) for name in _PARAM_FIELDS}
+    if params.structured is not None:
+        data["structured"] = params.structured.to_dict()
+    return data
 
 
 def params_from_wire(data: dict) -> SamplingParams:

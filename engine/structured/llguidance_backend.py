@@ -1,0 +1,117 @@
+"""The grammar library: llguidance (Rust, no dependencies). A schema compiles in about a
+millisecond and a mask takes tens of microseconds (docs/performance.md, "Grammar libraries"),
+so no compile cache is needed for speed; compiled grammars are still kept (an LRU of matchers
+at their start state, copied per request) so a repeated schema skips even that."""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections import OrderedDict
+
+import llguidance
+import torch
+from llguidance.torch import fill_next_token_bitmask, fill_next_token_bitmask_par
+
+from engine.structured.backend import GrammarBackend, GrammarError, Matcher
+from engine.structured.spec import StructuredOutput
+
+JSON_OPTIONS = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+"""JSON as json.dumps writes it: no free whitespace, so a weak model cannot pad an answer with
+newlines until max_tokens."""
+CACHE_SIZE = 256
+PARALLEL_ROWS = 16
+"""From this many constrained rows a step's masks are filled on llguidance's threads; fewer
+are faster one after another (2 threads per mask cost about 30 us to start: CPU, 49k tokens)."""
+
+
+def grammar_text(spec: StructuredOutput) -> str:
+    """The llguidance grammar for a spec (not yet checked against a tokenizer)."""
+    if spec.kind == "json_object":
+        return llguidance.LLMatcher.grammar_from_json_schema({"type": "object"}, JSON_OPTIONS)
+    if spec.kind == "json_schema":
+        try:
+            schema = json.loads(spec.value)
+        except ValueError as exc:
+            raise GrammarError(f"the JSON schema is not valid JSON: {exc}") from None
+        if not isinstance(schema, (dict, bool)):
+            raise GrammarError("a JSON schema must be an object (or true/false)")
+        try:
+            return llguidance.LLMatcher.grammar_from_json_schema(schema, JSON_OPTIONS)
+        except (ValueError, TypeError, RuntimeError) as exc:
+            raise GrammarError(str(exc)) from None
+    if spec.kind == "regex":
+        return llguidance.LLMatcher.grammar_from_regex(spec.value)
+    if spec.kind == "choice":
+        options = json.loads(spec.value)
+        if not options or not all(isinstance(o, str) and o for o in options):
+            raise GrammarError("choice must be a non-empty list of non-empty strings")
+        return llguidance.LLMatcher.grammar_from_lark(
+            "start: " + " | ".join(json.dumps(o) for o in dict.fromkeys(options))
+        )
+    return llguidance.LLMatcher.grammar_from_lark(spec.value)
+
+
+class LLGuidanceMatcher(Matcher):
+    __slots__ = ("inner",)
+
+    def __init__(self, inner: llguidance.LLMatcher) -> None:
+        self.inner = inner
+
+    def accept(self, token_id: int) -> bool:
+        return self.inner.consume_token(token_id)
+
+    def rollback(self, num_tokens: int) -> None:
+        self.inner.rollback(num_tokens)
+
+    @property
+    def is_terminated(self) -> bool:
+        return self.inner.is_stopped()
+
+
+class LLGuidanceBackend(GrammarBackend):
+    name = "llguidance"
+
+    def __init__(self, tokenizer, vocab_size: int, eos_token_ids) -> None:
+        """tokenizer: a fast Hugging Face tokenizer (its tokenizer.json is what llguidance
+        reads); vocab_size: the model's logits width (it may pad past the tokenizer's)."""
+        backend = getattr(tokenizer, "backend_tokenizer", None)
+        if backend is None:
+            raise GrammarError("structured outputs need a fast tokenizer (tokenizer.json)")
+        self.vocab_size = vocab_size
+        eos = sorted(eos_token_ids) or [tokenizer.eos_token_id]
+        self.tokenizer = llguidance.LLTokenizer(backend.to_str(), n_vocab=vocab_size, eos_token=eos)
+        self.executor = llguidance.LLExecutor()
+        self._cache: OrderedDict[str, llguidance.LLMatcher] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def compile(self, spec: StructuredOutput) -> llguidance.LLMatcher:
+        """A matcher at the grammar's start, cached by grammar text; copy it per request."""
+        text = grammar_text(spec)
+        with self._lock:
+            cached = self._cache.get(text)
+            if cached is not None:
+                self._cache.move_to_end(text)
+                return cached
+        error = llguidance.LLMatcher.validate_grammar(text, self.tokenizer)
+        if error:
+            raise GrammarError(error)
+        compiled = llguidance.LLMatcher(self.tokenizer, text)
+        if compiled.is_error():
+            raise GrammarError(compiled.get_error())
+        with self._lock:
+            self._cache[text] = compiled
+            while len(self._cache) > CACHE_SIZE:
+                self._cache.popitem(last=False)
+        return compiled
+
+    def matcher(self, compiled: llguidance.LLMatcher) -> LLGuidanceMatcher:
+        return LLGuidanceMatcher(compiled.deep_copy())
+
+    def fill(self, rows: list[tuple[Matcher, int]], bitmask: torch.Tensor) -> None:
+        if len(rows) >= PARALLEL_ROWS:
+            pairs = [(m.inner, row) for m, row in rows]
+            fill_next_token_bitmask_par(self.executor, pairs, bitmask)
+            return
+        for m, row in rows:
+            fill_next_token_bitmask(m.inner, bitmask, row)
