@@ -55,11 +55,15 @@ from scripts.bench_floor import (  # noqa: E402
     throughput_floor,
 )
 from scripts.bench_presets import TINY_DIMS, random_prompts  # noqa: E402
-from scripts.bench_structured_report import compile_times, markdown, summarise  # noqa: E402
+from scripts.bench_structured_report import (  # noqa: E402
+    ARMS,
+    compile_times,
+    markdown,
+    summarise,
+)
 from scripts.bench_structured_schemas import RECORDS_SCHEMA, is_valid_prefix  # noqa: E402
 
-ARMS = ("unconstrained", "json_schema")
-ROUND = ("unconstrained", "json_schema", "json_schema", "unconstrained")
+ROUND = (ARMS[0], ARMS[1], ARMS[1], ARMS[0])
 """One round, A B B A: a drift linear in time weighs on both arms alike."""
 WARMUP_TOKENS = 16
 DEFAULTS = {
@@ -223,6 +227,7 @@ def main(argv: list[str] | None = None) -> int:
         concurrent = runner.rounds(args.concurrency)
         print(f"{args.concurrency} concurrent done", flush=True)
         compiled = compile_times(engine, args.compile_repeats)
+        engine_after = {**engine.stats(), "compiles_after_warmup": engine.compiles_after_warmup()}
     problems = check_outputs(batch1 + concurrent, args.max_tokens, engine.tokenizer)
     results = {
         "started": started,
@@ -232,6 +237,7 @@ def main(argv: list[str] | None = None) -> int:
         "torch": torch.__version__,
         "engine_build_s": build_s,
         "config": {k: str(v) for k, v in vars(engine.config).items()},
+        "engine_after": engine_after,  # kernels built while measuring: want none
         "workload": {
             "prompt_tokens": args.prompt_len,
             "output_tokens": args.max_tokens,

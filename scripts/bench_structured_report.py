@@ -13,6 +13,8 @@ from engine.structured.bitmask import words_for
 from engine.structured.llguidance_backend import LLGuidanceBackend
 from scripts.bench_structured_schemas import wide_schema
 
+ARMS = ("unconstrained", "json_schema")
+"""The two kinds of request compared; "json_schema" requests carry the benchmark's schema."""
 GOALS_PCT = {"batch1": 3.0, "concurrent": 5.0}
 """The most TPOT (batch 1) and output throughput (concurrent) a schema may cost, in percent."""
 WIDE_PROPERTIES = 50
@@ -113,8 +115,8 @@ def _verdict(loss_pct: float, goal_pct: float) -> str:
 
 def summarise(batch1: list[dict], concurrent: list[dict], concurrency: int) -> dict:
     """Both phases' arms and their loss: TPOT at batch 1, output tok/s at `concurrency`."""
-    b = {arm: arm_figures(batch1, arm) for arm in ("unconstrained", "json_schema")}
-    c = {arm: arm_figures(concurrent, arm) for arm in ("unconstrained", "json_schema")}
+    b = {arm: arm_figures(batch1, arm) for arm in ARMS}
+    c = {arm: arm_figures(concurrent, arm) for arm in ARMS}
     tpot_loss = (b["json_schema"]["tpot_p50_s"] / b["unconstrained"]["tpot_p50_s"] - 1) * 100
     tput_loss = (1 - c["json_schema"]["out_tok_s"] / c["unconstrained"]["out_tok_s"]) * 100
     return {
@@ -135,6 +137,15 @@ def summarise(batch1: list[dict], concurrent: list[dict], concurrency: int) -> d
 
 
 # --- the table -----------------------------------------------------------------------------------
+def _range(values: list[float], scale: float = 1.0, fmt: str = ",.0f") -> str:
+    """(lowest-highest) of the runs, to judge a loss against the spread."""
+    return f"({min(values) * scale:{fmt}}-{max(values) * scale:{fmt}})"
+
+
+def _spread(values: list[float], scale: float, fmt: str) -> str:
+    return f"{statistics.median(values) * scale:{fmt}} {_range(values, scale, fmt)}"
+
+
 def markdown(r: dict) -> str:
     """The tables for docs/performance.md."""
     b, c, floor, comp = r["batch1"], r["concurrent"], r["floor"], r["compile"]
@@ -150,11 +161,12 @@ def markdown(r: dict) -> str:
         "",
         "| | unconstrained | JSON schema | loss | goal |",
         "|---|---|---|---|---|",
-        f"| batch 1: TPOT p50 (floor {floor['batch1_tpot_s'] * 1e3:.2f} ms) "
-        f"| {bu['tpot_p50_s'] * 1e3:.2f} ms | {bs['tpot_p50_s'] * 1e3:.2f} ms "
+        f"| batch 1: TPOT p50, ms (floor {floor['batch1_tpot_s'] * 1e3:.2f}) "
+        f"| {_spread(bu['tpot_s'], 1e3, '.2f')} | {_spread(bs['tpot_s'], 1e3, '.2f')} "
         f"| {b['tpot_loss_pct']:.1f}% | <= {b['goal_pct']:g}%: {b['verdict']} |",
         f"| {n} concurrent: out tok/s (floor {floor['wave_out_tok_s']:,.0f}) "
-        f"| {cu['out_tok_s']:,.1f} | {cs['out_tok_s']:,.1f} "
+        f"| {cu['out_tok_s']:,.1f} {_range(cu['wave_out_tok_s'])} "
+        f"| {cs['out_tok_s']:,.1f} {_range(cs['wave_out_tok_s'])} "
         f"| {c['throughput_loss_pct']:.1f}% | <= {c['goal_pct']:g}%: {c['verdict']} |",
         f"| {n} concurrent: TPOT p50 | {cu['tpot_p50_s'] * 1e3:.2f} ms "
         f"| {cs['tpot_p50_s'] * 1e3:.2f} ms | | |",
