@@ -155,6 +155,8 @@ class Runner:
             self.engine.add_request(request_id, prompt, params)
         done = {}
         while len(done) < len(ids):
+            if not self.engine.has_unfinished():
+                raise RuntimeError(f"the engine went idle with {len(ids) - len(done)} unfinished")
             done.update((o.request_id, o) for o in self.engine.step() if o.finished)
         return {
             "arm": arm,
@@ -191,6 +193,16 @@ def check_outputs(waves: list[dict], max_tokens: int, tokenizer) -> list[str]:
     return problems
 
 
+def progress(label: str, waves: list[dict]) -> None:
+    """One line per phase as it ends: each arm's output tok/s over its waves."""
+    rates = []
+    for arm in ARMS:
+        mine = [w for w in waves if w["arm"] == arm]
+        tokens = sum(len(o.token_ids) for w in mine for o in w["outputs"])
+        rates.append(f"{arm} {tokens / sum(w['wall_s'] for w in mine):,.1f} out tok/s")
+    print(f"{label}: {', '.join(rates)}", flush=True)
+
+
 # --- the floor -----------------------------------------------------------------------------------
 def floors(args, hw, engine) -> dict:
     """The unconstrained arms' floors: batch-1 TPOT and a wave's output tok/s."""
@@ -223,9 +235,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"engine built in {build_s:.1f} s: {engine.config}", flush=True)
         runner = Runner(engine, args)
         batch1 = runner.rounds(1)
-        print("batch 1 done", flush=True)
+        progress("batch 1", batch1)
         concurrent = runner.rounds(args.concurrency)
-        print(f"{args.concurrency} concurrent done", flush=True)
+        progress(f"{args.concurrency} concurrent", concurrent)
         compiled = compile_times(engine, args.compile_repeats)
         engine_after = {**engine.stats(), "compiles_after_warmup": engine.compiles_after_warmup()}
     problems = check_outputs(batch1 + concurrent, args.max_tokens, engine.tokenizer)
