@@ -75,6 +75,9 @@ def _row(spec: tuple, step: int) -> dict:
         "num_preemptions": pre,
         "finish_reasons": [finish],
         "error": "ttft_timeout: too slow" if state == "timeout" else None,
+        "structured": None,
+        "tools": False,
+        "grammar_compile_s": None,
         "kv_blocks": kv + (step if running else 0),
     }
 
