@@ -1,6 +1,7 @@
 """What the server shows of structured and tool requests: the record's grammar kind, tools flag
 and compile time in /v1/stats, /v1/requests/{id} and the request log; the engine's grammar
-summary per choice in the trace."""
+summary per choice in the trace; the structured-request counter and the compile-time histogram
+in /metrics."""
 
 from __future__ import annotations
 
@@ -8,8 +9,8 @@ import json
 
 import pytest
 
-from appliance.server.keys import TRACKER
-from appliance.server.records import ChoiceRecord, RequestRecord
+from appliance.server.keys import METRICS, TRACKER
+from appliance.server.records import STRUCTURED_KINDS, ChoiceRecord, RequestRecord
 from engine.request import RequestMetrics, RequestOutput, TraceEvent
 from tests.support.fake_engine import FakeEngine, fake_client
 
@@ -97,3 +98,49 @@ def test_trace_carries_the_engines_grammar_summary_per_choice():
     grammar = [e for e in trace["events"] if e["event"] == "grammar"]
     assert len(grammar) == 1 and grammar[0]["detail"] == summary
     assert grammar[0]["choice"] == 0 and grammar[0]["t_ms"] == pytest.approx(500.0)
+
+
+def _sample(text: str, name: str) -> float | None:
+    """The value of the one /metrics line that starts with `name` (labels included)."""
+    values = [float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(name)]
+    assert len(values) <= 1, name
+    return values[0] if values else None
+
+
+async def test_observe_structured_counts_by_kind_and_observes_compile_time():
+    async with fake_client() as client:
+        metrics = client.app[METRICS]
+        text = await (await client.get("/metrics")).text()
+        assert "appliance:structured_requests_total{" not in text  # no kind seen yet
+        assert "# TYPE appliance:grammar_compile_seconds histogram" in text
+        metrics.observe_structured("json_schema", 0.0012)
+        metrics.observe_structured("json_schema", 0.004)
+        metrics.observe_structured("tool_call", 0.02)
+        metrics.observe_structured("regex", None)  # counted; no compile time observed
+        text = await (await client.get("/metrics")).text()
+    count = 'appliance:structured_requests_total{kind="%s",model_name="fake-model"}'
+    counts = {kind: _sample(text, count % kind) for kind in STRUCTURED_KINDS}
+    assert counts == {
+        "json_schema": 2.0,
+        "json_object": None,
+        "regex": 1.0,
+        "choice": None,
+        "grammar": None,
+        "tool_call": 1.0,
+    }
+    hist = "appliance:grammar_compile_seconds"
+    label = '{model_name="fake-model"}'
+    assert _sample(text, f"{hist}_count{label}") == 3.0
+    assert _sample(text, f"{hist}_sum{label}") == pytest.approx(0.0252)
+    bucket = hist + '_bucket{le="%s",model_name="fake-model"}'
+    assert _sample(text, bucket % "0.001") == 0.0
+    assert _sample(text, bucket % "0.0025") == 1.0
+    assert _sample(text, bucket % "0.005") == 2.0
+    assert _sample(text, bucket % "0.025") == 3.0
+    assert _sample(text, bucket % "0.0001") == 0.0 and _sample(text, bucket % "10.0") == 3.0
+
+
+async def test_observe_structured_refuses_an_unknown_kind():
+    async with fake_client() as client:
+        with pytest.raises(ValueError, match="'json' is not one of json_schema, json_object"):
+            client.app[METRICS].observe_structured("json", 0.001)
