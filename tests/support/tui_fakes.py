@@ -43,21 +43,24 @@ GPU = {
     "temperature_c": 61.0,
     "sm_clock_mhz": 1980.0,
 }
-# id, state, prompt, generated, queue, ttft, tpot, kv blocks, preemptions, finish
+# id, state, prompt, generated, queue, ttft, tpot, kv blocks, preemptions, finish,
+# grammar kind (structured), tools sent
 ROWS = [
-    ("req-run-a", "running", 900, 120, 0.012, 0.091, None, 64, 1, None),
-    ("req-run-b", "running", 300, 40, 0.004, 0.045, None, 22, 0, None),
-    ("req-run-c", "running", 120, 300, 0.003, 0.030, None, 27, 0, None),
-    ("req-wait-d", "running", 700, 0, None, None, None, 0, 0, None),
-    ("req-done-e", "finished", 500, 256, 0.020, 0.110, 0.0121, 0, 2, "length"),
-    ("req-done-f", "finished", 64, 12, 0.001, 0.021, 0.0098, 0, 0, "stop"),
-    ("req-err-g", "timeout", 1500, 3, 0.900, 1.500, None, 0, 0, None),
-    ("req-done-h", "finished", 220, 90, 0.002, 0.052, 0.0105, 0, 0, "stop"),
+    ("req-run-a", "running", 900, 120, 0.012, 0.091, None, 64, 1, None, None, False),
+    ("req-run-b", "running", 300, 40, 0.004, 0.045, None, 22, 0, None, "json_schema", False),
+    ("req-run-c", "running", 120, 300, 0.003, 0.030, None, 27, 0, None, None, False),
+    ("req-wait-d", "running", 700, 0, None, None, None, 0, 0, None, None, False),
+    ("req-done-e", "finished", 500, 256, 0.020, 0.110, 0.0121, 0, 2, "length", None, False),
+    ("req-done-f", "finished", 64, 12, 0.001, 0.021, 0.0098, 0, 0, "stop", "tool_call", True),
+    ("req-err-g", "timeout", 1500, 3, 0.900, 1.500, None, 0, 0, None, None, False),
+    ("req-done-h", "finished", 220, 90, 0.002, 0.052, 0.0105, 0, 0, "stop", None, True),
 ]
+GRAMMAR_COMPILE_S = 0.0012
+"""The front end's compile time of every structured fake request."""
 
 
 def _row(spec: tuple, step: int) -> dict:
-    rid, state, prompt, gen, queue, ttft, tpot, kv, pre, finish = spec
+    rid, state, prompt, gen, queue, ttft, tpot, kv, pre, finish, structured, tools = spec
     running = state == "running" and queue is not None
     return {
         "id": rid,
@@ -75,9 +78,9 @@ def _row(spec: tuple, step: int) -> dict:
         "num_preemptions": pre,
         "finish_reasons": [finish],
         "error": "ttft_timeout: too slow" if state == "timeout" else None,
-        "structured": None,
-        "tools": False,
-        "grammar_compile_s": None,
+        "structured": structured,
+        "tools": tools,
+        "grammar_compile_s": GRAMMAR_COMPILE_S if structured else None,
         "kv_blocks": kv + (step if running else 0),
     }
 
