@@ -19,6 +19,7 @@ from tests.support.fake_engine import FakeEngine
 from tests.support.tui_fakes import make_doc, make_trace, screen_text, wait_for
 from tui import format as fmt
 from tui import model
+from tui.screens.trace import grammar_line
 from tui.widgets.timeline import bar
 
 
@@ -85,6 +86,22 @@ def test_out_column_only_in_a_wide_table():
     assert "out" not in narrow and len(narrow) == len(model.COLUMNS) - 1
     assert row.cells(24)[:3] == ("req-run-b", "running", "json")
     assert row.cells(8, narrow)[:3] == ("req-run…", "running", "300")
+
+
+def test_trace_grammar_line_sums_the_choices():
+    """Mask time per step is weighted by each choice's steps; the compile is the slowest."""
+    trace = make_trace("req-run-b")
+    g0 = {"compile_ms": 1.0, "mask_steps": 30, "mask_ms_mean": 0.04, "mask_ms_max": 0.2}
+    g1 = {"compile_ms": 2.5, "mask_steps": 10, "mask_ms_mean": 0.08, "mask_ms_max": 0.9}
+    trace["choices"] = [{"grammar": g0}, {"grammar": g1}, {"grammar": None}]
+    assert grammar_line(trace) == (
+        "grammar json_schema · compile check 1.2ms · engine compile 2.5ms · "
+        "mask 50us/step (max 900us, 40 steps)"
+    )
+    assert grammar_line(make_trace("req-done-e")) is None
+    assert grammar_line({**make_trace("req-done-h"), "choices": []}) == "no grammar · tools sent"
+    unfinished = {"structured": "regex", "grammar_compile_s": None, "choices": [{"grammar": None}]}
+    assert grammar_line(unfinished) == "grammar regex"
 
 
 def test_history_keeps_the_last_samples():

@@ -166,8 +166,10 @@ def make_doc(step: int = 0, gpu: bool = True) -> dict:
 
 
 def make_trace(request_id: str = "req-done-e") -> dict:
-    """A finished request with two prefill chunks and one preemption."""
+    """A finished request with two prefill chunks and one preemption; a structured one also
+    compiles its grammar before it is scheduled and reports its mask time at the end."""
     summary = next(_row(s, 0) for s in ROWS if s[0] == request_id)
+    structured = summary["structured"]
     events = [
         (0.0, "server", None, "received", None),
         (0.0, "engine", 0, "arrived", None),
@@ -184,6 +186,24 @@ def make_trace(request_id: str = "req-done-e") -> dict:
         (3190.0, "engine", 0, "finished", {"reason": "length"}),
         (3200.0, "server", None, "closed", {"status": "finished", "http_status": 200}),
     ]
+    grammar = None
+    if structured:
+        kind = "grammar" if structured == "tool_call" else structured  # the engine's kind
+        grammar = {
+            "kind": kind,
+            "compile_ms": 1.1,
+            "mask_steps": summary["completion_tokens"],
+            "mask_ms_mean": 0.048,
+            "mask_ms_max": 0.21,
+            "tokens_accepted": summary["completion_tokens"],
+        }
+        finished = next(i for i, e in enumerate(events) if e[3] == "finished")
+        events.insert(finished, (3190.0, "engine", 0, "grammar", grammar))  # as the engine does
+        events += [
+            (0.05, "engine", 0, "grammar_compiling", {"kind": kind}),
+            (1.2, "engine", 0, "grammar_compiled", {"ms": 1.1}),
+        ]
+        events.sort(key=lambda e: e[0])  # stable: "grammar" stays before "finished"
     out = []
     for t_ms, source, choice, event, detail in events:
         e = {"time": T0 + t_ms / 1000, "event": event, "source": source, "t_ms": t_ms}
@@ -192,7 +212,19 @@ def make_trace(request_id: str = "req-done-e") -> dict:
         if detail:
             e["detail"] = detail
         out.append(e)
-    return {**summary, "key_name": None, "stream": True, "choices": [], "events": out}
+    choice = {
+        "index": 0,
+        "engine_id": request_id,
+        "prompt_tokens": summary["prompt_tokens"],
+        "completion_tokens": summary["completion_tokens"],
+        "finish_reason": summary["finish_reasons"][0],
+        "queue_s": summary["queue_s"],
+        "tpot_s": summary["tpot_s"],
+        "num_preemptions": summary["num_preemptions"],
+        "grammar": grammar,
+    }
+    summary.pop("kv_blocks")  # a /v1/stats row's, not a trace's
+    return {**summary, "key_name": None, "stream": True, "choices": [choice], "events": out}
 
 
 class FakeStatsServer:
@@ -201,7 +233,7 @@ class FakeStatsServer:
 
     def __init__(self, docs: list[dict], interval: float = 0.02, api_key: str | None = None):
         self.docs, self.interval, self.api_key = docs, interval, api_key
-        self.traces = {"req-done-e": make_trace()}
+        self.traces = {rid: make_trace(rid) for rid in ("req-done-e", "req-done-f")}
         self.port = 0
         self.runner: web.AppRunner | None = None
 
