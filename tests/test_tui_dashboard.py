@@ -208,6 +208,8 @@ async def test_help_plan_and_tab(server):
         await pilot.press("escape", "question_mark")
         assert isinstance(app.screen, HelpScreen)
         assert "pause / resume updates" in screen_text(app)
+        assert "out    json json_schema · obj json_object · rx regex" in screen_text(app)
+        assert "call tool_call · tool tools sent" in screen_text(app)
         await pilot.press("x")
         assert app.screen is app.main
 
