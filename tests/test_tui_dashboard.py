@@ -121,6 +121,30 @@ async def test_enter_opens_the_trace_timeline(server):
         assert app.screen is app.main
 
 
+async def test_structured_and_tool_requests_are_marked_and_their_trace_shows_the_grammar(
+    server,
+):
+    app = app_for(server)
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_for(pilot, lambda: len(table_ids(app)) == 8, what="the request rows")
+        await pilot.pause()
+        lines = screen_text(app).splitlines()
+        row = {rid: next(x for x in lines if f" {rid} " in x).split() for rid in table_ids(app)}
+        assert row["req-run-b"][:4] == ["req-run-b", "running", "json", "300"]
+        assert row["req-done-f"][:4] == ["req-done-f", "finished", "call", "64"]
+        assert row["req-done-h"][:4] == ["req-done-h", "finished", "tool", "220"]
+        assert row["req-done-e"][:3] == ["req-done-e", "finished", "500"]  # unconstrained
+        app.open_trace("req-done-f")
+        await wait_for(pilot, lambda: app.screen.trace is not None, what="the trace")
+        await pilot.pause()
+        text = screen_text(app)
+        assert (
+            "grammar tool_call · tools sent · compile check 1.2ms · engine compile 1.1ms · "
+            "mask 48us/step (max 210us, 12 steps)"
+        ) in text
+        assert "grammar_compiled" in text and '"mask_steps":12' in text  # the event list
+
+
 async def test_a_trace_the_server_no_longer_has(server):
     app = app_for(server)
     async with app.run_test(size=SIZE) as pilot:
@@ -184,6 +208,8 @@ async def test_help_plan_and_tab(server):
         await pilot.press("escape", "question_mark")
         assert isinstance(app.screen, HelpScreen)
         assert "pause / resume updates" in screen_text(app)
+        assert "out    json json_schema · obj json_object · rx regex" in screen_text(app)
+        assert "call tool_call · tool tools sent" in screen_text(app)
         await pilot.press("x")
         assert app.screen is app.main
 

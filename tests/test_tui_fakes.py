@@ -42,3 +42,18 @@ def test_fake_trace_has_the_servers_keys():
     for key in ("id", "state", "events", "choices", "prompt_tokens", "ttft_s", "e2e_s"):
         assert key in trace
     assert [e["t_ms"] for e in trace["events"]] == sorted(e["t_ms"] for e in trace["events"])
+
+
+async def test_fake_traces_have_the_servers_keys_at_both_levels():
+    """A fake trace, structured or not, has the keys of /v1/requests/{id} and of its choices."""
+    async with fake_client() as client:
+        body = {"prompt": "w5 w6", "max_tokens": 3}
+        await client.post("/v1/completions", json=body, headers={"X-Request-Id": "t1"})
+        real = await (await client.get("/v1/requests/t1")).json()
+    for rid in ("req-done-e", "req-done-f"):
+        fake = make_trace(rid)
+        assert set(fake) == set(real), rid
+        assert set(fake["choices"][0]) == set(real["choices"][0]), rid
+    events = [e["event"] for e in make_trace("req-done-f")["events"]]
+    assert events.index("grammar_compiled") < events.index("scheduled")
+    assert events.index("grammar") == events.index("finished") - 1

@@ -13,11 +13,13 @@ import pytest
 import tui
 from appliance.cli import main
 from appliance.serve import serve_tui
+from appliance.server.records import STRUCTURED_KINDS
 from appliance.settings import ServeSettings
 from tests.support.fake_engine import FakeEngine
 from tests.support.tui_fakes import make_doc, make_trace, screen_text, wait_for
 from tui import format as fmt
 from tui import model
+from tui.screens.trace import grammar_line
 from tui.widgets.timeline import bar
 
 
@@ -51,6 +53,55 @@ def test_rows_state_sort_and_filter():
         "req-run-c",
     }
     assert model.select(rows, "nothing", "live", False) == []
+
+
+def test_out_column_marks_structured_and_tool_requests():
+    rows = {r.id: r for r in model.rows(make_doc(0))}
+    assert (rows["req-run-b"].out, rows["req-done-f"].out, rows["req-done-h"].out) == (
+        "json",
+        "call",
+        "tool",
+    )
+    assert rows["req-run-a"].out == "" and rows["req-done-e"].out == ""
+    assert set(model.OUT_MARKS) == set(STRUCTURED_KINDS)  # a mark for every kind the server names
+    assert len(set(model.OUT_MARKS.values()) | {model.TOOLS_MARK}) == len(STRUCTURED_KINDS) + 1
+    assert model.out_mark({"structured": "regex", "tools": True}) == "rx+t"
+    assert model.out_mark({"structured": "tool_call", "tools": True}) == "call"
+    assert model.out_mark({"structured": "ebnf_v2"}) == "ebnf"  # a kind this dashboard predates
+    assert model.out_mark({}) == ""  # a server that predates the keys
+    every = list(rows.values())
+    assert [r.id for r in model.select(every, "json", "live", False)] == ["req-run-b"]
+    assert [r.id for r in model.select(every, "tool", "live", False)] == ["req-done-h"]
+    assert [r.id for r in model.select(every, "", "out", False)][:3] == [
+        "req-done-h",
+        "req-run-b",
+        "req-done-f",
+    ]
+
+
+def test_out_column_only_in_a_wide_table():
+    row = model.rows(make_doc(0))[1]
+    assert model.columns(wide=True) == model.COLUMNS and "out" in model.COLUMNS
+    narrow = model.columns(wide=False)
+    assert "out" not in narrow and len(narrow) == len(model.COLUMNS) - 1
+    assert row.cells(24)[:3] == ("req-run-b", "running", "json")
+    assert row.cells(8, narrow)[:3] == ("req-run…", "running", "300")
+
+
+def test_trace_grammar_line_sums_the_choices():
+    """Mask time per step is weighted by each choice's steps; the compile is the slowest."""
+    trace = make_trace("req-run-b")
+    g0 = {"compile_ms": 1.0, "mask_steps": 30, "mask_ms_mean": 0.04, "mask_ms_max": 0.2}
+    g1 = {"compile_ms": 2.5, "mask_steps": 10, "mask_ms_mean": 0.08, "mask_ms_max": 0.9}
+    trace["choices"] = [{"grammar": g0}, {"grammar": g1}, {"grammar": None}]
+    assert grammar_line(trace) == (
+        "grammar json_schema · compile check 1.2ms · engine compile 2.5ms · "
+        "mask 50us/step (max 900us, 40 steps)"
+    )
+    assert grammar_line(make_trace("req-done-e")) is None
+    assert grammar_line({**make_trace("req-done-h"), "choices": []}) == "no grammar · tools sent"
+    unfinished = {"structured": "regex", "grammar_compile_s": None, "choices": [{"grammar": None}]}
+    assert grammar_line(unfinished) == "grammar regex"
 
 
 def test_history_keeps_the_last_samples():

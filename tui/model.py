@@ -85,26 +85,41 @@ class Row:
     finish: str
     order: int
     """Position in the server's list (running first, then the newest finished)."""
+    out: str = ""
+    """What the output is held to (out_mark): json, obj, rx, ch, gr, call, tool; "" for free."""
 
-    def cells(self, id_width: int) -> tuple[str, ...]:
-        return (
-            fmt.short_id(self.id, id_width),
-            self.state,
-            fmt.integer(self.prompt_tokens),
-            fmt.integer(self.completion_tokens),
-            fmt.seconds(self.queue_s),
-            fmt.seconds(self.ttft_s),
-            fmt.seconds(self.tpot_s),
-            fmt.integer(self.kv_blocks),
-            fmt.integer(self.num_preemptions),
-            self.finish,
-        )
+    def cells(self, id_width: int, columns: tuple[str, ...] = ()) -> tuple[str, ...]:
+        """The cells of `columns` (all of COLUMNS when empty), in that order."""
+        cells = {
+            "id": fmt.short_id(self.id, id_width),
+            "state": self.state,
+            "out": self.out,
+            "prompt": fmt.integer(self.prompt_tokens),
+            "gen": fmt.integer(self.completion_tokens),
+            "queue": fmt.seconds(self.queue_s),
+            "ttft": fmt.seconds(self.ttft_s),
+            "tpot": fmt.seconds(self.tpot_s),
+            "kv": fmt.integer(self.kv_blocks),
+            "pre": fmt.integer(self.num_preemptions),
+            "finish": self.finish,
+        }
+        return tuple(cells[c] for c in columns or COLUMNS)
 
 
-COLUMNS = ("id", "state", "prompt", "gen", "queue", "ttft", "tpot", "kv", "pre", "finish")
+COLUMNS = ("id", "state", "out", "prompt", "gen", "queue", "ttft", "tpot", "kv", "pre", "finish")
+WIDE_ONLY = ("out",)
+"""Columns left out of a narrow table (80 columns), where they would push `finish` off."""
+
+
+def columns(wide: bool) -> tuple[str, ...]:
+    """The request table's columns at a wide or a narrow panel width."""
+    return COLUMNS if wide else tuple(c for c in COLUMNS if c not in WIDE_ONLY)
+
+
 SORTS: dict[str, Callable[[Row], object]] = {
     "live": lambda r: -r.order,
     "state": lambda r: r.state,
+    "out": lambda r: r.out,
     "prompt": lambda r: r.prompt_tokens or 0,
     "gen": lambda r: r.completion_tokens or 0,
     "queue": lambda r: r.queue_s or 0.0,
@@ -125,6 +140,30 @@ def display_state(item: dict) -> str:
     if state in ("queued", "running") and item.get("queue_s") is None:
         return "running" if (fmt.num(item.get("kv_blocks")) or 0) > 0 else "waiting"
     return state
+
+
+OUT_MARKS = {
+    "json_schema": "json",
+    "json_object": "obj",
+    "regex": "rx",
+    "choice": "ch",
+    "grammar": "gr",
+    "tool_call": "call",
+}
+"""The `out` column's mark for each grammar kind the server names in a row's `structured`
+(tool_call: a call forced by tool_choice)."""
+TOOLS_MARK = "tool"
+"""The `out` mark of a request that sent tools and leaves the model free to call them."""
+
+
+def out_mark(item: dict) -> str:
+    """The `out` cell: the grammar's mark, `tool` for tools sent with the output left free,
+    `json+t` and the like for both; "" for an unconstrained request without tools."""
+    kind = item.get("structured")
+    mark = OUT_MARKS.get(kind, str(kind)[:4]) if kind else ""
+    if item.get("tools") is True and kind != "tool_call":
+        return f"{mark}+t" if mark else TOOLS_MARK
+    return mark
 
 
 def finish_text(item: dict) -> str:
@@ -154,13 +193,18 @@ def rows(doc: dict) -> list[Row]:
                 num_preemptions=item.get("num_preemptions"),
                 finish=finish_text(item),
                 order=order,
+                out=out_mark(item),
             )
         )
     return out
 
 
 def select(all_rows: list[Row], state_filter: str, sort: str, reverse: bool) -> list[Row]:
-    """Rows whose state (or id) starts with the filter, largest first by `sort`."""
+    """Rows whose state, id or out mark starts with the filter, largest first by `sort`."""
     f = state_filter.strip().lower()
-    kept = [r for r in all_rows if not f or r.state.startswith(f) or r.id.startswith(f)]
+    kept = [
+        r
+        for r in all_rows
+        if not f or r.state.startswith(f) or r.id.startswith(f) or r.out.startswith(f)
+    ]
     return sorted(kept, key=SORTS[sort], reverse=not reverse)

@@ -1,7 +1,8 @@
 """Prometheus metrics under vLLM's names (so existing vLLM dashboards work), one registry per app.
 
 Engine gauges and counters are read from the engine core's last stats at scrape time; request
-histograms are observed when a request closes.
+histograms are observed when a request closes; structured requests are counted when the route
+checks their grammar (observe_structured).
 """
 
 from __future__ import annotations
@@ -9,7 +10,7 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-from appliance.server.records import RequestRecord
+from appliance.server.records import STRUCTURED_KINDS, RequestRecord
 from appliance.server.state import ServerState
 
 TTFT_BUCKETS = (
@@ -79,6 +80,26 @@ E2E_BUCKETS = (
     1920.0,
     7680.0,
 )
+COMPILE_BUCKETS = (
+    0.0001,
+    0.00025,
+    0.0005,
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+)
+"""Grammar compile times: llguidance takes about 1 ms for a JSON schema, a slow library or a
+large schema seconds."""
 
 
 class _EngineCollector:
@@ -163,6 +184,34 @@ class Metrics:
             labels + ["reason"],
             registry=r,
         )
+        self.structured = Counter(
+            "appliance:structured_requests",
+            "Requests whose output a grammar holds, by kind (tool_call: a forced tool call).",
+            labels + ["kind"],
+            registry=r,
+        )
+        self.grammar_compile = hist(
+            "appliance:grammar_compile_seconds",
+            "The front end's compile of a structured request's grammar.",
+            COMPILE_BUCKETS,
+        )
+
+    def observe_structured(self, kind: str, compile_s: float | None) -> None:
+        """Count one structured request of `kind` (one of STRUCTURED_KINDS; "tool_call" for a
+        forced tool call) and observe its grammar compile time (None: none was measured).
+
+        Counted at call time, not at close: whatever becomes of the request afterwards (an
+        error, a timeout, a cancel), it is counted once. Call it once per request, after its
+        grammar check. An unknown kind is a ValueError (each label value is a new series).
+        """
+        if kind not in STRUCTURED_KINDS:
+            raise ValueError(
+                f"structured kind {kind!r} is not one of {', '.join(STRUCTURED_KINDS)}"
+            )
+        model = self.state.model_name
+        self.structured.labels(model, kind).inc()
+        if compile_s is not None:
+            self.grammar_compile.labels(model).observe(compile_s)
 
     def observe_itl(self, seconds: float, count: int = 1) -> None:
         """`count` tokens that arrived `seconds` apart each (one call per delivery)."""

@@ -10,6 +10,11 @@ import time
 from dataclasses import dataclass, field
 
 from engine.request import RequestOutput
+from engine.structured import KINDS
+
+STRUCTURED_KINDS = (*KINDS, "tool_call")
+"""What a request's output can be held to: the engine's grammar kinds, and "tool_call" for a
+call forced by `tool_choice` ("required" or a named function)."""
 
 
 @dataclass
@@ -48,6 +53,16 @@ class ChoiceRecord:
         return max(0, new)
 
     @property
+    def grammar(self) -> dict | None:
+        """The engine's account of this choice's grammar (kind, compile_ms, mask_steps,
+        mask_ms_mean, mask_ms_max, tokens_accepted), from its trace; None when unconstrained
+        or not finished."""
+        for e in reversed(self.engine_trace):
+            if e["event"] == "grammar":
+                return e.get("detail")
+        return None
+
+    @property
     def tpot_s(self) -> float | None:
         if self.first_token_at is None or self.finished_at is None or self.completion_tokens < 2:
             return None
@@ -70,6 +85,12 @@ class RequestRecord:
     finished_at: float | None = None
     choices: list[ChoiceRecord] = field(default_factory=list)
     events: list[dict] = field(default_factory=list)
+    structured: str | None = None
+    """The grammar kind the output is held to (one of STRUCTURED_KINDS); None: unconstrained."""
+    tools: bool = False
+    """The request sent tools."""
+    grammar_compile_s: float | None = None
+    """How long the front end's check of the request's grammar took (a compile)."""
 
     def event(self, name: str, **detail) -> None:
         self.events.append(
@@ -122,6 +143,9 @@ class RequestRecord:
             "num_preemptions": sum(c.num_preemptions for c in self.choices),
             "finish_reasons": [c.finish_reason for c in self.choices],
             "error": self.error,
+            "structured": self.structured,
+            "tools": self.tools,
+            "grammar_compile_s": self.grammar_compile_s,
         }
 
     def trace(self) -> dict:
@@ -146,6 +170,7 @@ class RequestRecord:
                     "queue_s": c.queue_s,
                     "tpot_s": c.tpot_s,
                     "num_preemptions": c.num_preemptions,
+                    "grammar": c.grammar,
                 }
                 for c in self.choices
             ],

@@ -43,21 +43,24 @@ GPU = {
     "temperature_c": 61.0,
     "sm_clock_mhz": 1980.0,
 }
-# id, state, prompt, generated, queue, ttft, tpot, kv blocks, preemptions, finish
+# id, state, prompt, generated, queue, ttft, tpot, kv blocks, preemptions, finish,
+# grammar kind (structured), tools sent
 ROWS = [
-    ("req-run-a", "running", 900, 120, 0.012, 0.091, None, 64, 1, None),
-    ("req-run-b", "running", 300, 40, 0.004, 0.045, None, 22, 0, None),
-    ("req-run-c", "running", 120, 300, 0.003, 0.030, None, 27, 0, None),
-    ("req-wait-d", "running", 700, 0, None, None, None, 0, 0, None),
-    ("req-done-e", "finished", 500, 256, 0.020, 0.110, 0.0121, 0, 2, "length"),
-    ("req-done-f", "finished", 64, 12, 0.001, 0.021, 0.0098, 0, 0, "stop"),
-    ("req-err-g", "timeout", 1500, 3, 0.900, 1.500, None, 0, 0, None),
-    ("req-done-h", "finished", 220, 90, 0.002, 0.052, 0.0105, 0, 0, "stop"),
+    ("req-run-a", "running", 900, 120, 0.012, 0.091, None, 64, 1, None, None, False),
+    ("req-run-b", "running", 300, 40, 0.004, 0.045, None, 22, 0, None, "json_schema", False),
+    ("req-run-c", "running", 120, 300, 0.003, 0.030, None, 27, 0, None, None, False),
+    ("req-wait-d", "running", 700, 0, None, None, None, 0, 0, None, None, False),
+    ("req-done-e", "finished", 500, 256, 0.020, 0.110, 0.0121, 0, 2, "length", None, False),
+    ("req-done-f", "finished", 64, 12, 0.001, 0.021, 0.0098, 0, 0, "stop", "tool_call", True),
+    ("req-err-g", "timeout", 1500, 3, 0.900, 1.500, None, 0, 0, None, None, False),
+    ("req-done-h", "finished", 220, 90, 0.002, 0.052, 0.0105, 0, 0, "stop", None, True),
 ]
+GRAMMAR_COMPILE_S = 0.0012
+"""The front end's compile time of every structured fake request."""
 
 
 def _row(spec: tuple, step: int) -> dict:
-    rid, state, prompt, gen, queue, ttft, tpot, kv, pre, finish = spec
+    rid, state, prompt, gen, queue, ttft, tpot, kv, pre, finish, structured, tools = spec
     running = state == "running" and queue is not None
     return {
         "id": rid,
@@ -75,6 +78,9 @@ def _row(spec: tuple, step: int) -> dict:
         "num_preemptions": pre,
         "finish_reasons": [finish],
         "error": "ttft_timeout: too slow" if state == "timeout" else None,
+        "structured": structured,
+        "tools": tools,
+        "grammar_compile_s": GRAMMAR_COMPILE_S if structured else None,
         "kv_blocks": kv + (step if running else 0),
     }
 
@@ -160,8 +166,10 @@ def make_doc(step: int = 0, gpu: bool = True) -> dict:
 
 
 def make_trace(request_id: str = "req-done-e") -> dict:
-    """A finished request with two prefill chunks and one preemption."""
+    """A finished request with two prefill chunks and one preemption; a structured one also
+    compiles its grammar before it is scheduled and reports its mask time at the end."""
     summary = next(_row(s, 0) for s in ROWS if s[0] == request_id)
+    structured = summary["structured"]
     events = [
         (0.0, "server", None, "received", None),
         (0.0, "engine", 0, "arrived", None),
@@ -178,6 +186,24 @@ def make_trace(request_id: str = "req-done-e") -> dict:
         (3190.0, "engine", 0, "finished", {"reason": "length"}),
         (3200.0, "server", None, "closed", {"status": "finished", "http_status": 200}),
     ]
+    grammar = None
+    if structured:
+        kind = "grammar" if structured == "tool_call" else structured  # the engine's kind
+        grammar = {
+            "kind": kind,
+            "compile_ms": 1.1,
+            "mask_steps": summary["completion_tokens"],
+            "mask_ms_mean": 0.048,
+            "mask_ms_max": 0.21,
+            "tokens_accepted": summary["completion_tokens"],
+        }
+        finished = next(i for i, e in enumerate(events) if e[3] == "finished")
+        events.insert(finished, (3190.0, "engine", 0, "grammar", grammar))  # as the engine does
+        events += [
+            (0.05, "engine", 0, "grammar_compiling", {"kind": kind}),
+            (1.2, "engine", 0, "grammar_compiled", {"ms": 1.1}),
+        ]
+        events.sort(key=lambda e: e[0])  # stable: "grammar" stays before "finished"
     out = []
     for t_ms, source, choice, event, detail in events:
         e = {"time": T0 + t_ms / 1000, "event": event, "source": source, "t_ms": t_ms}
@@ -186,7 +212,19 @@ def make_trace(request_id: str = "req-done-e") -> dict:
         if detail:
             e["detail"] = detail
         out.append(e)
-    return {**summary, "key_name": None, "stream": True, "choices": [], "events": out}
+    choice = {
+        "index": 0,
+        "engine_id": request_id,
+        "prompt_tokens": summary["prompt_tokens"],
+        "completion_tokens": summary["completion_tokens"],
+        "finish_reason": summary["finish_reasons"][0],
+        "queue_s": summary["queue_s"],
+        "tpot_s": summary["tpot_s"],
+        "num_preemptions": summary["num_preemptions"],
+        "grammar": grammar,
+    }
+    summary.pop("kv_blocks")  # a /v1/stats row's, not a trace's
+    return {**summary, "key_name": None, "stream": True, "choices": [choice], "events": out}
 
 
 class FakeStatsServer:
@@ -195,7 +233,7 @@ class FakeStatsServer:
 
     def __init__(self, docs: list[dict], interval: float = 0.02, api_key: str | None = None):
         self.docs, self.interval, self.api_key = docs, interval, api_key
-        self.traces = {"req-done-e": make_trace()}
+        self.traces = {rid: make_trace(rid) for rid in ("req-done-e", "req-done-f")}
         self.port = 0
         self.runner: web.AppRunner | None = None
 

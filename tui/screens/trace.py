@@ -1,5 +1,6 @@
-"""TraceScreen: one request's life: a summary line, a timeline per choice (queued -> prefill
-chunks -> first token -> decode -> finish, preemptions marked) and the full event list."""
+"""TraceScreen: one request's life: a summary line (and, for a structured or tool request, its
+grammar: compile time and mask time per step), a timeline per choice (queued -> prefill chunks
+-> first token -> decode -> finish, preemptions marked) and the full event list."""
 
 from __future__ import annotations
 
@@ -100,6 +101,44 @@ def summary(trace: dict) -> Text:
         f"preemptions {fmt.integer(trace.get('num_preemptions'))}",
     ]
     text = Text(" · ".join(parts))
+    grammar = grammar_line(trace)
+    if grammar:
+        text.append(f"\n{grammar}")
     if trace.get("error"):
         text.append(f"\nerror: {trace['error']}", "bold")
     return text
+
+
+def grammar_line(trace: dict) -> str | None:
+    """What held the output: the grammar kind, whether tools were sent, the front end's compile
+    check and, over the choices the engine finished, its compile and mask time per step; None
+    for an unconstrained request without tools."""
+    kind, tools = trace.get("structured"), trace.get("tools") is True
+    if not kind and not tools:
+        return None
+    parts = [f"grammar {kind}" if kind else "no grammar"]
+    if tools:
+        parts.append("tools sent")
+    check = fmt.num(trace.get("grammar_compile_s"))
+    if check is not None:
+        parts.append(f"compile check {fmt.seconds(check)}")
+    done = [
+        c["grammar"]
+        for c in trace.get("choices") or []
+        if isinstance(c, dict) and isinstance(c.get("grammar"), dict)
+    ]
+    steps = sum(int(fmt.num(g.get("mask_steps")) or 0) for g in done)
+    if done:
+        compile_ms = max(fmt.num(g.get("compile_ms")) or 0.0 for g in done)
+        parts.append(f"engine compile {fmt.seconds(compile_ms / 1e3)}")
+    if steps:
+        total_ms = sum(
+            (fmt.num(g.get("mask_ms_mean")) or 0.0) * (fmt.num(g.get("mask_steps")) or 0)
+            for g in done
+        )
+        max_ms = max(fmt.num(g.get("mask_ms_max")) or 0.0 for g in done)
+        parts.append(
+            f"mask {fmt.seconds(total_ms / steps / 1e3)}/step "
+            f"(max {fmt.seconds(max_ms / 1e3)}, {steps} steps)"
+        )
+    return " · ".join(parts)

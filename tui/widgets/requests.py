@@ -1,5 +1,5 @@
 """RequestsPanel: the table of running and recent requests, sortable (`s`, `S` reverses),
-filtered by state (`/`), and Enter on a row asks for that request's trace."""
+filtered by state, id or out mark (`/`), and Enter on a row asks for that request's trace."""
 
 from __future__ import annotations
 
@@ -13,8 +13,9 @@ from tui import model
 from tui.model import View
 from tui.widgets.base import Panel
 
-WIDE_ID = 100
-"""From this panel width on, ids are shown at up to 24 characters instead of 8."""
+WIDE = 100
+"""From this panel width on, ids are shown at up to 24 characters instead of 8, and the table
+has its wide-only columns (model.WIDE_ONLY)."""
 
 
 class RequestsPanel(Panel):
@@ -30,11 +31,10 @@ class RequestsPanel(Panel):
             self.request_id = request_id
 
     def compose(self) -> ComposeResult:
-        yield Input(placeholder="filter by state: running, waiting, finished, error…", id="filter")
-        table: DataTable = DataTable(cursor_type="row", id="requests-table")
-        for name in model.COLUMNS:
-            table.add_column(name, key=name)
-        yield table
+        yield Input(
+            placeholder="filter by state or out: running, finished, error, json…", id="filter"
+        )
+        yield DataTable(cursor_type="row", id="requests-table")
 
     def on_mount(self) -> None:
         self._retitle()
@@ -106,19 +106,25 @@ class RequestsPanel(Panel):
         table = self.query_one(DataTable)
         rows = model.rows(self.view.doc) if self.view else []
         shown = model.select(rows, self.state_filter, self.sort, self.reverse)
-        id_width = 24 if self.size.width >= WIDE_ID else 8
+        wide = self.size.width >= WIDE
+        id_width = 24 if wide else 8
+        columns = model.columns(wide)
         keys = [r.id for r in shown]
         current = [rk.value for rk in table.rows]
-        if keys == current and not force:
+        same_columns = tuple(ck.value for ck in table.columns) == columns
+        if keys == current and same_columns and not force:
             for row in shown:
-                for column, cell in zip(model.COLUMNS, row.cells(id_width)):
+                for column, cell in zip(columns, row.cells(id_width, columns)):
                     table.update_cell(row.id, column, cell)
             return
         selected = self._selected_id(table)
         scroll_y = table.scroll_y
-        table.clear()
+        table.clear(columns=not same_columns)
+        if not same_columns:
+            for name in columns:
+                table.add_column(name, key=name)
         for row in shown:
-            table.add_row(*row.cells(id_width), key=row.id)
+            table.add_row(*row.cells(id_width, columns), key=row.id)
         if selected in keys:
             table.move_cursor(row=keys.index(selected), scroll=False)
         table.scroll_to(y=scroll_y, animate=False, immediate=True)
