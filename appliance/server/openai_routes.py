@@ -167,6 +167,8 @@ async def serve_generation(request: web.Request, req: GenerateRequest) -> web.St
     prompts = await _prompt_ids(app, state, req)
     output = chat_output(state, req, prompts[0]) if req.messages is not None else None
     constraint = await constrain(state, req, output)
+    if constraint is not None:
+        metrics.observe_structured(*constraint)
     limit = state.engine.config.max_model_len
     max_tokens = [resolve_max_tokens(req, len(ids), limit) for ids in prompts]
     k = len(prompts) * req.n
