@@ -37,7 +37,7 @@ from engine.models.config import ModelConfig
 from engine.models.loader import load_model
 from engine.pending_step import PendingStep
 from engine.quant.format import resolve_weight_quant
-from engine.sampler import sample
+from engine.sampler import SamplingTensors, sample
 from engine.scheduler import ScheduledBatch
 from engine.startup import StartupTimer
 from engine.structured.bitmask import apply_bitmask
@@ -247,8 +247,14 @@ class ModelRunner:
             with forward_context(meta):
                 hidden = self.model(input_ids, positions)  # [num_tokens, hidden]
         rows = batch.sampling_indices
-        logits = self.model.compute_logits(hidden[logits_rows]) if rows else None
-        return Forward(batch, rows, logits, prev)  # logits: [num_sampling, vocab]
+        if not rows:
+            return Forward(batch, rows, None, None, prev)
+        logits = self.model.compute_logits(hidden[logits_rows])  # [num_sampling, vocab]
+        # Read the requests' sampling state now, before the step advances them (each row's
+        # token index seeds its random draw).
+        reqs = [batch.requests[i] for i in rows]
+        tensors = prepare_sampling(reqs, self.model_config.vocab_size, self.device)
+        return Forward(batch, rows, logits, tensors, prev)
 
     @torch.inference_mode()
     def sample(self, fwd: Forward, bitmask: torch.Tensor | None = None) -> PendingStep:
@@ -257,8 +263,7 @@ class ModelRunner:
         if fwd.logits is None:
             return PendingStep.launched(fwd.batch, fwd.sampling_rows, None)
         logits = fwd.logits if bitmask is None else apply_bitmask(fwd.logits, bitmask)
-        reqs = [fwd.batch.requests[i] for i in fwd.sampling_rows]
-        out = sample(logits, prepare_sampling(reqs, self.model_config.vocab_size, self.device))
+        out = sample(logits, fwd.sampling)
         return PendingStep.launched(fwd.batch, fwd.sampling_rows, out)
 
 
@@ -270,6 +275,7 @@ class Forward:
     sampling_rows: list[int]
     """Batch index of each row of logits."""
     logits: torch.Tensor | None
+    sampling: SamplingTensors | None
     prev: PendingStep | None
     """The step before, kept alive: this forward reads its tokens on the device."""
 
