@@ -20,9 +20,11 @@ JSON_OPTIONS = {"whitespace_flexible": False, "item_separator": ", ", "key_separ
 """JSON as json.dumps writes it: no free whitespace, so a weak model cannot pad an answer with
 newlines until max_tokens."""
 CACHE_SIZE = 256
-PARALLEL_ROWS = 16
-"""From this many constrained rows a step's masks are filled on llguidance's threads; fewer
-are faster one after another (2 threads per mask cost about 30 us to start: CPU, 49k tokens)."""
+PARALLEL_ROWS = 1 << 30
+"""From this many constrained rows a step's masks would be filled on llguidance's threads. On
+the H200 test machine's host (16 cores) one after another was the fastest way to fill 64 rows:
+4.6 ms a step against 8.9 ms on llguidance's threads and 5.9-7.1 ms on 4-12 Python threads
+(64 matchers on random valid paths of the benchmark's schema; docs/performance.md)."""
 
 
 def grammar_text(spec: StructuredOutput) -> str:
