@@ -11,7 +11,7 @@ from collections import OrderedDict
 
 import llguidance
 import torch
-from llguidance.torch import fill_next_token_bitmask, fill_next_token_bitmask_par
+from llguidance.torch import fill_next_token_bitmask
 
 from engine.structured.backend import GrammarBackend, GrammarError, Matcher
 from engine.structured.spec import StructuredOutput
@@ -20,11 +20,6 @@ JSON_OPTIONS = {"whitespace_flexible": False, "item_separator": ", ", "key_separ
 """JSON as json.dumps writes it: no free whitespace, so a weak model cannot pad an answer with
 newlines until max_tokens."""
 CACHE_SIZE = 256
-PARALLEL_ROWS = 1 << 30
-"""From this many constrained rows a step's masks would be filled on llguidance's threads. On
-the H200 test machine's host (16 cores) one after another was the fastest way to fill 64 rows:
-4.6 ms a step against 8.9 ms on llguidance's threads and 5.9-7.1 ms on 4-12 Python threads
-(64 matchers on random valid paths of the benchmark's schema; docs/performance.md)."""
 
 
 def grammar_text(spec: StructuredOutput) -> str:
@@ -83,7 +78,6 @@ class LLGuidanceBackend(GrammarBackend):
         self.vocab_size = vocab_size
         eos = sorted(eos_token_ids) or [tokenizer.eos_token_id]
         self.tokenizer = llguidance.LLTokenizer(backend.to_str(), n_vocab=vocab_size, eos_token=eos)
-        self.executor = llguidance.LLExecutor()
         self._cache: OrderedDict[tuple[str, str], llguidance.LLMatcher] = OrderedDict()
         self._lock = threading.Lock()
 
@@ -112,9 +106,9 @@ class LLGuidanceBackend(GrammarBackend):
         return LLGuidanceMatcher(compiled.deep_copy())
 
     def fill(self, rows: list[tuple[Matcher, int]], bitmask: torch.Tensor) -> None:
-        if len(rows) >= PARALLEL_ROWS:
-            pairs = [(m.inner, row) for m, row in rows]
-            fill_next_token_bitmask_par(self.executor, pairs, bitmask)
-            return
+        # One after another: on the H200 test machine's host (16 cores) that filled 64 rows in
+        # 4.6 ms a step, against 8.9 ms on llguidance's threads (fill_next_token_bitmask_par)
+        # and 5.9-7.1 ms on 4-12 Python threads (64 matchers on random valid paths of
+        # scripts/bench_structured.py's schema).
         for m, row in rows:
             fill_next_token_bitmask(m.inner, bitmask, row)
