@@ -94,6 +94,9 @@ class ServeSettings(EngineSettings):
     """Longest wait for the first token in seconds, queueing included (0 = none)."""
     stall_timeout: float = 60.0
     """Longest gap between two tokens in seconds (0 = none)."""
+    grammar_timeout: float = 10.0
+    """Longest compile of a request's JSON schema, regex or grammar in seconds; past it the
+    request gets a 400 (0 = none)."""
     log_requests: str | None = field(default=None, metadata={"metavar": "PATH"})
     """Append one JSON line per finished request to this file (written off the engine thread)."""
     ssl_certfile: str | None = field(default=None, metadata={"metavar": "PEM"})
@@ -130,7 +133,13 @@ class ServeSettings(EngineSettings):
             setattr(self, option.name, option.check(getattr(self, option.name)))
         if not 0 <= self.port <= 65535:
             raise SettingsError(f"port must be in [0, 65535], got {self.port}")
-        for name in ("drain_timeout", "request_timeout", "ttft_timeout", "stall_timeout"):
+        for name in (
+            "drain_timeout",
+            "request_timeout",
+            "ttft_timeout",
+            "stall_timeout",
+            "grammar_timeout",
+        ):
             if getattr(self, name) < 0:
                 raise SettingsError(f"{name} must be >= 0 seconds (0 = none)")
         for name in ("max_queue", "max_body_bytes", "max_n", "api_workers"):

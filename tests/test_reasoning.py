@@ -41,12 +41,13 @@ def test_split_reasoning_by_hand(output, starts, reasoning, content):
 
 
 def _stream(deltas: list[str], starts: bool) -> tuple[str, str]:
-    """Joined (reasoning, content) deltas; no delta holds a tag unless the model wrote one
-    around a removed tag itself ("<" + "</think>" + "think>" leaves "<think>" as text)."""
+    """Joined (reasoning, content) deltas; no delta holds a tag unless the whole split does
+    (the model wrote one around a removed tag: "<" + "</think>" + "think>" leaves "<think>"
+    as text, and so does "</" + "<think>" + "think>" inside reasoning)."""
     stream = ReasoningStream(starts)
     parts = [stream.feed(d) for d in deltas] + [stream.finish()]
-    untagged = "".join(deltas).replace(THINK_OPEN, "").replace(THINK_CLOSE, "")
-    if THINK_OPEN not in untagged and THINK_CLOSE not in untagged:
+    whole = "".join(p for p in split_reasoning("".join(deltas), starts) if p)
+    if THINK_OPEN not in whole and THINK_CLOSE not in whole:
         for r, c in parts:
             for tag in (THINK_OPEN, THINK_CLOSE):
                 assert tag not in r and tag not in c

@@ -123,8 +123,22 @@ BAD_CHATS = [
         {"messages": [{"role": "user", "content": "x", "tool_calls": [{"id": "c1"}]}]},
         "messages[0].tool_calls[0].function is required",
     ),
-    ({"response_format": {"type": "json_object"}}, "'response_format' is not supported"),
-    ({"tool_choice": "required"}, "'tool_choice' is not supported"),
+    (
+        {"response_format": {"type": "json_schema"}},
+        'response_format of type "json_schema" needs "json_schema"',
+    ),
+    ({"response_format": {"type": "xml"}}, "response_format.type must be one of"),
+    ({"regex": "a+", "choice": ["b"]}, "send at most one of regex, choice"),
+    ({"choice": []}, "'choice' must"),
+    ({"tool_choice": "required"}, "tool_choice \"required\" needs 'tools'"),
+    ({"tool_choice": "always"}, "'tool_choice' must be"),
+    (
+        {
+            "tools": [{"type": "function", "function": {"name": "f"}}],
+            "tool_choice": {"type": "function", "function": {"name": "g"}},
+        },
+        "tool_choice names the function 'g', which is not in tools (f)",
+    ),
 ]
 
 

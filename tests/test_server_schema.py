@@ -232,6 +232,10 @@ FULL_COMPLETION = {
     "store": False,
     "service_tier": "auto",
     "parallel_tool_calls": True,
+    "response_format": {"type": "text"},  # "text" constrains nothing; the others: at most one
+    "regex": None,
+    "choice": None,
+    "grammar": None,
 }
 COMPLETION_ONLY = ("prompt", "echo", "suffix", "best_of")
 FULL_CHAT = {
@@ -246,7 +250,6 @@ FULL_CHAT = {
     "tools": [],
     "tool_choice": "auto",
     "chat_template_kwargs": {"enable_thinking": False},
-    "response_format": {"type": "text"},
     "modalities": ["text"],
     "functions": [],
     "function_call": "none",

@@ -108,7 +108,9 @@ async def test_template_variables_and_a_tool_conversation_reach_the_template():
         assert r.status == 400 and "tool_calls" in (await r.json())["error"]["message"]
 
 
-async def test_forced_tool_choice_is_refused_clearly():
+async def test_forced_tool_choice_without_a_fast_tokenizer_is_refused_clearly():
+    """A forced call is a grammar, and grammars need the model's tokenizer.json: the fake
+    engine's tokenizer has none (forced calls on a real tokenizer: test_structured_openai)."""
     async with fake_client() as client:
         for choice in ("required", {"type": "function", "function": {"name": "get_weather"}}):
             body = {"messages": MSGS, "tools": TOOLS, "tool_choice": choice}

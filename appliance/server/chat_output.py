@@ -20,6 +20,8 @@ class ChatOutput:
     starts_in_reasoning: bool = False
     tool_parser: str | None = None
     parallel_tool_calls: bool = True
+    forced_calls: bool = False
+    """tool_choice forced calls: markup cut short (by max_tokens) is dropped, not content."""
 
     @property
     def is_plain(self) -> bool:
@@ -35,7 +37,7 @@ class ChatOutput:
             message["reasoning_content"] = reasoning
         calls = []
         if self.tool_parser is not None:
-            parsed = PARSERS[self.tool_parser]().parse(content)
+            parsed = PARSERS[self.tool_parser]().parse(content, self.forced_calls)
             calls = parsed.tool_calls if self.parallel_tool_calls else parsed.tool_calls[:1]
             message["content"] = parsed.content or None if calls else parsed.content
         if calls:
@@ -60,7 +62,7 @@ class ChatStream:
     def __init__(self, output: ChatOutput) -> None:
         self.reasoning = ReasoningStream(output.starts_in_reasoning) if output.reasoning else None
         parser = output.tool_parser
-        self.tools = PARSERS[parser]().stream() if parser is not None else None
+        self.tools = PARSERS[parser]().stream(output.forced_calls) if parser is not None else None
         self.parallel = output.parallel_tool_calls
         self.has_calls = False
 

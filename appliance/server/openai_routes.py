@@ -18,6 +18,14 @@ from appliance.server.request_keys import KEY_NAME, RECEIVED_AT, REQUEST_ID
 from appliance.server.responses import Formatter, dumps, send_event, usage
 from appliance.server.schema.responses import ModelCard, ModelList
 from appliance.server.state import ServerState
+from appliance.server.structured import (
+    DEFAULT_TOOL_FORMAT,
+    REASONING_OPEN,
+    after_reasoning,
+    forced_tools_spec,
+    param_of,
+    special_literal,
+)
 from appliance.server.tools import parser_for
 
 routes = web.RouteTableDef()
@@ -107,12 +115,35 @@ def chat_output(state: ServerState, req: GenerateRequest, prompt_ids: list[int])
     model's parser when the request sent tools."""
     engine = state.engine
     template = getattr(engine.tokenizer, "chat_template", None) or ""
-    reasoning = "<think>" in template
-    opened = reasoning and engine.decode(prompt_ids[-8:]).rstrip().endswith("<think>")
+    reasoning = REASONING_OPEN in template
+    opened = reasoning and engine.decode(prompt_ids[-8:]).rstrip().endswith(REASONING_OPEN)
     parser = None
+    forced = bool(req.tools) and req.tool_choice in ("required", "function")
     if req.tools:
         parser = parser_for(template, engine.model_type, state.settings.tool_parser)
-    return ChatOutput(reasoning, opened, parser, req.parallel_tool_calls)
+        if parser is None and forced:
+            parser = DEFAULT_TOOL_FORMAT  # a forced call needs some markup: this one is parsed
+    return ChatOutput(reasoning, opened, parser, req.parallel_tool_calls, forced)
+
+
+async def constrain(state: ServerState, req: GenerateRequest, output: ChatOutput | None):
+    """Settle the request's grammar (a forced tool call's, after reasoning where the model
+    reasons) and compile it once: (label for the record, compile seconds), or None when the
+    output is free. A grammar the library cannot take is a 400 here."""
+    forced = None
+    if output is not None:
+        literal = special_literal(state.engine.tokenizer)
+        forced = forced_tools_spec(req, output.tool_parser, literal)
+    spec = forced or req.structured
+    if spec is None:
+        return None
+    if output is not None and output.reasoning:
+        spec = after_reasoning(spec, output.starts_in_reasoning)
+    if state.grammar_check is None:
+        raise bad_request("structured outputs need the model's tokenizer, and this model has none")
+    seconds = await state.grammar_check.check(spec, param_of(spec, forced is not None))
+    req.structured = spec
+    return ("tool_call" if forced is not None else spec.kind), seconds
 
 
 def resolve_max_tokens(req: GenerateRequest, prompt_len: int, limit: int) -> int:
@@ -134,6 +165,8 @@ async def serve_generation(request: web.Request, req: GenerateRequest) -> web.St
     state.require_ready()
     check_model(state, req.model)
     prompts = await _prompt_ids(app, state, req)
+    output = chat_output(state, req, prompts[0]) if req.messages is not None else None
+    constraint = await constrain(state, req, output)
     limit = state.engine.config.max_model_len
     max_tokens = [resolve_max_tokens(req, len(ids), limit) for ids in prompts]
     k = len(prompts) * req.n
@@ -166,6 +199,9 @@ async def serve_generation(request: web.Request, req: GenerateRequest) -> web.St
         received_at=request[RECEIVED_AT],
     )
     record.choices = [c.record for c in choices]
+    record.tools = bool(req.tools)
+    if constraint is not None:
+        record.structured, record.grammar_compile_s = constraint
     record.events.append({"time": record.received_at, "event": "received"})
     record.event("admitted", num_choices=k)
     tracker.add(record)
@@ -181,7 +217,7 @@ async def serve_generation(request: web.Request, req: GenerateRequest) -> web.St
         state.model_name,
         int(record.received_at),
         state.engine.tokenizer,
-        chat_output(state, req, prompts[0]) if req.messages is not None else None,
+        output,
     )
     outcome = ["error", 500, None]
     try:

@@ -23,6 +23,7 @@ from appliance.server.schema.requests import (
 )
 from appliance.server.validation import validate
 from engine.sampling_params import SamplingParams
+from engine.structured import StructuredOutput
 
 SAMPLING_FIELDS = tuple(
     f.name
@@ -69,7 +70,13 @@ class GenerateRequest:
     tools: list[dict] | None = None
     """Chat: OpenAI tool definitions, for the template; None when the output is all content."""
     parallel_tool_calls: bool = True
+    tool_choice: str = "auto"
+    """"none", "auto", "required", or "function" (a call of `tool_name`)."""
+    tool_name: str | None = None
     template_kwargs: dict | None = None
+    structured: StructuredOutput | None = None
+    """What the output must follow (response_format, regex, choice, grammar); a forced tool
+    call's grammar is added where the model's call format is known (the routes)."""
     n: int = 1
     stream: bool = False
     include_usage: bool = False
@@ -85,7 +92,11 @@ class GenerateRequest:
         seed = None if self.seed is None else (self.seed + choice) % (1 << 63)
         try:
             return SamplingParams(
-                max_tokens=max_tokens, seed=seed, logprobs=self.logprobs, **self.sampling
+                max_tokens=max_tokens,
+                seed=seed,
+                logprobs=self.logprobs,
+                structured=self.structured,
+                **self.sampling,
             )
         except ValueError as exc:
             raise bad_request(str(exc)) from None
@@ -105,7 +116,41 @@ def _common(body: SamplingRequest, endpoint: str) -> GenerateRequest:
         include_usage=body.stream and options is not None and options.include_usage,
         seed=body.seed,
         sampling=sampling,
+        structured=structured_output(body),
     )
+
+
+def structured_output(body: SamplingRequest) -> StructuredOutput | None:
+    """The one constraint a body asks for (response_format or an extra), or None."""
+    asked = [
+        name
+        for name in ("response_format", "regex", "choice", "grammar")
+        if getattr(body, name) is not None
+        and not (name == "response_format" and body.response_format.type == "text")
+    ]
+    if len(asked) > 1:
+        raise bad_request(
+            f"send at most one of {', '.join(asked)}: each constrains the whole output",
+            param=asked[1],
+        )
+    if not asked:
+        return None
+    if body.regex is not None:
+        return StructuredOutput("regex", body.regex)
+    if body.choice is not None:
+        return StructuredOutput.choice(body.choice)
+    if body.grammar is not None:
+        return StructuredOutput("grammar", body.grammar)
+    fmt = body.response_format
+    if fmt.type == "json_object":
+        return StructuredOutput("json_object")
+    if fmt.json_schema is None:
+        raise bad_request(
+            'response_format of type "json_schema" needs "json_schema": {"name": ..., '
+            '"schema": {...}}',
+            param="response_format.json_schema",
+        )
+    return StructuredOutput.json_schema(fmt.json_schema.schema_)
 
 
 def parse_completion(data: dict) -> GenerateRequest:
@@ -137,11 +182,39 @@ def parse_chat(data: dict) -> GenerateRequest:
                 f"tools[{i}].function.name must be letters, digits, '_', '.' or '-'",
                 param=f"tools[{i}].function.name",
             )
-    if body.tools and body.tool_choice != "none":
-        req.tools = [t.model_dump(exclude_none=True) for t in body.tools]
+    _tool_choice(body, req)
     req.parallel_tool_calls = body.parallel_tool_calls is not False
     req.template_kwargs = body.chat_template_kwargs
     return req
+
+
+def _tool_choice(body: ChatCompletionRequest, req: GenerateRequest) -> None:
+    choice = body.tool_choice if body.tool_choice is not None else "auto"
+    if isinstance(choice, str):
+        req.tool_choice = choice
+    else:
+        req.tool_choice, req.tool_name = "function", choice.function.name
+    forced = req.tool_choice in ("required", "function")
+    if forced and not body.tools:
+        raise bad_request(f"tool_choice {_shown(choice)} needs 'tools'", param="tool_choice")
+    if req.tool_name is not None and all(t.function.name != req.tool_name for t in body.tools):
+        names = ", ".join(t.function.name for t in body.tools)
+        raise bad_request(
+            f"tool_choice names the function {req.tool_name!r}, which is not in tools ({names})",
+            param="tool_choice",
+        )
+    if forced and req.structured is not None:
+        raise bad_request(
+            f"tool_choice {_shown(choice)} forces a tool call: drop response_format, regex, "
+            'choice and grammar, or use tool_choice "auto"',
+            param="tool_choice",
+        )
+    if body.tools and req.tool_choice != "none":
+        req.tools = [t.model_dump(exclude_none=True) for t in body.tools]
+
+
+def _shown(choice) -> str:
+    return json.dumps(choice) if isinstance(choice, str) else "naming a function"
 
 
 def chat_messages(messages: list[ChatMessage]) -> list[dict]:

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from appliance.server.errors import APIError
+from appliance.server.structured import GrammarCheck
 from appliance.settings import ServeSettings
 from engine.core.client import CoreClient
 from engine.core.info import EngineInfo
@@ -50,6 +51,8 @@ class ServerState:
     _idle: asyncio.Event = field(default_factory=asyncio.Event)
     core_gone: asyncio.Event = field(default_factory=asyncio.Event)
     """Set when the engine core died while serving: the front end should exit non-zero."""
+    grammar_check: GrammarCheck | None = None
+    """Compiles requests' grammars (None for a model without a tokenizer)."""
 
     def __post_init__(self) -> None:
         self._idle.set()
@@ -57,6 +60,8 @@ class ServerState:
     async def attach(self, info: EngineInfo, address: str, process: Any = None) -> None:
         """Connect to a started core (phase stays LOADING until ready())."""
         self.engine, self.process = info, process
+        if info.tokenizer is not None:
+            self.grammar_check = GrammarCheck(info, self.settings.grammar_timeout or None)
         self.core = CoreClient(address, info.stats, on_dead=self._core_died)
         await self.core.start()
 
@@ -68,6 +73,8 @@ class ServerState:
 
     async def close(self) -> None:
         """Stop the core this front end started (after a drain) and wait for it to exit."""
+        if self.grammar_check is not None:
+            self.grammar_check.close()
         if self.core is not None:
             await self.core.close(shutdown_core=self.process is not None)
         if self.process is not None:

@@ -26,6 +26,10 @@ class EngineInfo:
     """LLMEngine.plan_report(): the plan, the memory check, the start-up times."""
     stats: dict | None = None
     """engine.stats() when the core started serving."""
+    eos_token_ids: frozenset[int] = frozenset()
+    """Every token id that ends generation (structured outputs allow them at a grammar's end)."""
+    logits_size: int | None = None
+    """The model's logits width (config vocab_size; it may pad past the tokenizer's)."""
 
     @classmethod
     def of(cls, engine: Any) -> EngineInfo:
@@ -44,6 +48,8 @@ class EngineInfo:
             model_type=getattr(model_config, "model_type", None),
             plan=report() if report is not None else None,
             stats={**engine.stats(), "num_unfinished": 0, "last_step_s": 0.0},
+            eos_token_ids=frozenset(getattr(engine, "eos_token_ids", ())),
+            logits_size=getattr(model_config, "vocab_size", None),
         )
 
     def plan_report(self) -> dict | None:

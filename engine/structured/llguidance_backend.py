@@ -82,17 +82,18 @@ class LLGuidanceBackend(GrammarBackend):
         eos = sorted(eos_token_ids) or [tokenizer.eos_token_id]
         self.tokenizer = llguidance.LLTokenizer(backend.to_str(), n_vocab=vocab_size, eos_token=eos)
         self.executor = llguidance.LLExecutor()
-        self._cache: OrderedDict[str, llguidance.LLMatcher] = OrderedDict()
+        self._cache: OrderedDict[tuple[str, str], llguidance.LLMatcher] = OrderedDict()
         self._lock = threading.Lock()
 
     def compile(self, spec: StructuredOutput) -> llguidance.LLMatcher:
-        """A matcher at the grammar's start, cached by grammar text; copy it per request."""
-        text = grammar_text(spec)
+        """A matcher at the grammar's start, cached by (kind, value); copy it per request."""
+        key = (spec.kind, spec.value)
         with self._lock:
-            cached = self._cache.get(text)
+            cached = self._cache.get(key)
             if cached is not None:
-                self._cache.move_to_end(text)
+                self._cache.move_to_end(key)
                 return cached
+        text = grammar_text(spec)
         error = llguidance.LLMatcher.validate_grammar(text, self.tokenizer)
         if error:
             raise GrammarError(error)
@@ -100,7 +101,7 @@ class LLGuidanceBackend(GrammarBackend):
         if compiled.is_error():
             raise GrammarError(compiled.get_error())
         with self._lock:
-            self._cache[text] = compiled
+            self._cache[key] = compiled
             while len(self._cache) > CACHE_SIZE:
                 self._cache.popitem(last=False)
         return compiled

@@ -76,6 +76,33 @@ class ToolDef(Part):
     function: FunctionDef
 
 
+class JsonSchemaFormat(Part):
+    name: Annotated[str, Field(min_length=1, max_length=64)] = "response"
+    description: str | None = None
+    schema_: dict[str, Any] = Field(alias="schema", description="The JSON Schema to follow.")
+    strict: bool | None = Field(None, description="Accepted; the schema is always enforced.")
+
+
+class ResponseFormat(Part):
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = Field(None, description='With type "json_schema".')
+
+
+class FunctionName(Part):
+    name: NonEmptyStr
+
+
+class NamedToolChoice(Part):
+    type: Literal["function"]
+    function: FunctionName
+
+
+ToolChoice = Annotated[
+    Literal["none", "auto", "required"] | NamedToolChoice,
+    Allowed('"none", "auto", "required" or {"type": "function", "function": {"name": ...}}'),
+]
+
+
 Messages = Annotated[
     list[ChatMessage], Field(min_length=1), Allowed("a non-empty list of messages")
 ]
@@ -141,6 +168,23 @@ class SamplingRequest(RequestModel):
     parallel_tool_calls: bool | None = Field(
         None, description="false: at most one tool call per choice (default true)."
     )
+    response_format: ResponseFormat | None = Field(
+        None,
+        description='{"type": "json_object"} or {"type": "json_schema", "json_schema": '
+        '{"name", "schema", "strict"}}: the output is JSON that follows it, enforced token '
+        "by token.",
+    )
+    regex: str | None = Field(
+        None, description="(extension) The output matches this regular expression."
+    )
+    choice: Annotated[list[NonEmptyStr], Field(min_length=1, max_length=1024)] | None = Field(
+        None, description="(extension) The output is exactly one of these strings."
+    )
+    grammar: str | None = Field(
+        None,
+        description="(extension) The output follows this grammar, in llguidance's Lark "
+        "syntax (`%json {...}` embeds a JSON schema).",
+    )
 
 
 class CompletionRequest(SamplingRequest):
@@ -171,17 +215,18 @@ class ChatCompletionRequest(SamplingRequest):
     tools: Annotated[list[ToolDef], Field(max_length=MAX_TOOLS)] | None = Field(
         None, description="Functions the model may call; the chat template lists them."
     )
-    tool_choice: unsupported(Any, "none", "auto") = Field(
+    tool_choice: ToolChoice | None = Field(
         None,
         description='"auto" (the default with tools): the calls the model writes are parsed; '
-        '"none": the output is content. Not supported yet: "required" and a named function.',
+        '"none": the output is content; "required": at least one call; a named function: a '
+        "call of it. The last two are enforced by grammar, arguments following the function's "
+        "parameters schema.",
     )
     chat_template_kwargs: dict[str, Any] | None = Field(
         None, description='(extension) More template variables, e.g. {"enable_thinking": false}.'
     )
     functions: unsupported(Any, []) = None
     function_call: unsupported(Any, "none", "auto") = None
-    response_format: unsupported(Any, {"type": "text"}) = None
     modalities: unsupported(Any, ["text"]) = None
 
 

@@ -9,6 +9,8 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Protocol
 
+from appliance.server.tools.grammar import Literal
+
 
 @dataclass
 class ToolCall:
@@ -140,8 +142,11 @@ class ToolStream:
     content deltas join to the whole parse's content and each call's fragments to its
     arguments."""
 
-    def __init__(self, scanner: Scanner) -> None:
+    def __init__(self, scanner: Scanner, drop_broken: bool = False) -> None:
+        """drop_broken: markup that is not a whole call (cut by max_tokens) is dropped, not
+        content: where a grammar forced the output to be calls."""
         self._scanner = scanner
+        self._drop_broken = drop_broken
         self._buffer = ""
         self._held_space = ""
         self._after_call = False
@@ -185,7 +190,8 @@ class ToolStream:
                 if found.end <= 0:
                     raise AssertionError("a scanner found markup that consumes no text")
                 if found.calls is None:
-                    self._text(self._buffer[: found.end], deltas)
+                    kept = found.start if self._drop_broken else found.end
+                    self._text(self._buffer[:kept], deltas)
                 else:
                     self._text(self._buffer[: found.start], deltas)
                     self._held_space = ""
@@ -231,13 +237,18 @@ class ToolParser(ABC):
     def scanner(self) -> Scanner:
         """A fresh scanner for one output."""
 
-    def stream(self) -> ToolStream:
-        """A stream for one output, fed piece by piece."""
-        return ToolStream(self.scanner())
+    @abstractmethod
+    def forced_grammar(self, functions: list[dict], parallel: bool, literal: Literal) -> str:
+        """The grammar of an output that is nothing but calls of `functions` (OpenAI function
+        definitions: name, parameters) in this family's markup; one call unless `parallel`."""
 
-    def parse(self, text: str) -> ParsedOutput:
+    def stream(self, drop_broken: bool = False) -> ToolStream:
+        """A stream for one output, fed piece by piece (drop_broken: see ToolStream)."""
+        return ToolStream(self.scanner(), drop_broken)
+
+    def parse(self, text: str, drop_broken: bool = False) -> ParsedOutput:
         """A whole output's content and calls."""
-        stream = self.stream()
+        stream = self.stream(drop_broken)
         stream._buffer = text
         deltas = stream.finish()
         content = "".join(d.text for d in deltas if isinstance(d, ContentDelta))

@@ -12,6 +12,7 @@ from appliance.server.tools.base import (
     call_from_json,
     partial_marker_start,
 )
+from appliance.server.tools.grammar import Literal, calls_grammar
 
 OPEN = "<tool_call>"
 CLOSE = "</tool_call>"
@@ -45,3 +46,8 @@ class HermesParser(ToolParser):
 
     def scanner(self) -> HermesScanner:
         return HermesScanner()
+
+    def forced_grammar(self, functions: list[dict], parallel: bool, literal: Literal) -> str:
+        return calls_grammar(
+            functions, parallel, "arguments", OPEN + "\n", "\n" + CLOSE, "\n", literal
+        )

@@ -4,6 +4,7 @@ optionally after `<|python_tag|>`, several joined by `;`."""
 from __future__ import annotations
 
 from appliance.server.tools.base import Found, Pending, ToolParser, call_from_json, decode_json_at
+from appliance.server.tools.grammar import Literal, calls_grammar
 
 PYTHON_TAG = "<|python_tag|>"
 ARGUMENT_KEYS = ("parameters", "arguments")
@@ -75,3 +76,6 @@ class Llama3JsonParser(ToolParser):
 
     def scanner(self) -> Llama3JsonScanner:
         return Llama3JsonScanner()
+
+    def forced_grammar(self, functions: list[dict], parallel: bool, literal: Literal) -> str:
+        return calls_grammar(functions, parallel, "parameters", separator="; ", literal=literal)

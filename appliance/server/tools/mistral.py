@@ -15,6 +15,7 @@ from appliance.server.tools.base import (
     decode_json_at,
     partial_marker_start,
 )
+from appliance.server.tools.grammar import Literal, call_schema, json_rule
 
 MARKER = "[TOOL_CALLS]"
 ARGS_MARKER = "[ARGS]"
@@ -77,3 +78,9 @@ class MistralParser(ToolParser):
 
     def scanner(self) -> MistralScanner:
         return MistralScanner()
+
+    def forced_grammar(self, functions: list[dict], parallel: bool, literal: Literal) -> str:
+        calls = {"type": "array", "items": call_schema(functions, "arguments"), "minItems": 1}
+        if not parallel:
+            calls["maxItems"] = 1
+        return f"start: {literal(MARKER)} body\nbody: {json_rule(calls)}\n"
