@@ -1,13 +1,12 @@
 """Structured outputs through the engine: on tiny random-weight models the grammar alone makes
 the output valid (JSON schema, regex, choice, Lark grammar), and it composes with batching,
 seeds, penalties, logprobs, stop strings, overlapped steps and preemption; a bad grammar is
-refused by name and a slow or aborted compile holds nobody up."""
+refused by name (slow and aborted compiles: tests/test_structured_limits.py)."""
 
 from __future__ import annotations
 
 import json
 import re
-import threading
 
 import jsonschema
 import pytest
@@ -15,7 +14,6 @@ import torch
 
 from engine import LLM, SamplingParams
 from engine.structured import StructuredOutput
-from engine.structured.llguidance_backend import LLGuidanceBackend
 
 CONFIG = dict(max_model_len=128, max_num_batched_tokens=64, max_num_seqs=16)
 TIGHT = dict(num_kv_blocks=12, max_num_batched_tokens=32)
@@ -335,7 +333,7 @@ def test_overlapped_steps_equal_the_plain_loop(tiny_llama, pool, penalties):
     _assert_drained(overlapped_llm)
 
 
-# --- bad grammars, slow and aborted compiles ----------------------------------------------------
+# --- bad grammars ----------------------------------------------------
 @pytest.mark.parametrize(
     "spec, words",
     [
@@ -370,55 +368,6 @@ def test_a_bad_grammar_queued_directly_ends_its_request_only(llm):
     assert final["bad"].finish_reason == "abort" and "not" in final["bad"].stop_reason
     assert final["bad"].token_ids == []
     assert final["good"].finish_reason == "stop" and final["good"].text in ("a", "b")
-
-
-@pytest.fixture
-def held_compiles(monkeypatch):
-    """Grammar compiles wait until the returned event is set."""
-    release = threading.Event()
-    compile_ = LLGuidanceBackend.compile
-
-    def held(self, spec):
-        assert release.wait(30), "the test never released the compile"
-        return compile_(self, spec)
-
-    monkeypatch.setattr(LLGuidanceBackend, "compile", held)
-    yield release
-    release.set()
-
-
-def test_a_slow_compile_never_stalls_other_requests(tiny_llama, held_compiles):
-    engine = _llm(tiny_llama).engine
-    engine.add_request("slow", _prompts(1)[0], _params(StructuredOutput("regex", "[a-z]{4}")))
-    engine.add_request("free", _prompts(2)[1], _params(None, max_tokens=10, ignore_eos=True))
-    finished = {}
-    for _ in range(30):
-        finished.update({o.request_id: o for o in engine.step() if o.finished})
-        if "free" in finished:
-            break
-    assert "free" in finished and "slow" not in finished
-    assert engine.stats()["num_waiting"] == 1  # the compiling request counts as waiting
-    held_compiles.set()
-    while engine.has_unfinished():
-        finished.update({o.request_id: o for o in engine.step() if o.finished})
-    assert re.fullmatch("[a-z]{4}", finished["slow"].text)
-
-
-def test_abort_while_compiling(tiny_llama, held_compiles):
-    engine = _llm(tiny_llama).engine
-    engine.add_request("gone", _prompts(1)[0], _params(StructuredOutput("regex", "[a-z]{4}")))
-    engine.add_request("kept", _prompts(1)[0], _params(StructuredOutput("regex", "[a-z]{4}")))
-    engine.step()
-    engine.abort("gone")
-    outs = {o.request_id: o for o in engine.step()}
-    assert outs["gone"].finished and outs["gone"].finish_reason == "abort"
-    assert outs["gone"].token_ids == []
-    held_compiles.set()
-    final = {}
-    while engine.has_unfinished():
-        final.update({o.request_id: o for o in engine.step() if o.finished})
-    assert set(final) == {"kept"} and re.fullmatch("[a-z]{4}", final["kept"].text)
-    assert engine.block_manager.num_used_blocks == 0
 
 
 # --- the embedded model: real BPE tokens, several bytes each ------------------------------------
