@@ -7,6 +7,8 @@ stop rules, device-side input fill) runs just as it does on a GPU."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 
@@ -90,6 +92,21 @@ def test_stop_token_ends_the_request_one_step_late_without_extra_tokens(tiny_lla
     out = _llm(tiny_llama, True).generate(_prompts(1), params)[0]
     assert out.token_ids == probe.token_ids[: first + 1]
     assert out.finish_reason == "stop" and out.stop_reason == stop_at
+
+
+def test_a_penalised_request_ending_on_a_stop_token_gives_the_plain_loop_tokens(tiny_llama):
+    """Penalties read the pending token back before the forward; the token that ends the
+    request then arrives while the request is in the step being launched."""
+    params = SamplingParams(max_tokens=12, temperature=0.0, repetition_penalty=1.3)
+    probe = _llm(tiny_llama, False).generate(_prompts(1), replace(params, ignore_eos=True))[0]
+    stop_at = probe.token_ids[4]
+    first = probe.token_ids.index(stop_at)
+    params = replace(params, stop_token_ids=[stop_at])
+    llm = _llm(tiny_llama, True)
+    out = llm.generate(_prompts(1), params)[0]
+    assert out.token_ids == probe.token_ids[: first + 1]
+    assert out.finish_reason == "stop" and out.stop_reason == stop_at
+    assert llm.engine.block_manager.num_used_blocks == 0
 
 
 def test_streamed_outputs_never_show_placeholders_and_abort_frees_blocks(tiny_llama):
