@@ -285,6 +285,10 @@ class LLMEngine:
         touched, self._aborted = list(self._aborted), []
         if self.grammars:
             touched += self._admit_compiled()
+        if self._pending is not None and self._penalties_pending():
+            # Penalties count output tokens on the host: read the pending ones first, before
+            # scheduling, so a request they finish is released and never scheduled again.
+            touched += self._resolve()
         batch = self.scheduler.schedule()
         launched = fwd = None
         if not batch.is_empty:
@@ -292,8 +296,6 @@ class LLMEngine:
                 max(0, min(r.num_computed_tokens + n, r.num_prompt_tokens) - r.num_computed_tokens)
                 for r, n in zip(batch.requests, batch.num_new_tokens)
             )
-            if self._pending is not None and self._needs_tokens_on_host(batch):
-                touched += self._resolve()
             fwd = self.runner.forward(batch, self._pending)
             constrained = [
                 (row, r.grammar)
@@ -346,10 +348,9 @@ class LLMEngine:
         self.generation_tokens_total += len(sampled)
         return self.scheduler.resolve(pending.batch, sampled)
 
-    @staticmethod
-    def _needs_tokens_on_host(batch) -> bool:
-        """Penalties count output tokens on the host: they need pending tokens read first."""
-        return any(r.num_pending and r.has_penalties for r in batch.requests)
+    def _penalties_pending(self) -> bool:
+        """A request with penalties has a token still on the device (the pending step's)."""
+        return any(r.num_pending and r.has_penalties for r in self._pending.batch.requests)
 
     def _output(self, req: Request) -> RequestOutput:
         detok = self._detokenizers.get(req.request_id)
