@@ -40,6 +40,8 @@ class ChatOutput:
             parsed = PARSERS[self.tool_parser]().parse(content, self.forced_calls)
             calls = parsed.tool_calls if self.parallel_tool_calls else parsed.tool_calls[:1]
             message["content"] = parsed.content or None if calls else parsed.content
+            if self.forced_calls:
+                message["content"] = None  # calls only: what else there is, is a cut call
         if calls:
             message["tool_calls"] = [
                 {
@@ -64,6 +66,7 @@ class ChatStream:
         parser = output.tool_parser
         self.tools = PARSERS[parser]().stream(output.forced_calls) if parser is not None else None
         self.parallel = output.parallel_tool_calls
+        self.forced = output.forced_calls
         self.has_calls = False
 
     def feed(self, text: str) -> list[dict]:
@@ -84,12 +87,16 @@ class ChatStream:
             return [{"content": text}] if text else []
         return self._tool_deltas(self.tools.feed(text)) if text else []
 
+    def _content_delta(self, text: str) -> list[dict]:
+        if self.forced or not text:
+            return []  # a forced output is calls only: other text is a call cut short
+        return [{"content": text}]
+
     def _tool_deltas(self, items: list) -> list[dict]:
         deltas = []
         for item in items:
             if isinstance(item, ContentDelta):
-                if item.text:
-                    deltas.append({"content": item.text})
+                deltas += self._content_delta(item.text)
             elif isinstance(item, ToolCallDelta):
                 if item.index > 0 and not self.parallel:
                     continue  # one call only: the rest is dropped, as in the whole response

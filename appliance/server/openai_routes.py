@@ -27,6 +27,8 @@ from appliance.server.structured import (
     special_literal,
 )
 from appliance.server.tools import parser_for
+from appliance.server.tools.grammar import arguments_schema
+from engine.structured import StructuredOutput
 
 routes = web.RouteTableDef()
 OFFLOAD_CHARS = 2048
@@ -141,7 +143,15 @@ async def constrain(state: ServerState, req: GenerateRequest, output: ChatOutput
         spec = after_reasoning(spec, output.starts_in_reasoning)
     if state.grammar_check is None:
         raise bad_request("structured outputs need the model's tokenizer, and this model has none")
-    seconds = await state.grammar_check.check(spec, param_of(spec, forced is not None))
+    param = param_of(spec, forced is not None)
+    await state.grammar_check.ready(param)
+    if forced is not None:  # name the function whose parameters the library refuses
+        for i, tool in enumerate(req.tools):
+            function = tool["function"]
+            schema = StructuredOutput.json_schema(arguments_schema(function.get("parameters")))
+            subject = f"the parameters of {function['name']!r}"
+            await state.grammar_check.check(schema, f"tools[{i}].function.parameters", subject)
+    seconds = await state.grammar_check.check(spec, param)
     req.structured = spec
     return ("tool_call" if forced is not None else spec.kind), seconds
 

@@ -182,6 +182,13 @@ def parse_chat(data: dict) -> GenerateRequest:
                 f"tools[{i}].function.name must be letters, digits, '_', '.' or '-'",
                 param=f"tools[{i}].function.name",
             )
+        kind = (tool.function.parameters or {}).get("type", "object")
+        if kind != "object":
+            raise bad_request(
+                f"tools[{i}].function.parameters must be a JSON Schema of an object (the "
+                f"arguments are named), not of type {json.dumps(kind)}",
+                param=f"tools[{i}].function.parameters",
+            )
     _tool_choice(body, req)
     req.parallel_tool_calls = body.parallel_tool_calls is not False
     req.template_kwargs = body.chat_template_kwargs

@@ -99,7 +99,7 @@ class Formatter:
             reason = c.record.finish_reason
             if self.chat_output is not None:
                 item["message"], has_calls = self.chat_output.message(text)
-                reason = "tool_calls" if has_calls else reason
+                reason = "tool_calls" if has_calls and reason != "length" else reason
             elif self.chat:
                 item["message"] = {"role": "assistant", "content": text}
             else:
@@ -178,7 +178,9 @@ class Formatter:
             for i, d in enumerate(deltas)
         ]
         if out.finished:
-            reason = "tool_calls" if c.chat.has_calls else out.finish_reason
+            reason = out.finish_reason
+            if c.chat.has_calls and reason != "length":
+                reason = "tool_calls"
             items.append(
                 {
                     "index": index,

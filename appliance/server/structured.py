@@ -53,12 +53,19 @@ class GrammarCheck:
                 )
             return self._backend
 
+    async def ready(self, param: str) -> None:
+        """A 400 naming `param` when this model's tokenizer cannot take grammars."""
+        try:
+            await asyncio.get_running_loop().run_in_executor(self._executor, self.backend)
+        except GrammarError as exc:
+            raise bad_request(f"cannot constrain the output: {exc}", param=param) from None
+
     def _compile(self, spec: StructuredOutput) -> float:
         start = time.perf_counter()
         self.backend().compile(spec)
         return time.perf_counter() - start
 
-    async def check(self, spec: StructuredOutput, param: str) -> float:
+    async def check(self, spec: StructuredOutput, param: str, subject: str | None = None) -> float:
         """Seconds the compile took; a 400 naming `param` when the grammar is unusable or
         takes longer than the limit (the server keeps serving either way)."""
         loop = asyncio.get_running_loop()
@@ -72,7 +79,8 @@ class GrammarCheck:
                 param=param,
             ) from None
         except GrammarError as exc:
-            raise bad_request(f"cannot follow this {_what(spec)}: {exc}", param=param) from None
+            subject = subject or f"this {_what(spec)}"
+            raise bad_request(f"cannot follow {subject}: {exc}", param=param) from None
 
     def close(self) -> None:
         self._executor.shutdown(wait=False, cancel_futures=True)
@@ -87,12 +95,11 @@ def forced_tools_spec(req, parser_name: str | None, literal) -> StructuredOutput
     if req.tool_choice not in ("required", "function") or not req.tools:
         return None
     functions = [t["function"] for t in req.tools]
-    if req.tool_choice == "function":
-        functions = [f for f in functions if f["name"] == req.tool_name]
+    parallel = req.parallel_tool_calls
+    if req.tool_choice == "function":  # one call of the named function
+        functions, parallel = [f for f in functions if f["name"] == req.tool_name], False
     parser = PARSERS[parser_name or DEFAULT_TOOL_FORMAT]()
-    return StructuredOutput(
-        "grammar", parser.forced_grammar(functions, req.parallel_tool_calls, literal)
-    )
+    return StructuredOutput("grammar", parser.forced_grammar(functions, parallel, literal))
 
 
 def after_reasoning(spec: StructuredOutput, starts_in_reasoning: bool) -> StructuredOutput:

@@ -20,6 +20,11 @@ def quoted(text: str) -> str:
     return json.dumps(text)
 
 
+def arguments_schema(parameters: dict | None) -> dict:
+    """The schema a call's arguments follow: the function's parameters, an object."""
+    return {"type": "object", **(parameters or {})}
+
+
 def call_schema(functions: list[dict], argument_key: str) -> dict:
     """One call object of any of `functions`: {"name": <its name>, argument_key: <args>}."""
     options = [
@@ -27,7 +32,7 @@ def call_schema(functions: list[dict], argument_key: str) -> dict:
             "type": "object",
             "properties": {
                 "name": {"const": f["name"]},
-                argument_key: f.get("parameters") or {"type": "object"},
+                argument_key: arguments_schema(f.get("parameters")),
             },
             "required": ["name", argument_key],
             "additionalProperties": False,
