@@ -16,7 +16,7 @@ from engine.block_manager import BlockManager
 from engine.config import EngineConfig
 from engine.detokenizer import IncrementalDetokenizer
 from engine.memory_check import Measurement, MemoryItems
-from engine.model_runner import ModelRunner
+from engine.model_runner import Forward, ModelRunner
 from engine.models.config import ModelConfig
 from engine.models.loader import resolve_model_folder
 from engine.pending_step import PendingStep
@@ -81,6 +81,8 @@ class LLMEngine:
         self._detokenizers: dict[str, IncrementalDetokenizer] = {}
         self._aborted: list[Request] = []
         self._pending: PendingStep | None = None
+        self._next: tuple[Forward, list] | None = None
+        """A forward queued behind a constrained step's sample, to sample next call."""
         self.grammars = self._grammar_pool()
         self._overlap = self.config.overlap_steps and self.device.type == "cuda"
         with timer.phase("kv_alloc"):
@@ -273,6 +275,7 @@ class LLMEngine:
             self.scheduler.num_unfinished > 0
             or bool(self._aborted)
             or self._pending is not None
+            or self._next is not None
             or bool(self.grammars)
         )
 
@@ -285,27 +288,17 @@ class LLMEngine:
         touched, self._aborted = list(self._aborted), []
         if self.grammars:
             touched += self._admit_compiled()
-        if self._pending is not None and self._penalties_pending():
-            # Penalties count output tokens on the host: read the pending ones first, before
-            # scheduling, so a request they finish is released and never scheduled again.
-            touched += self._resolve()
-        batch = self.scheduler.schedule()
-        launched = fwd = None
-        if not batch.is_empty:
-            self.prompt_tokens_total += sum(
-                max(0, min(r.num_computed_tokens + n, r.num_prompt_tokens) - r.num_computed_tokens)
-                for r, n in zip(batch.requests, batch.num_new_tokens)
-            )
-            fwd = self.runner.forward(batch, self._pending)
-            constrained = [
-                (row, r.grammar)
-                for row, r in enumerate(fwd.sampling_requests)
-                if r.grammar is not None
-            ]
-            if not constrained:
-                launched, fwd = self.runner.sample(fwd), None
-            self.scheduler.advance(batch)
-            self.num_steps += 1
+        launched = None
+        if self._next is not None:  # queued by the previous call (a constrained step)
+            (fwd, constrained), self._next = self._next, None
+        else:
+            if self._pending is not None and self._penalties_pending():
+                # Penalties count output tokens on the host: read the pending ones first,
+                # before scheduling, so a request they finish is never scheduled again.
+                touched += self._resolve()
+            fwd, constrained = self._launch_forward()
+        if fwd is not None and not constrained:
+            launched, fwd = self.runner.sample(fwd), None
         if self._pending is not None:
             touched += self._resolve()
         if fwd is not None:
@@ -314,6 +307,13 @@ class LLMEngine:
             launched = self.runner.sample(
                 fwd, self.grammars.masks(constrained, len(fwd.sampling_rows))
             )
+            if self._overlap and not any(r.has_penalties for r in fwd.batch.requests):
+                # Queue the next forward behind this sample now, so the device computes it
+                # while the host reports and then fills the next masks.
+                self._pending = launched
+                self._next = self._launch_forward()
+                if self._next[0] is None:
+                    self._next = None
         self._pending = launched
         if launched is not None and not self._overlap:
             touched += self._resolve()
@@ -323,6 +323,25 @@ class LLMEngine:
         ):
             self._log_compiles()
         return [self._output(req) for req in dict.fromkeys(touched)]
+
+    def _launch_forward(self) -> tuple[Forward | None, list]:
+        """Schedule a batch, queue its forward (reading the pending step's tokens on the
+        device) and advance it: (the forward, [(row, grammar) of its constrained rows]), or
+        (None, []) when nothing is scheduled."""
+        batch = self.scheduler.schedule()
+        if batch.is_empty:
+            return None, []
+        self.prompt_tokens_total += sum(
+            max(0, min(r.num_computed_tokens + n, r.num_prompt_tokens) - r.num_computed_tokens)
+            for r, n in zip(batch.requests, batch.num_new_tokens)
+        )
+        fwd = self.runner.forward(batch, self._pending)
+        constrained = [
+            (row, r.grammar) for row, r in enumerate(fwd.sampling_requests) if r.grammar is not None
+        ]
+        self.scheduler.advance(batch)
+        self.num_steps += 1
+        return fwd, constrained
 
     def _log_compiles(self) -> None:
         """One WARNING per kernel variant built since the last step (after warm-up)."""
