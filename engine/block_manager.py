@@ -1,39 +1,83 @@
-"""BlockManager: bookkeeping of the paged KV cache (free list, reference counts, block tables).
+"""BlockManager: bookkeeping of the paged KV cache (free list, reference counts, block tables,
+and the prefix cache).
 
-It only answers questions and records facts: `can_allocate`, `allocate`, `free`. A failed
-allocation returns False and changes nothing; deciding what to preempt is the scheduler's job.
-Blocks are ids into the KV pool owned by the model runner.
+It only answers questions and records facts: `allocate`, `free`, `cache_full_blocks`,
+`match_prefix`. A failed allocation returns False and changes nothing; deciding what to preempt
+is the scheduler's job. Blocks are ids into the KV pool owned by the model runner.
 
 Blocks are reference counted: `free` drops a sequence's references, and a block goes back to
 the free list when its count reaches zero.
+
+Prefix cache: a full block is keyed by a chained 128-bit hash (the parent block's key, the
+block's token ids, the engine's extra key), so a key names the whole prefix up to the block's
+end and a collision is as unlikely as a 128-bit one. A cached block keeps its key when nobody
+references it: it waits in the free list, most recently freed last, and a later request with
+the same prefix takes it back. Allocation takes the block at the head (the least recently
+used) and drops its key. Blocks that hold no cached prefix are freed to the head, so they are
+reused before any cached one.
 """
 
 from __future__ import annotations
 
-from collections import deque
+import hashlib
+from array import array
+from collections import OrderedDict
 from typing import Protocol
+
+ROOT_KEY = b""
 
 
 class HasBlockTable(Protocol):
     block_table: list[int]
 
 
+class CachedSeq(HasBlockTable, Protocol):
+    token_ids: list[int]
+    num_pending: int
+    num_computed_tokens: int
+    block_keys: list[bytes]
+    """The keys of the first len(block_keys) blocks of block_table (cached or looked up)."""
+
+
+def block_key(parent: bytes, token_ids: list[int], extra: bytes = b"") -> bytes:
+    """The key of a full block: 128 bits of BLAKE2b over the parent's key, the ids, `extra`."""
+    digest = hashlib.blake2b(parent, digest_size=16)
+    digest.update(array("q", token_ids).tobytes())
+    digest.update(extra)
+    return digest.digest()
+
+
 class BlockManager:
-    def __init__(self, num_blocks: int, block_size: int) -> None:
+    def __init__(
+        self, num_blocks: int, block_size: int, caching: bool = True, extra_key: bytes = b""
+    ) -> None:
+        """caching: keep full blocks' keys for later requests (the prefix cache). extra_key:
+        hashed into every key (what else makes equal token ids mean different KV)."""
         if num_blocks <= 0 or block_size <= 0:
             raise ValueError("num_blocks and block_size must be positive")
         self.num_blocks = num_blocks
         self.block_size = block_size
-        self._free: deque[int] = deque(range(num_blocks))
+        self.caching = caching
+        self.extra_key = extra_key
+        self._free: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))
+        """Unreferenced blocks, the next to reuse first."""
         self.ref_counts = [0] * num_blocks
+        self._key_of: dict[int, bytes] = {}
+        self._block_of: dict[bytes, int] = {}
 
     @property
     def num_free_blocks(self) -> int:
+        """Blocks no sequence references, cached ones included (reused on demand)."""
         return len(self._free)
 
     @property
     def num_used_blocks(self) -> int:
         return self.num_blocks - len(self._free)
+
+    @property
+    def num_cached_blocks(self) -> int:
+        """Blocks holding a cached prefix, referenced or free."""
+        return len(self._key_of)
 
     @property
     def usage(self) -> float:
@@ -57,14 +101,74 @@ class BlockManager:
         return True
 
     def free(self, seq: HasBlockTable) -> None:
-        """Drop `seq`'s references; blocks nobody references go back to the free list."""
-        for block in seq.block_table:
+        """Drop `seq`'s references; blocks nobody references go back to the free list (the
+        last block first, so a prefix's later blocks are reused before its earlier ones)."""
+        for block in reversed(seq.block_table):
             self._release(block)
         seq.block_table = []
+        if hasattr(seq, "block_keys"):
+            seq.block_keys = []
+
+    # --- the prefix cache ----------------------------------------------------------------------
+    def match_prefix(self, seq: CachedSeq, max_tokens: int) -> list[int]:
+        """The cached blocks that hold `seq`'s longest cached prefix of at most `max_tokens`
+        known tokens, in order (nothing is taken yet). Sets seq.block_keys to their keys."""
+        if not self.caching:
+            return []
+        size, ids = self.block_size, seq.token_ids
+        blocks, keys, parent = [], [], ROOT_KEY
+        for start in range(0, max_tokens - size + 1, size):
+            key = block_key(parent, ids[start : start + size], self.extra_key)
+            block = self._block_of.get(key)
+            if block is None:
+                break
+            blocks.append(block)
+            keys.append(key)
+            parent = key
+        seq.block_keys = keys
+        return blocks
+
+    def allocate_with_prefix(self, seq: HasBlockTable, cached: list[int], num_tokens: int) -> bool:
+        """Start `seq`'s (empty) block table with the `cached` blocks and grow it to hold
+        `num_tokens` tokens. Returns False, changing nothing, when the blocks do not fit (a
+        cached block nobody references counts against the free ones)."""
+        idle = sum(1 for b in cached if self.ref_counts[b] == 0)
+        grow = self.blocks_for(num_tokens) - len(cached)
+        if max(grow, 0) > len(self._free) - idle:
+            return False
+        for block in cached:
+            if self.ref_counts[block] == 0:
+                del self._free[block]
+            self.ref_counts[block] += 1
+        seq.block_table = list(cached)
+        if grow > 0:
+            seq.block_table.extend(self._take() for _ in range(grow))
+        return True
+
+    def cache_full_blocks(self, seq: CachedSeq) -> None:
+        """Key every block of `seq` that is full of known, computed tokens and has no key yet.
+        A block whose key another block already holds stays uncached (same prefix twice)."""
+        if not self.caching:
+            return
+        size = self.block_size
+        known = min(seq.num_computed_tokens, len(seq.token_ids) - seq.num_pending)
+        keys = seq.block_keys
+        while (len(keys) + 1) * size <= known and len(keys) < len(seq.block_table):
+            start = len(keys) * size
+            parent = keys[-1] if keys else ROOT_KEY
+            key = block_key(parent, seq.token_ids[start : start + size], self.extra_key)
+            block = seq.block_table[len(keys)]
+            if key not in self._block_of and block not in self._key_of:
+                self._block_of[key] = block
+                self._key_of[block] = key
+            keys.append(key)
 
     # --- internals -----------------------------------------------------------------------
     def _take(self) -> int:
-        block = self._free.popleft()
+        block, _ = self._free.popitem(last=False)
+        key = self._key_of.pop(block, None)
+        if key is not None:
+            del self._block_of[key]
         self.ref_counts[block] = 1
         return block
 
@@ -74,4 +178,6 @@ class BlockManager:
             raise RuntimeError(f"double free of KV block {block}")
         self.ref_counts[block] = count - 1
         if count == 1:
-            self._free.append(block)
+            self._free[block] = None
+            if block not in self._key_of:
+                self._free.move_to_end(block, last=False)

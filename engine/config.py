@@ -51,6 +51,9 @@ class EngineConfig:
     """With int8/int4: quantize the LM head and input embeddings too (16-bit by default)."""
     enforce_eager: bool = False
     """Disable CUDA graphs (plain eager path)."""
+    prefix_caching: bool = True
+    """Keep the KV of full blocks for later requests with the same prefix (shared system
+    prompts, the earlier turns of a chat): their prefill starts after it."""
     overlap_steps: bool = True
     """On a GPU, launch the next step before reading this step's tokens back, so the GPU
     never waits for the host's scheduling and reporting (tokens are reported one step later)."""

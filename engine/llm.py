@@ -15,7 +15,8 @@ class LLM:
     """Offline generation over the continuous-batching engine.
 
     `model`: a Hugging Face model folder or a .gguf file; None = the embedded default
-    (SmolLM2-135M-Instruct). `config`: EngineConfig settings (max_model_len, max_num_seqs, ...).
+    (SmolLM2-135M-Instruct). `config`: EngineConfig settings (max_model_len, max_num_seqs, ...;
+    enable_prefix_caching=False is prefix_caching=False).
     """
 
     def __init__(
@@ -25,6 +26,8 @@ class LLM:
         dtype: str = "auto",
         **config,
     ) -> None:
+        if "enable_prefix_caching" in config:  # vLLM's name for it
+            config["prefix_caching"] = config.pop("enable_prefix_caching")
         self.engine = LLMEngine(model, device=device, dtype=dtype, **config)
         self._ids = itertools.count()
 

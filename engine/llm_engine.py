@@ -117,12 +117,15 @@ class LLMEngine:
         )
 
     def _new_scheduler(self, num_blocks: int) -> None:
-        self.block_manager = BlockManager(num_blocks, self.config.block_size)
+        cfg = self.config
+        extra = f"{cfg.dtype}|{cfg.kv_cache_dtype}|{cfg.quantization}".encode()
+        self.block_manager = BlockManager(num_blocks, cfg.block_size, cfg.prefix_caching, extra)
         self.scheduler = Scheduler(self.config, self.block_manager)
 
     def _reset_counters(self) -> None:
         self.num_steps = self.prompt_tokens_total = self.generation_tokens_total = 0
         self.scheduler.num_preemptions = 0
+        self.scheduler.prefix_queries = self.scheduler.prefix_hits = 0
 
     def plan_report(self) -> dict:
         """The plan, the memory check after warm-up (None on the CPU) and the seconds each
@@ -409,6 +412,10 @@ class LLMEngine:
             "num_waiting": len(self.scheduler.waiting) + len(self.grammars or ()),
             "kv_blocks_used": self.block_manager.num_used_blocks,
             "kv_blocks_total": self.block_manager.num_blocks,
+            "kv_blocks_cached": self.block_manager.num_cached_blocks,
+            "prefix_caching": self.block_manager.caching,
+            "prefix_cache_queries_total": self.scheduler.prefix_queries,
+            "prefix_cache_hits_total": self.scheduler.prefix_hits,
             "num_preemptions_total": self.scheduler.num_preemptions,
             "prompt_tokens_total": self.prompt_tokens_total,
             "generation_tokens_total": self.generation_tokens_total,

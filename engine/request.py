@@ -53,6 +53,8 @@ class RequestMetrics:
     finished_time: float | None = None
     num_preemptions: int = 0
     num_prefill_chunks: int = 0
+    num_cached_tokens: int = 0
+    """Prompt tokens whose KV came from the prefix cache at the first admission."""
 
     def snapshot(self) -> RequestMetrics:
         """A copy for readers on other threads (4x cheaper than copy.copy)."""
@@ -89,6 +91,11 @@ class RequestOutput:
     def num_prompt_tokens(self) -> int:
         return len(self.prompt_token_ids)
 
+    @property
+    def num_cached_tokens(self) -> int:
+        """Prompt tokens whose KV came from the prefix cache (0: none, or caching off)."""
+        return self.metrics.num_cached_tokens
+
 
 class Request:
     """A request and its sequence state. Owned by the engine thread."""
@@ -114,6 +121,8 @@ class Request:
         """Prompt followed by the generated tokens."""
         self.status = RequestStatus.WAITING
         self.block_table: list[int] = []
+        self.block_keys: list[bytes] = []
+        """Prefix-cache keys of the first len(block_keys) blocks (engine.block_manager)."""
         self.num_computed_tokens = 0
         """Tokens whose K/V is in the cache."""
         self.num_pending = 0

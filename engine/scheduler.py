@@ -55,6 +55,10 @@ class Scheduler:
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.num_preemptions = 0
+        self.prefix_queries = 0
+        """Prompt tokens looked up in the prefix cache at first admission (a counter)."""
+        self.prefix_hits = 0
+        """Of those, tokens found cached."""
 
     @property
     def num_unfinished(self) -> int:
@@ -71,7 +75,7 @@ class Scheduler:
         self._release(req)
 
     def _release(self, req: Request) -> None:
-        self.block_manager.free(req)
+        self._free_blocks(req)
         if req in self.running:
             self.running.remove(req)
         elif req in self.waiting:
@@ -110,15 +114,36 @@ class Scheduler:
         if not batch.preempted:
             while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
                 req = self.waiting[0]
-                num_new = min(req.num_tokens - req.num_computed_tokens, budget)
-                if not self.block_manager.allocate(req, req.num_computed_tokens + num_new):
+                if not self._admit(req, budget):
                     break
+                num_new = min(req.num_tokens - req.num_computed_tokens, budget)
                 self.waiting.popleft()
                 req.status = RequestStatus.RUNNING
                 self.running.append(req)
                 self._add_to_batch(batch, req, num_new)
                 budget -= num_new
         return batch
+
+    def _admit(self, req: Request, budget: int) -> bool:
+        """Give a waiting request its blocks: the longest cached prefix of its known tokens
+        (all but the last: its logits must be computed), then room for this step's tokens.
+        False, changing nothing, when they do not fit."""
+        bm = self.block_manager
+        known = req.num_tokens - req.num_pending
+        cached = bm.match_prefix(req, known - 1)
+        start = len(cached) * bm.block_size
+        if not bm.allocate_with_prefix(req, cached, start + min(req.num_tokens - start, budget)):
+            req.block_keys = []
+            return False
+        req.num_computed_tokens = start
+        if req.metrics.first_scheduled_time is None:  # recomputation after preemption: no
+            self.prefix_queries += req.num_prompt_tokens
+            hit = min(start, req.num_prompt_tokens)
+            self.prefix_hits += hit
+            req.metrics.num_cached_tokens = hit
+            if hit:
+                req.record("prefix_cache_hit", tokens=hit)
+        return True
 
     def _allocate_or_preempt(self, req: Request, num_new: int, batch: ScheduledBatch) -> bool:
         """Allocate blocks for req, preempting the newest unscheduled running requests (or req
@@ -135,9 +160,14 @@ class Scheduler:
             if victim is req:
                 return False
 
+    def _free_blocks(self, req: Request) -> None:
+        """Free a request's blocks; its full ones stay in the prefix cache."""
+        self.block_manager.cache_full_blocks(req)
+        self.block_manager.free(req)
+
     def _preempt(self, req: Request, batch: ScheduledBatch) -> None:
         self.running.remove(req)
-        self.block_manager.free(req)
+        self._free_blocks(req)
         req.num_computed_tokens = 0
         req.status = RequestStatus.WAITING
         req.metrics.num_preemptions += 1
@@ -166,6 +196,7 @@ class Scheduler:
         sampling = batch.sampling_indices
         for req, num_new in zip(batch.requests, batch.num_new_tokens):
             req.num_computed_tokens += num_new
+            self.block_manager.cache_full_blocks(req)
         for i in sampling:
             batch.requests[i].append_placeholder()
 
@@ -184,4 +215,6 @@ class Scheduler:
             touched.append(req)
             if req.is_finished:
                 self._release(req)
+            else:
+                self.block_manager.cache_full_blocks(req)
         return touched

@@ -9,7 +9,7 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from engine.block_manager import BlockManager
+from engine.block_manager import ROOT_KEY, BlockManager, block_key
 
 NUM_BLOCKS, BLOCK_SIZE = 16, 4
 
@@ -94,3 +94,152 @@ def test_double_free_is_caught():
     seq.block_table = table
     with pytest.raises(RuntimeError, match="double free"):
         bm.free(seq)
+
+
+# --- the prefix cache --------------------------------------------------------------------------
+class CachedSeq(Seq):
+    def __init__(self, token_ids: list[int]) -> None:
+        super().__init__()
+        self.token_ids = list(token_ids)
+        self.block_keys: list[bytes] = []
+        self.num_pending = 0
+        self.num_computed_tokens = 0
+
+
+def _chain_key(prefix: tuple[int, ...]) -> bytes:
+    key = ROOT_KEY
+    for start in range(0, len(prefix), BLOCK_SIZE):
+        key = block_key(key, list(prefix[start : start + BLOCK_SIZE]))
+    return key
+
+
+TOKENS = st.lists(st.integers(0, 2), min_size=1, max_size=14)  # few ids: prefixes repeat
+
+
+class PrefixCacheMachine(RuleBasedStateMachine):
+    """Sequences whose token ids repeat, admitted with their cached prefix, grown, freed."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.bm = BlockManager(NUM_BLOCKS, BLOCK_SIZE)
+        self.seqs: list[CachedSeq] = []
+        self.written: dict[int, tuple[int, ...]] = {}
+        """Block -> the whole prefix its KV was computed for (up to the block's end)."""
+        self.freed_at: dict[int, int] = {}
+        self.clock = 0
+
+    def _compute(self, seq: CachedSeq, start: int) -> None:
+        """The model computes seq's tokens from `start` into its blocks."""
+        for i in range(start // BLOCK_SIZE, len(seq.block_table)):
+            end = min((i + 1) * BLOCK_SIZE, len(seq.token_ids))
+            self.written[seq.block_table[i]] = tuple(seq.token_ids[:end])
+        seq.num_computed_tokens = len(seq.token_ids)
+        self.bm.cache_full_blocks(seq)
+
+    @rule(tokens=TOKENS)
+    def admit(self, tokens):
+        seq = CachedSeq(tokens)
+        free_before = self.bm.num_free_blocks
+        cached = self.bm.match_prefix(seq, len(tokens) - 1)
+        for i, block in enumerate(cached):  # a hit holds exactly this prefix
+            assert self.written[block] == tuple(tokens[: (i + 1) * BLOCK_SIZE])
+        assert len(cached) * BLOCK_SIZE <= len(tokens) - 1
+        if not self.bm.allocate_with_prefix(seq, cached, len(tokens)):
+            assert seq.block_table == [] and self.bm.num_free_blocks == free_before
+            return
+        assert seq.block_table[: len(cached)] == cached
+        self._compute(seq, len(cached) * BLOCK_SIZE)
+        self.seqs.append(seq)
+
+    @precondition(lambda self: self.seqs)
+    @rule(data=st.data(), more=TOKENS)
+    def append(self, data, more):
+        seq = data.draw(st.sampled_from(self.seqs))
+        start = len(seq.token_ids)
+        if not self.bm.allocate(seq, start + len(more)):
+            return
+        seq.token_ids += more
+        self._compute(seq, start)
+
+    def _free(self, seq: CachedSeq) -> None:
+        table = list(seq.block_table)
+        self.bm.free(seq)
+        self.seqs.remove(seq)
+        for block in reversed(table):  # the order free() releases them in
+            if self.bm.ref_counts[block] == 0:
+                self.clock += 1
+                self.freed_at[block] = self.clock
+
+    @precondition(lambda self: self.seqs)
+    @rule(data=st.data())
+    def free(self, data):
+        self._free(data.draw(st.sampled_from(self.seqs)))
+
+    @rule()
+    def free_all(self):
+        while self.seqs:
+            self._free(self.seqs[-1])
+        assert self.bm.num_free_blocks == NUM_BLOCKS  # nothing leaks
+
+    @invariant()
+    def no_block_is_both_free_and_referenced(self):
+        held = Counter(b for s in self.seqs for b in s.block_table)
+        assert all(self.bm.ref_counts[b] == held.get(b, 0) for b in range(NUM_BLOCKS))
+        assert set(self.bm._free) == {b for b in range(NUM_BLOCKS) if held.get(b, 0) == 0}
+
+    @invariant()
+    def every_key_names_the_tokens_its_block_holds(self):
+        for key, block in self.bm._block_of.items():
+            assert self.bm._key_of[block] == key
+            assert _chain_key(self.written[block]) == key
+            assert len(self.written[block]) % BLOCK_SIZE == 0
+        assert len(self.bm._key_of) == len(self.bm._block_of)
+
+    @invariant()
+    def eviction_follows_lru(self):
+        """Free blocks are reused head first: uncached ones, then cached ones least recently
+        freed first."""
+        order = list(self.bm._free)
+        cached = [b for b in order if b in self.bm._key_of]
+        assert order[len(order) - len(cached) :] == cached, "an uncached block after a cached"
+        times = [self.freed_at.get(b, 0) for b in cached]
+        assert times == sorted(times)
+
+
+TestPrefixCache = PrefixCacheMachine.TestCase
+TestPrefixCache.settings = settings(max_examples=150, stateful_step_count=40, deadline=None)
+
+
+def _admit(bm: BlockManager, tokens: list[int]) -> CachedSeq:
+    seq = CachedSeq(tokens)
+    cached = bm.match_prefix(seq, len(tokens) - 1)
+    assert bm.allocate_with_prefix(seq, cached, len(tokens))
+    seq.num_computed_tokens = len(tokens)
+    bm.cache_full_blocks(seq)
+    return seq
+
+
+def test_a_freed_prefix_is_hit_then_evicted_least_recently_used_first():
+    bm = BlockManager(4, 4)
+    a = _admit(bm, [1, 1, 1, 1, 9])  # block 0 keyed, block 1 partial
+    bm.free(a)
+    b = _admit(bm, [1, 1, 1, 1, 8])
+    assert b.block_table[0] == 0 and bm.ref_counts[0] == 1  # the hit: a's block
+    c = _admit(bm, [2, 2, 2, 2, 7])
+    bm.free(c)  # c's full block is cached and the most recently freed
+    bm.free(b)
+    assert bm.num_cached_blocks == 2 and bm.num_free_blocks == 4
+    d = _admit(bm, [3] * 9)  # three blocks: the two uncached, then c's (freed before b's)
+    assert bm.match_prefix(CachedSeq([2, 2, 2, 2, 0]), 4) == []  # c's key dropped
+    assert bm.match_prefix(CachedSeq([1, 1, 1, 1, 0]), 4) == [0]  # b's kept
+    e = _admit(bm, [4] * 3)  # the last free block: b's cached one
+    assert bm.match_prefix(CachedSeq([1, 1, 1, 1, 0]), 4) == []
+    bm.free(d)
+    bm.free(e)
+    assert bm.num_free_blocks == 4
+
+
+def test_caching_off_keys_nothing():
+    bm = BlockManager(4, 4, caching=False)
+    bm.free(_admit(bm, [1, 1, 1, 1, 9]))
+    assert bm.num_cached_blocks == 0 and bm.match_prefix(CachedSeq([1, 1, 1, 1, 9]), 4) == []
