@@ -194,9 +194,12 @@ class Scheduler:
         """The step is launched: advance computed counts, and give each sampling request a
         placeholder for its token (so the next step can be scheduled before it comes back)."""
         sampling = batch.sampling_indices
+        bm = self.block_manager
+        full = bm.block_size
         for req, num_new in zip(batch.requests, batch.num_new_tokens):
             req.num_computed_tokens += num_new
-            self.block_manager.cache_full_blocks(req)
+            if bm.caching and req.num_computed_tokens // full > len(req.block_keys):
+                bm.cache_full_blocks(req)  # a block may have filled (a cheap test per step)
         for i in sampling:
             batch.requests[i].append_placeholder()
 
@@ -215,6 +218,6 @@ class Scheduler:
             touched.append(req)
             if req.is_finished:
                 self._release(req)
-            else:
+            elif req.num_computed_tokens // self.block_manager.block_size > len(req.block_keys):
                 self.block_manager.cache_full_blocks(req)
         return touched
