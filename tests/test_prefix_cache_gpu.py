@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from engine import LLM, SamplingParams
-from tests.test_prefix_cache import GREEDY, _ids, _in_turns
+from tests.test_prefix_cache import _ids, _in_turns
 
 pytestmark = pytest.mark.gpu
 
