@@ -13,7 +13,9 @@ Workloads (closed loop: a new request as soon as one finishes, up to the concurr
 - random: random prompts that share nothing; output tok/s. Goal: at most 1% lower with the
   cache on.
 Greedy, ignore_eos (every answer has the set length). TTFT is the engine's: arrival to first
-token. Prints a markdown table; writes DIR/bench_prefix.json.
+token. On the GPU the cache-on engine runs every workload once, then the cache-off engine; on
+the CPU (a shared, drifting machine) both engines run side by side in rounds on, off, off, on
+with fresh prompts each round, averaged. Prints a markdown table; writes DIR/bench_prefix.json.
 """
 
 from __future__ import annotations
@@ -43,9 +45,9 @@ SIZES = {
         random=dict(prompt=512, output=128, requests=128, concurrency=64),
     ),
     "cpu": dict(
-        shared=dict(system=384, question=16, output=8, requests=24, concurrency=4),
-        multi_turn=dict(question=48, answer=24, turns=4, conversations=4),
-        random=dict(prompt=96, output=16, requests=16, concurrency=8),
+        shared=dict(system=384, question=16, output=8, requests=12, concurrency=4),
+        multi_turn=dict(question=48, answer=16, turns=4, conversations=3),
+        random=dict(prompt=96, output=16, requests=12, concurrency=6),
     ),
 }
 GOALS = {"shared_ttft_x": 5.0, "shared_throughput_x": 1.5, "turn_ratio": 1.5, "random_loss": 1.0}
@@ -103,8 +105,8 @@ def ttft(out) -> float:
     return out.metrics.first_token_time - out.metrics.arrival_time
 
 
-def shared(d: Driver, s: dict) -> dict:
-    rng = random.Random(1)
+def shared(d: Driver, s: dict, round_: int = 0) -> dict:
+    rng = random.Random(1 + 100 * round_)
     system = d.ids(rng, s["system"])
     jobs = deque((system + d.ids(rng, s["question"]), s["output"], i) for i in range(s["requests"]))
     r = d.closed_loop(jobs, s["concurrency"])
@@ -117,8 +119,8 @@ def shared(d: Driver, s: dict) -> dict:
     }
 
 
-def multi_turn(d: Driver, s: dict) -> dict:
-    rng = random.Random(2)
+def multi_turn(d: Driver, s: dict, round_: int = 0) -> dict:
+    rng = random.Random(2 + 100 * round_)
     history = {c: [] for c in range(s["conversations"])}
     by_turn: dict[int, list] = {t: [] for t in range(s["turns"])}
 
@@ -140,8 +142,8 @@ def multi_turn(d: Driver, s: dict) -> dict:
     return {"ttft_p50_s_by_turn": p50, "cached_share_by_turn": cached, "wall_s": r["wall_s"]}
 
 
-def random_prompts(d: Driver, s: dict) -> dict:
-    rng = random.Random(3)
+def random_prompts(d: Driver, s: dict, round_: int = 0) -> dict:
+    rng = random.Random(3 + 100 * round_)
     jobs = deque((d.ids(rng, s["prompt"]), s["output"], i) for i in range(s["requests"]))
     r = d.closed_loop(jobs, s["concurrency"])
     tokens = sum(len(o.token_ids) for _, o in r["done"])
@@ -152,6 +154,7 @@ WORKLOADS = {"shared": shared, "multi_turn": multi_turn, "random": random_prompt
 
 
 def run_engine(args, caching: bool, sizes: dict) -> dict:
+    """GPU: one engine at a time (each plans the whole memory), one round."""
     llm = build(args, caching)
     d = Driver(llm)
     d.closed_loop(deque([(d.ids(random.Random(9), 64), 4, 0)]), 1)  # a first request, unmeasured
@@ -162,6 +165,34 @@ def run_engine(args, caching: bool, sizes: dict) -> dict:
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
     return result
+
+
+def run_interleaved(args, sizes: dict) -> tuple[dict, dict]:
+    """CPU: both engines at once, each workload in the order on, off, off, on (fresh prompts
+    each round), so a load that drifts weighs on both alike; the two rounds averaged."""
+    drivers = {True: Driver(build(args, True)), False: Driver(build(args, False))}
+    for d in drivers.values():
+        d.closed_loop(deque([(d.ids(random.Random(9), 64), 4, 0)]), 1)
+    runs = {True: {}, False: {}}
+    for name, fn in WORKLOADS.items():
+        for round_, caching in enumerate((True, False, False, True)):
+            runs[caching].setdefault(name, []).append(fn(drivers[caching], sizes[name], round_))
+    out = {}
+    for caching, by_name in runs.items():
+        out[caching] = {name: _mean(results) for name, results in by_name.items()}
+        out[caching]["stats"] = drivers[caching].engine.stats()
+    return out[True], out[False]
+
+
+def _mean(results: list[dict]) -> dict:
+    """Field by field mean of equal-shaped results (lists element-wise)."""
+    first = results[0]
+    return {
+        key: [statistics.mean(r[key][i] for r in results) for i in range(len(value))]
+        if isinstance(value, list)
+        else statistics.mean(r[key] for r in results)
+        for key, value in first.items()
+    }
 
 
 def report(on: dict, off: dict, sizes: dict) -> tuple[str, dict]:
@@ -228,10 +259,13 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     sizes = SIZES["cpu" if args.cpu else "gpu"]
     started = time.time()
-    on = run_engine(args, True, sizes)
-    print(f"cache on: {json.dumps({k: v for k, v in on.items() if k != 'stats'})}", flush=True)
-    off = run_engine(args, False, sizes)
-    print(f"cache off: {json.dumps({k: v for k, v in off.items() if k != 'stats'})}", flush=True)
+    if args.cpu:
+        on, off = run_interleaved(args, sizes)
+    else:
+        on = run_engine(args, True, sizes)
+        print(f"cache on: {json.dumps({k: v for k, v in on.items() if k != 'stats'})}", flush=True)
+        off = run_engine(args, False, sizes)
+        print(f"cache off: {json.dumps({k: v for k, v in off.items() if k != 'stats'})}")
     table, figures = report(on, off, sizes)
     device = torch.cuda.get_device_name() if not args.cpu else "CPU"
     args.out.mkdir(parents=True, exist_ok=True)
