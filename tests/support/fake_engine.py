@@ -19,7 +19,7 @@ import os
 import random
 import time
 import zlib
-from collections import deque
+from collections import OrderedDict, deque
 from dataclasses import dataclass
 
 import torch
@@ -80,6 +80,7 @@ class _Req:
         self.stop_reason: str | int | None = None
         self.text = ""
         self.key = f"{seed}:{prompt}:"  # the token draw's key prefix, built once
+        self.num_cached_tokens = 0
 
 
 class FakeEngine:
@@ -93,6 +94,7 @@ class FakeEngine:
         reports_kv: bool = True,
         script: str | None = None,
         chat_template: str | None = None,
+        prefix_caching: bool = True,
         **config,
     ) -> None:
         defaults = dict(
@@ -126,7 +128,10 @@ class FakeEngine:
         self._running: list[_Req] = []
         self._aborted: list[_Req] = []
         self._blocks_used = 0
-        self._totals = {"prompt": 0, "gen": 0, "steps": 0}
+        self._totals = {"prompt": 0, "gen": 0, "steps": 0, "queries": 0, "hits": 0}
+        self.prefix_caching = prefix_caching
+        self._cached: OrderedDict[int, None] = OrderedDict()
+        """Keys of the cached full blocks, least recently used first."""
 
     def apply_chat_template(
         self,
@@ -176,6 +181,10 @@ class FakeEngine:
             "generation_tokens_total": self._totals["gen"],
             "num_steps": self._totals["steps"],
             "compiles_after_warmup": self.compiles_after_warmup,
+            "prefix_caching": self.prefix_caching,
+            "prefix_cache_queries_total": self._totals["queries"],
+            "prefix_cache_hits_total": self._totals["hits"],
+            "kv_blocks_cached": len(self._cached),
         }
 
     def step(self) -> list[RequestOutput]:
@@ -218,9 +227,48 @@ class FakeEngine:
             now = time.time()
             req.metrics.first_scheduled_time = now
             req.trace.append(TraceEvent(now, "scheduled"))
-            req.trace.append(TraceEvent(now, "prefill_chunk", {"tokens": len(req.prompt)}))
+            if self.prefix_caching:
+                self._look_up(req)
+            if req.num_cached_tokens:
+                req.trace.append(
+                    TraceEvent(now, "prefix_cache_hit", {"tokens": req.num_cached_tokens})
+                )
+            computed = len(req.prompt) - req.num_cached_tokens
+            req.trace.append(
+                TraceEvent(
+                    now, "prefill_chunk", {"tokens": computed, "start": req.num_cached_tokens}
+                )
+            )
             req.metrics.num_prefill_chunks = 1
             self._totals["prompt"] += len(req.prompt)
+
+    def _block_keys(self, ids: list[int]) -> list[int]:
+        """The chained key of each full block of `ids` (a block's key covers all before it)."""
+        bs, keys, key = self.config.block_size, [], 0
+        for end in range(bs, len(ids) + 1, bs):
+            key = hash((key, *ids[end - bs : end]))
+            keys.append(key)
+        return keys
+
+    def _look_up(self, req: _Req) -> None:
+        """The longest cached prefix of the prompt in full blocks, short of its last token."""
+        keys = self._block_keys(req.prompt)
+        hits = 0
+        for key in keys[: (len(req.prompt) - 1) // self.config.block_size]:
+            if key not in self._cached:
+                break
+            hits += 1
+        req.num_cached_tokens = hits * self.config.block_size
+        self._totals["queries"] += len(req.prompt)
+        self._totals["hits"] += req.num_cached_tokens
+        self._remember(keys)
+
+    def _remember(self, keys: list[int]) -> None:
+        for key in keys:
+            self._cached[key] = None
+            self._cached.move_to_end(key)
+        while len(self._cached) > self.config.num_kv_blocks:
+            self._cached.popitem(last=False)
 
     def _advance(self, req: _Req) -> None:
         p = req.params
@@ -264,6 +312,8 @@ class FakeEngine:
         now = time.time()
         req.metrics.finished_time = now
         req.trace.append(TraceEvent(now, "finished", {"reason": reason}))
+        if self.prefix_caching and req.metrics.first_scheduled_time is not None:
+            self._remember(self._block_keys(req.prompt + req.out))  # the answer stays cached
         if req in self._running:
             self._running.remove(req)
             self._blocks_used -= req.blocks
@@ -274,7 +324,7 @@ class FakeEngine:
         finished = req.finish_reason is not None
         if finished:
             self._reqs.pop(req.rid, None)
-        return RequestOutput(
+        output = RequestOutput(
             request_id=req.rid,
             prompt_token_ids=req.prompt,  # shared, not copied: as LLMEngine does
             token_ids=list(req.out),
@@ -286,6 +336,8 @@ class FakeEngine:
             stop_reason=req.stop_reason,
             trace=list(req.trace) if finished else [],
         )
+        output.num_cached_tokens = req.num_cached_tokens
+        return output
 
 
 @dataclass(frozen=True)
