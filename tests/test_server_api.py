@@ -23,7 +23,12 @@ async def test_completion_shape_and_usage():
         assert body["object"] == "text_completion" and body["model"] == "fake-model"
         (choice,) = body["choices"]
         assert choice["finish_reason"] == "length" and len(choice["text"].split()) == 5
-        assert body["usage"] == {"prompt_tokens": 3, "completion_tokens": 5, "total_tokens": 8}
+        assert body["usage"] == {
+            "prompt_tokens": 3,
+            "completion_tokens": 5,
+            "total_tokens": 8,
+            "prompt_tokens_details": {"cached_tokens": 0},
+        }
 
 
 async def test_chat_shape_and_eos_stop():

@@ -131,6 +131,15 @@ class _EngineCollector:
             "vllm:num_preemptions": ("Preemptions by the scheduler.", "num_preemptions_total"),
             "vllm:prompt_tokens": ("Prefill tokens processed.", "prompt_tokens_total"),
             "vllm:generation_tokens": ("Tokens generated.", "generation_tokens_total"),
+            "vllm:prefix_cache_queries": (
+                "Prompt tokens looked up in the prefix cache (at first admission; tokens "
+                "recomputed after a preemption are not counted).",
+                "prefix_cache_queries_total",
+            ),
+            "vllm:prefix_cache_hits": (
+                "Prompt tokens found in the prefix cache, of those looked up.",
+                "prefix_cache_hits_total",
+            ),
         }
         for name, (doc, key) in counters.items():
             c = CounterMetricFamily(name, doc, labels=labels)

@@ -239,7 +239,8 @@ async def serve_generation(request: web.Request, req: GenerateRequest) -> web.St
         async with aclosing(gen.outputs()) as events:
             async for _ in events:
                 pass
-        body = fmt.full(choices, usage(record.prompt_tokens, record.completion_tokens))
+        u = usage(record.prompt_tokens, record.completion_tokens, record.cached_tokens)
+        body = fmt.full(choices, u)
         outcome[:] = ["finished", 200, None]
         return web.json_response(body, dumps=dumps)
     except APIError as err:
@@ -276,7 +277,7 @@ async def _stream(
                     for chunk in fmt.delta_chunks(choice, req.include_usage):
                         await send_event(resp, chunk)
             if req.include_usage:
-                u = usage(record.prompt_tokens, record.completion_tokens)
+                u = usage(record.prompt_tokens, record.completion_tokens, record.cached_tokens)
                 await send_event(resp, fmt.usage_chunk(u))
             outcome[:] = ["finished", 200, None]
         except APIError as err:

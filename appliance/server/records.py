@@ -26,6 +26,8 @@ class ChoiceRecord:
     prompt_index: int
     prompt_tokens: int
     completion_tokens: int = 0
+    cached_tokens: int = 0
+    """Prompt tokens whose KV the engine found in its prefix cache when it admitted the choice."""
     finish_reason: str | None = None
     first_token_at: float | None = None
     finished_at: float | None = None
@@ -39,6 +41,8 @@ class ChoiceRecord:
         if new > 0 and self.first_token_at is None:
             self.first_token_at = now
         self.completion_tokens = len(output.token_ids)
+        # an output without the field comes from an engine that caches no prefixes
+        self.cached_tokens = getattr(output, "num_cached_tokens", 0)
         m = output.metrics
         if m.first_scheduled_time is not None:
             self.queue_s = max(0.0, m.first_scheduled_time - m.arrival_time)
@@ -106,6 +110,16 @@ class RequestRecord:
         return sum(seen.values())
 
     @property
+    def cached_tokens(self) -> int:
+        """Of prompt_tokens, those found in the prefix cache: per prompt, the fewest any of its
+        choices found (so n > 1 choices that hit the blocks their first choice just computed do
+        not make a new prompt look cached)."""
+        seen: dict[int, int] = {}
+        for c in self.choices:
+            seen[c.prompt_index] = min(seen.get(c.prompt_index, c.cached_tokens), c.cached_tokens)
+        return sum(seen.values())
+
+    @property
     def completion_tokens(self) -> int:
         return sum(c.completion_tokens for c in self.choices)
 
@@ -134,6 +148,7 @@ class RequestRecord:
             "http_status": self.http_status,
             "received_at": self.received_at,
             "prompt_tokens": self.prompt_tokens,
+            "cached_tokens": self.cached_tokens,
             "completion_tokens": self.completion_tokens,
             "n": len(self.choices),
             "queue_s": max(queue) if queue else None,
@@ -165,6 +180,7 @@ class RequestRecord:
                     "index": c.index,
                     "engine_id": c.engine_id,
                     "prompt_tokens": c.prompt_tokens,
+                    "cached_tokens": c.cached_tokens,
                     "completion_tokens": c.completion_tokens,
                     "finish_reason": c.finish_reason,
                     "queue_s": c.queue_s,

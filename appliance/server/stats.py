@@ -17,6 +17,8 @@ logger = logging.getLogger("appliance.server")
 MAX_RECORDS = 1000
 LATENCY_WINDOW = 1000
 THROUGHPUT_WINDOW_S = 10.0
+PREFIX_CACHE_WINDOW_S = 60.0
+"""The window of /v1/stats' prefix-cache hit rate: the last minute."""
 GPU_READ_INTERVAL_S = 0.5
 NUM_TOP_KV = 3
 
@@ -57,7 +59,12 @@ class StatsTracker:
             "cancelled_total": 0,
             "timeouts_total": {"ttft_timeout": 0, "request_timeout": 0, "stall_timeout": 0},
         }
-        self._engine_samples: deque[tuple[float, int, int]] = deque()
+        self._tokens = CounterWindow(
+            THROUGHPUT_WINDOW_S, ("prompt_tokens_total", "generation_tokens_total")
+        )
+        self._prefix_cache = CounterWindow(
+            PREFIX_CACHE_WINDOW_S, ("prefix_cache_queries_total", "prefix_cache_hits_total")
+        )
         self.on_finish: list[Callable[[RequestRecord], None]] = []
         """Sinks called with each closed record (metrics, request log)."""
         self.gpu = GpuReader()
@@ -100,21 +107,30 @@ class StatsTracker:
             sink(record)
 
     def sample_engine(self, stats: dict, now: float | None = None) -> None:
-        """Remember engine token counters over time for the throughput figures."""
+        """Remember engine counters over time for the throughput and hit-rate figures."""
         now = time.time() if now is None else now
-        samples = self._engine_samples
-        samples.append((now, stats["prompt_tokens_total"], stats["generation_tokens_total"]))
-        while len(samples) > 2 and now - samples[0][0] > THROUGHPUT_WINDOW_S:
-            samples.popleft()
+        self._tokens.add(now, stats)
+        self._prefix_cache.add(now, stats)
 
     def throughput(self) -> dict:
-        s = self._engine_samples
-        if len(s) < 2 or s[-1][0] <= s[0][0]:
+        dt, (prompt, generation) = self._tokens.deltas()
+        if dt <= 0:
             return {"prompt_tokens_per_s": 0.0, "generation_tokens_per_s": 0.0, "window_s": 0.0}
-        dt = s[-1][0] - s[0][0]
         return {
-            "prompt_tokens_per_s": (s[-1][1] - s[0][1]) / dt,
-            "generation_tokens_per_s": (s[-1][2] - s[0][2]) / dt,
+            "prompt_tokens_per_s": prompt / dt,
+            "generation_tokens_per_s": generation / dt,
+            "window_s": dt,
+        }
+
+    def prefix_cache(self, estats: dict) -> dict:
+        """Whether the engine caches prefixes, and the prompt tokens it looked up and found
+        over the last PREFIX_CACHE_WINDOW_S (hit_rate_perc None when it looked up none)."""
+        dt, (queries, hits) = self._prefix_cache.deltas()
+        return {
+            "enabled": estats.get("prefix_caching"),
+            "hit_rate_perc": 100.0 * hits / queries if queries > 0 else None,
+            "queries": queries,
+            "hits": hits,
             "window_s": dt,
         }
 
@@ -164,7 +180,11 @@ class StatsTracker:
                 },
             },
             "engine": {**estats, "kv_usage_perc": 100.0 * used / total if total else 0.0},
-            "kv": _kv_section(kv_by_request if kv_known else None, used, total, estats),
+            "kv": {
+                **_kv_section(kv_by_request if kv_known else None, used, total, estats),
+                "blocks_cached": estats.get("kv_blocks_cached"),
+                "prefix_cache": self.prefix_cache(estats),
+            },
             "queue": {
                 "num_waiting": estats.get("num_waiting", 0),
                 "num_running": estats.get("num_running", 0),
@@ -179,6 +199,28 @@ class StatsTracker:
             "requests": rows,
             "traces": [r.trace() for r in recent[:num_traces]],
         }
+
+
+class CounterWindow:
+    """Samples of some monotonic engine counters over about the last `window_s` seconds."""
+
+    def __init__(self, window_s: float, keys: tuple[str, ...]) -> None:
+        self.window_s, self.keys = window_s, keys
+        self.samples: deque[tuple[float, ...]] = deque()
+
+    def add(self, now: float, stats: dict) -> None:
+        """Take in the counters as of `now` (an engine without one counts 0)."""
+        self.samples.append((now, *(stats.get(k) or 0 for k in self.keys)))
+        while len(self.samples) > 2 and now - self.samples[0][0] > self.window_s:
+            self.samples.popleft()
+
+    def deltas(self) -> tuple[float, tuple[float, ...]]:
+        """(seconds between the oldest and newest sample, how much each counter rose); zeros
+        until two samples span some time."""
+        s = self.samples
+        if len(s) < 2 or s[-1][0] <= s[0][0]:
+            return 0.0, (0,) * len(self.keys)
+        return s[-1][0] - s[0][0], tuple(b - a for a, b in zip(s[0][1:], s[-1][1:], strict=True))
 
 
 def _kv_by_request(core, running: list[RequestRecord]) -> dict[str, int] | None:

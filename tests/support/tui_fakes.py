@@ -43,24 +43,24 @@ GPU = {
     "temperature_c": 61.0,
     "sm_clock_mhz": 1980.0,
 }
-# id, state, prompt, generated, queue, ttft, tpot, kv blocks, preemptions, finish,
-# grammar kind (structured), tools sent
+# id, state, prompt, cached (of prompt), generated, queue, ttft, tpot, kv blocks, preemptions,
+# finish, grammar kind (structured), tools sent
 ROWS = [
-    ("req-run-a", "running", 900, 120, 0.012, 0.091, None, 64, 1, None, None, False),
-    ("req-run-b", "running", 300, 40, 0.004, 0.045, None, 22, 0, None, "json_schema", False),
-    ("req-run-c", "running", 120, 300, 0.003, 0.030, None, 27, 0, None, None, False),
-    ("req-wait-d", "running", 700, 0, None, None, None, 0, 0, None, None, False),
-    ("req-done-e", "finished", 500, 256, 0.020, 0.110, 0.0121, 0, 2, "length", None, False),
-    ("req-done-f", "finished", 64, 12, 0.001, 0.021, 0.0098, 0, 0, "stop", "tool_call", True),
-    ("req-err-g", "timeout", 1500, 3, 0.900, 1.500, None, 0, 0, None, None, False),
-    ("req-done-h", "finished", 220, 90, 0.002, 0.052, 0.0105, 0, 0, "stop", None, True),
+    ("req-run-a", "running", 900, 768, 120, 0.012, 0.091, None, 64, 1, None, None, False),
+    ("req-run-b", "running", 300, 0, 40, 0.004, 0.045, None, 22, 0, None, "json_schema", False),
+    ("req-run-c", "running", 120, 112, 300, 0.003, 0.030, None, 27, 0, None, None, False),
+    ("req-wait-d", "running", 700, 0, 0, None, None, None, 0, 0, None, None, False),
+    ("req-done-e", "finished", 500, 256, 256, 0.020, 0.110, 0.0121, 0, 2, "length", None, False),
+    ("req-done-f", "finished", 64, 48, 12, 0.001, 0.021, 0.0098, 0, 0, "stop", "tool_call", True),
+    ("req-err-g", "timeout", 1500, 0, 3, 0.900, 1.500, None, 0, 0, None, None, False),
+    ("req-done-h", "finished", 220, 208, 90, 0.002, 0.052, 0.0105, 0, 0, "stop", None, True),
 ]
 GRAMMAR_COMPILE_S = 0.0012
 """The front end's compile time of every structured fake request."""
 
 
 def _row(spec: tuple, step: int) -> dict:
-    rid, state, prompt, gen, queue, ttft, tpot, kv, pre, finish, structured, tools = spec
+    rid, state, prompt, cached, gen, queue, ttft, tpot, kv, pre, finish, structured, tools = spec
     running = state == "running" and queue is not None
     return {
         "id": rid,
@@ -69,6 +69,7 @@ def _row(spec: tuple, step: int) -> dict:
         "http_status": None if state == "running" else (200 if state == "finished" else 504),
         "received_at": T0,
         "prompt_tokens": prompt,
+        "cached_tokens": cached,
         "completion_tokens": gen + (4 * step if running else 0),
         "n": 1,
         "queue_s": queue,
@@ -100,6 +101,8 @@ def make_doc(step: int = 0, gpu: bool = True) -> dict:
         "queue_s": _pct(0.003, 0.02, 0.02, 0.9),
     }
     top = [("req-run-a", 64 + step), ("req-run-c", 27 + step), ("req-run-b", 22 + step)]
+    hit_rate = 40.0 + 4 * step
+    queries = 6000 + 100 * step
     return {
         "object": "appliance.stats",
         "time": T0 + 3723 + step,
@@ -126,6 +129,10 @@ def make_doc(step: int = 0, gpu: bool = True) -> dict:
             "generation_tokens_total": 4000 + 48 * step,
             "num_steps": 900 + step,
             "compiles_after_warmup": 0,
+            "prefix_caching": True,
+            "prefix_cache_queries_total": 20_000 + 100 * step,
+            "prefix_cache_hits_total": 9000 + 60 * step,
+            "kv_blocks_cached": 96 + step,
             "last_step_s": 0.011,
             "num_unfinished": 4,
             "kv_usage_perc": 100 * used / 512,
@@ -137,6 +144,14 @@ def make_doc(step: int = 0, gpu: bool = True) -> dict:
             "num_preemptions_total": 3,
             "top_requests": [{"id": i, "blocks": b, "share_perc": 100 * b / used} for i, b in top],
             "top_share_perc": 100 * sum(b for _, b in top) / used,
+            "blocks_cached": 96 + step,
+            "prefix_cache": {
+                "enabled": True,
+                "hit_rate_perc": hit_rate,
+                "queries": queries,
+                "hits": round(queries * hit_rate / 100),
+                "window_s": 60.0,
+            },
         },
         "queue": {
             "num_waiting": 1 + step % 3,
@@ -216,6 +231,7 @@ def make_trace(request_id: str = "req-done-e") -> dict:
         "index": 0,
         "engine_id": request_id,
         "prompt_tokens": summary["prompt_tokens"],
+        "cached_tokens": summary["cached_tokens"],
         "completion_tokens": summary["completion_tokens"],
         "finish_reason": summary["finish_reasons"][0],
         "queue_s": summary["queue_s"],

@@ -32,10 +32,18 @@ class ErrorResponse(ResponseModel):
     error: ErrorBody
 
 
+class PromptTokensDetails(ResponseModel):
+    cached_tokens: int = Field(
+        description="Prompt tokens whose KV the prefix cache held, so they were not computed "
+        "again (per prompt, the fewest any of its n choices found)."
+    )
+
+
 class Usage(ResponseModel):
-    prompt_tokens: int
+    prompt_tokens: int = Field(description="Each prompt counted once, whatever n.")
     completion_tokens: int
     total_tokens: int
+    prompt_tokens_details: PromptTokensDetails
 
 
 class CompletionLogprobs(ResponseModel):
