@@ -54,6 +54,8 @@ async def test_panels_show_the_stats_and_follow_updates(server):
         assert " OK  SmolLM2-135M-Instruct on cuda:0" in text
         assert "113/512 blocks · preempted 3" in text and "22.1%" in text
         assert "largest 3 hold 100% of used" in text and "req-run… 57%" in text
+        assert "hit   40%" in text and " 96 cached" in text
+        assert "prompt  cached  gen" in text  # the wide table's cached column
         assert "waiting    1" in text and "running    3" in text
         assert "rejected (429) 7 · timed out 1" in text
         assert "tok/s prompt 1834  gen 412" in text
@@ -69,6 +71,7 @@ async def test_panels_show_the_stats_and_follow_updates(server):
         assert "118/512 blocks" in text and "up 1h02m04s" in text
         assert "util     n/a   SM n/a" in text and "no GPU readings from the server" in text
         assert app.view.kv_perc == pytest.approx((100 * 113 / 512, 100 * 118 / 512))
+        assert app.view.hit_perc == (40.0, 44.0) and "hit   44%" in text
 
 
 async def test_sort_cycles_and_reverses_and_filter_keeps_a_state(server):

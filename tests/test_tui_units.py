@@ -19,7 +19,8 @@ from tests.support.fake_engine import FakeEngine
 from tests.support.tui_fakes import make_doc, make_trace, screen_text, wait_for
 from tui import format as fmt
 from tui import model
-from tui.screens.trace import grammar_line
+from tui.screens.trace import grammar_line, summary
+from tui.widgets.kv import hit_cells
 from tui.widgets.timeline import bar
 
 
@@ -79,13 +80,42 @@ def test_out_column_marks_structured_and_tool_requests():
     ]
 
 
-def test_out_column_only_in_a_wide_table():
+def test_out_and_cached_columns_only_in_a_wide_table():
     row = model.rows(make_doc(0))[1]
     assert model.columns(wide=True) == model.COLUMNS and "out" in model.COLUMNS
     narrow = model.columns(wide=False)
-    assert "out" not in narrow and len(narrow) == len(model.COLUMNS) - 1
+    assert "out" not in narrow and "cached" not in narrow
+    assert len(narrow) == len(model.COLUMNS) - 2
     assert row.cells(24)[:3] == ("req-run-b", "running", "json")
     assert row.cells(8, narrow)[:3] == ("req-run…", "running", "300")
+
+
+def test_cached_column_and_sort():
+    rows = {r.id: r for r in model.rows(make_doc(0))}
+    wide = model.columns(wide=True)
+    cells = dict(zip(wide, rows["req-run-a"].cells(24, wide), strict=True))
+    assert (cells["prompt"], cells["cached"]) == ("900", "768")
+    by_cached = model.select(list(rows.values()), "", "cached", reverse=False)
+    assert [r.id for r in by_cached[:3]] == ["req-run-a", "req-done-e", "req-done-h"]
+    assert model.rows({"requests": [{"id": "x"}]})[0].cells(8, ("cached",)) == ("n/a",)
+
+
+def test_kv_panel_hit_rate_cells():
+    view = model.History().push(make_doc(2))
+    assert hit_cells(view) == ("hit   48%", " 98 cached")
+    cache = view.doc["kv"]["prefix_cache"]
+    cache["hit_rate_perc"] = None  # nothing looked up in the last minute
+    assert hit_cells(view) == ("hit   n/a", " 98 cached")
+    cache["enabled"] = False
+    assert hit_cells(view) == ("hit   off", "")
+    del view.doc["kv"]["prefix_cache"]  # a server that does not say
+    assert hit_cells(view) == ("hit   n/a", "")
+
+
+def test_trace_summary_shows_cached_tokens():
+    text = summary(make_trace("req-done-e")).plain
+    assert "prompt 500 · cached 256 · gen 256" in text
+    assert "cached n/a" in summary({"prompt_tokens": 3}).plain
 
 
 def test_trace_grammar_line_sums_the_choices():
@@ -109,6 +139,9 @@ def test_history_keeps_the_last_samples():
     for step in range(5):
         view = history.push(make_doc(step))
     assert view.waiting == (3.0, 1.0, 2.0) and len(view.kv_perc) == 3
+    assert view.hit_perc == (48.0, 52.0, 56.0)
+    missing = history.push({"kv": {"prefix_cache": {"hit_rate_perc": None}}})
+    assert missing.hit_perc == (52.0, 56.0, 0.0)
     assert view.get("engine", "missing", "deeper") is None
 
 

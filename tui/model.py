@@ -35,6 +35,8 @@ class View:
     waiting: tuple[float, ...] = ()
     running: tuple[float, ...] = ()
     gen_tps: tuple[float, ...] = ()
+    hit_perc: tuple[float, ...] = ()
+    """The prefix cache's hit rate over the server's last minute (0 while it looked up none)."""
 
     def get(self, *path: str) -> object:
         """doc[path[0]][path[1]]..., or None where any step is missing."""
@@ -60,6 +62,7 @@ class History:
             "waiting": view.get("engine", "num_waiting"),
             "running": view.get("engine", "num_running"),
             "gen_tps": view.get("throughput", "generation_tokens_per_s"),
+            "hit_perc": view.get("kv", "prefix_cache", "hit_rate_perc"),
         }
         series = {}
         for name, value in samples.items():
@@ -76,6 +79,8 @@ class Row:
     id: str
     state: str
     prompt_tokens: int | None
+    cached_tokens: int | None
+    """Of prompt_tokens, those the prefix cache held."""
     completion_tokens: int | None
     queue_s: float | None
     ttft_s: float | None
@@ -95,6 +100,7 @@ class Row:
             "state": self.state,
             "out": self.out,
             "prompt": fmt.integer(self.prompt_tokens),
+            "cached": fmt.integer(self.cached_tokens),
             "gen": fmt.integer(self.completion_tokens),
             "queue": fmt.seconds(self.queue_s),
             "ttft": fmt.seconds(self.ttft_s),
@@ -106,8 +112,21 @@ class Row:
         return tuple(cells[c] for c in columns or COLUMNS)
 
 
-COLUMNS = ("id", "state", "out", "prompt", "gen", "queue", "ttft", "tpot", "kv", "pre", "finish")
-WIDE_ONLY = ("out",)
+COLUMNS = (
+    "id",
+    "state",
+    "out",
+    "prompt",
+    "cached",
+    "gen",
+    "queue",
+    "ttft",
+    "tpot",
+    "kv",
+    "pre",
+    "finish",
+)
+WIDE_ONLY = ("out", "cached")
 """Columns left out of a narrow table (80 columns), where they would push `finish` off."""
 
 
@@ -121,6 +140,7 @@ SORTS: dict[str, Callable[[Row], object]] = {
     "state": lambda r: r.state,
     "out": lambda r: r.out,
     "prompt": lambda r: r.prompt_tokens or 0,
+    "cached": lambda r: r.cached_tokens or 0,
     "gen": lambda r: r.completion_tokens or 0,
     "queue": lambda r: r.queue_s or 0.0,
     "ttft": lambda r: r.ttft_s or 0.0,
@@ -185,6 +205,7 @@ def rows(doc: dict) -> list[Row]:
                 id=str(item["id"]),
                 state=display_state(item),
                 prompt_tokens=item.get("prompt_tokens"),
+                cached_tokens=item.get("cached_tokens"),
                 completion_tokens=item.get("completion_tokens"),
                 queue_s=fmt.num(item.get("queue_s")),
                 ttft_s=fmt.num(item.get("ttft_s")),

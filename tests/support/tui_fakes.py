@@ -55,6 +55,7 @@ ROWS = [
     ("req-err-g", "timeout", 1500, 0, 3, 0.900, 1.500, None, 0, 0, None, None, False),
     ("req-done-h", "finished", 220, 208, 90, 0.002, 0.052, 0.0105, 0, 0, "stop", None, True),
 ]
+"""req-done-e's trace (make_trace) starts from a 256-token cached prefix."""
 GRAMMAR_COMPILE_S = 0.0012
 """The front end's compile time of every structured fake request."""
 
@@ -181,8 +182,8 @@ def make_doc(step: int = 0, gpu: bool = True) -> dict:
 
 
 def make_trace(request_id: str = "req-done-e") -> dict:
-    """A finished request with two prefill chunks and one preemption; a structured one also
-    compiles its grammar before it is scheduled and reports its mask time at the end."""
+    """A finished request that starts from a cached prefix, with one preemption; a structured
+    one also compiles its grammar before it is scheduled and reports its mask time at the end."""
     summary = next(_row(s, 0) for s in ROWS if s[0] == request_id)
     structured = summary["structured"]
     events = [
@@ -191,8 +192,8 @@ def make_trace(request_id: str = "req-done-e") -> dict:
         (0.1, "server", None, "admitted", {"num_choices": 1}),
         (0.2, "server", None, "queued", {"engine_ids": [request_id]}),
         (20.0, "engine", 0, "scheduled", None),
-        (20.0, "engine", 0, "prefill_chunk", {"tokens": 256, "start": 0}),
-        (60.0, "engine", 0, "prefill_chunk", {"tokens": 244, "start": 256}),
+        (20.0, "engine", 0, "prefix_cache_hit", {"tokens": summary["cached_tokens"]}),
+        (20.0, "engine", 0, "prefill_chunk", {"tokens": 244, "start": 256}),
         (110.0, "engine", 0, "first_token", None),
         (900.0, "engine", 0, "preempted", None),
         (1300.0, "engine", 0, "scheduled", None),

@@ -24,9 +24,11 @@ from tui.widgets.throughput import ThroughputPanel
 
 
 class MainScreen(Screen):
-    """Panels in a 2x2 grid below 160 columns, in one row from 160 columns on."""
+    """Panels in a 2x2 grid below 160 columns, in one row from 160 columns on; from 30 rows on
+    they are a line taller (the KV panel's largest holders by id)."""
 
     HORIZONTAL_BREAKPOINTS = [(0, "-narrow"), (160, "-wide")]
+    VERTICAL_BREAKPOINTS = [(0, "-short"), (30, "-tall")]
     BINDINGS = [
         Binding("slash", "filter", "Filter"),
         Binding("s", "sort", "Sort"),

@@ -1,6 +1,7 @@
-"""TraceScreen: one request's life: a summary line (and, for a structured or tool request, its
-grammar: compile time and mask time per step), a timeline per choice (queued -> prefill chunks
--> first token -> decode -> finish, preemptions marked) and the full event list."""
+"""TraceScreen: one request's life: a summary line (with the prompt tokens the prefix cache held,
+and, for a structured or tool request, its grammar: compile time and mask time per step), a
+timeline per choice (queued -> prefill chunks -> first token -> decode -> finish, preemptions
+marked) and the full event list."""
 
 from __future__ import annotations
 
@@ -93,6 +94,7 @@ def summary(trace: dict) -> Text:
         f"{state}{f' ({finish})' if finish else ''}",
         f"{trace.get('endpoint', '?')}",
         f"prompt {fmt.integer(trace.get('prompt_tokens'))}",
+        f"cached {fmt.integer(trace.get('cached_tokens'))}",
         f"gen {fmt.integer(trace.get('completion_tokens'))}",
         f"queue {fmt.seconds(trace.get('queue_s'))}",
         f"TTFT {fmt.seconds(trace.get('ttft_s'))}",

@@ -1,9 +1,11 @@
-"""KVPanel: KV-cache blocks used of total as a gauge, their history, how much of the used
+"""KVPanel: KV-cache blocks used of total as a gauge, their history, the prefix cache's hit
+rate over the last minute (with its history) and the blocks it holds, how much of the used
 cache the largest requests hold, and the preemptions so far."""
 
 from __future__ import annotations
 
 from textual.app import ComposeResult
+from textual.containers import Horizontal
 from textual.widgets import Label, Sparkline
 
 from tui import format as fmt
@@ -19,6 +21,10 @@ class KVPanel(Panel):
         yield Gauge(id="kv-gauge")
         yield Label(id="kv-blocks")
         yield Sparkline([], id="kv-spark")
+        with Horizontal(classes="spark-row"):
+            yield Label(id="kv-hit", classes="spark-label")
+            yield Sparkline([], id="kv-hit-spark")
+            yield Label(id="kv-cached")
         yield Label(id="kv-top")
         yield Label(id="kv-top-ids")
 
@@ -35,10 +41,28 @@ class KVPanel(Panel):
         self.query_one("#kv-blocks", Label).update(
             f"{fmt.integer(used)}/{fmt.integer(total)} blocks · preempted {fmt.integer(preempted)}"
         )
-        self.query_one(Sparkline).data = list(view.kv_perc)
+        self.query_one("#kv-spark", Sparkline).data = list(view.kv_perc)
+        hit, cached = hit_cells(view)
+        self.query_one("#kv-hit", Label).update(hit)
+        self.query_one("#kv-hit-spark", Sparkline).data = list(view.hit_perc)
+        self.query_one("#kv-cached", Label).update(cached)
         share, holders = top_lines(view)
         self.query_one("#kv-top", Label).update(share)
         self.query_one("#kv-top-ids", Label).update(holders)
+
+
+def hit_cells(view: View) -> tuple[str, str]:
+    """(`hit   42%`, ` 96 cached`): the prefix cache's hit rate over the server's last minute
+    (n/a while it looked nothing up, or when the server does not say) and the blocks holding
+    cached prefixes; `off` when the engine caches no prefixes."""
+    cache = view.get("kv", "prefix_cache")
+    enabled = cache.get("enabled") if isinstance(cache, dict) else None
+    if enabled is False:
+        return f"hit {'off':>5}", ""
+    if enabled is None:
+        return f"hit {fmt.NA:>5}", ""
+    rate = fmt.unit(cache.get("hit_rate_perc"), "%")
+    return f"hit {rate:>5}", f" {fmt.integer(view.get('kv', 'blocks_cached'))} cached"
 
 
 def top_lines(view: View) -> tuple[str, str]:
