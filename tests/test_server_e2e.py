@@ -1,6 +1,7 @@
 """A real `appliance serve` subprocess on the embedded model, driven by the official openai client:
-chat and completions, streaming and not, n=2, stop strings, seeds, usage vs /tokenize, and a
-SIGTERM drain (in-flight completes, new gets 503, exit 0)."""
+chat and completions, streaming and not, n=2, stop strings, seeds, usage vs /tokenize, the
+prefix cache (a repeated prompt's cached tokens, the counters, eviction when other prefixes fill
+it), and a SIGTERM drain (in-flight completes, new gets 503, exit 0)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import urllib.request
 
 import pytest
 
+from tests.support.fake_engine import needs_cached_tokens
 from tests.support.serve_process import start_server
 
 openai = pytest.importorskip("openai")
@@ -139,6 +141,55 @@ def test_stats_and_metrics_from_the_real_engine(server):
     status, metrics = server.call("GET", "/metrics")
     total = re.search(r'vllm:generation_tokens_total\{model_name="[^"]+"\} (\S+)', metrics)
     assert float(total.group(1)) > 0
+
+
+def prefix_counters(server) -> tuple[float, float]:
+    """(vllm:prefix_cache_queries_total, vllm:prefix_cache_hits_total) from /metrics."""
+    _, text = server.call("GET", "/metrics")
+    values = []
+    for name in ("vllm:prefix_cache_queries_total", "vllm:prefix_cache_hits_total"):
+        values.append(float(re.search(rf'^{name}\{{model_name="[^"]+"\}} (\S+)$', text, re.M)[1]))
+    return values[0], values[1]
+
+
+def token_prompt(seed: int, length: int) -> list[int]:
+    """A prompt of token ids that shares no block with another seed's."""
+    return [1000 + (seed * 7919 + i * 104729) % 40000 for i in range(length)]
+
+
+@needs_cached_tokens
+def test_a_repeated_prompt_is_served_from_the_prefix_cache(server):
+    _, stats = server.call("GET", "/v1/stats")
+    block = stats["config"]["block_size"]
+    assert stats["kv"]["prefix_cache"]["enabled"] is True
+    prompt = token_prompt(1, 300)
+    expected = (len(prompt) - 1) // block * block  # whole blocks; the last token is computed
+    queries, hits = prefix_counters(server)
+    args = dict(model=MODEL, prompt=prompt, max_tokens=2, temperature=0)
+    first = server.client.completions.create(**args)
+    again = server.client.completions.create(**args)
+    assert first.usage.prompt_tokens_details.cached_tokens == 0
+    assert again.usage.prompt_tokens_details.cached_tokens == expected
+    assert prefix_counters(server) == (queries + 2 * len(prompt), hits + expected)
+    _, stats = server.call("GET", "/v1/stats")
+    assert 0 < stats["kv"]["blocks_cached"] <= stats["engine"]["kv_blocks_total"]
+
+
+@needs_cached_tokens
+def test_a_cache_full_of_other_prefixes_is_evicted_not_an_error(server):
+    """Six 400-token prompts fill the 64 blocks (1,024 tokens of KV) more than twice over: the
+    first prompt's blocks are taken for the others, and it is computed again."""
+    _, stats = server.call("GET", "/v1/stats")
+    block, total = stats["config"]["block_size"], stats["engine"]["kv_blocks_total"]
+    prompts = [token_prompt(10 + k, 400) for k in range(6)]
+    assert len(prompts) * 400 > 2 * block * total
+    for prompt in prompts:
+        resp = server.client.completions.create(model=MODEL, prompt=prompt, max_tokens=1)
+        assert resp.usage.prompt_tokens_details.cached_tokens == 0
+    again = server.client.completions.create(model=MODEL, prompt=prompts[0], max_tokens=1)
+    assert again.usage.prompt_tokens_details.cached_tokens < (400 - 1) // block * block
+    _, stats = server.call("GET", "/v1/stats")
+    assert stats["kv"]["blocks_cached"] <= total
 
 
 def test_sigterm_drains_then_exits_0(server):

@@ -7,7 +7,6 @@ and /v1/stats' hit rate over the last minute and cached blocks."""
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import re
 
 import pytest
@@ -17,7 +16,7 @@ from appliance.server.responses import usage
 from appliance.server.schema.responses import CompletionChunk, CompletionResponse
 from appliance.server.stats import PREFIX_CACHE_WINDOW_S, StatsTracker
 from engine.request import RequestMetrics, RequestOutput
-from tests.support.fake_engine import FakeEngine, fake_client, sse_events
+from tests.support.fake_engine import FakeEngine, fake_client, needs_cached_tokens, sse_events
 
 COMPLETIONS = "/v1/completions"
 CHAT = "/v1/chat/completions"
@@ -25,11 +24,6 @@ PROMPT = " ".join(f"w{i}" for i in range(20, 29))
 """Nine tokens: the fake engine's blocks are 4 tokens, so a repeat finds 8 of them cached (two
 full blocks; the last token is always computed)."""
 CACHED = 8
-REPORTS_CACHED_TOKENS = "num_cached_tokens" in {f.name for f in dataclasses.fields(RequestOutput)}
-needs_cached_tokens = pytest.mark.skipif(
-    not REPORTS_CACHED_TOKENS,
-    reason="engine.request.RequestOutput has no num_cached_tokens to carry to the front end",
-)
 
 
 def output(cached: int, finished: bool = True) -> RequestOutput:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import os
 import random
@@ -22,6 +23,7 @@ import zlib
 from collections import OrderedDict, deque
 from dataclasses import dataclass
 
+import pytest
 import torch
 
 from engine.config import EngineConfig
@@ -36,6 +38,11 @@ EOS_MARK = 4
 SCRIPT_CHARS = 3  # characters of a scripted output each token brings
 COMPILE_MARK = 13
 CRASH_MARK = 14
+needs_cached_tokens = pytest.mark.skipif(
+    "num_cached_tokens" not in {f.name for f in dataclasses.fields(RequestOutput)},
+    reason="engine.request.RequestOutput has no num_cached_tokens to carry to the front end",
+)
+"""Marks a test that reads cached tokens off outputs that crossed the core wire."""
 
 
 class FakeTokenizer:
