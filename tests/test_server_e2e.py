@@ -15,7 +15,6 @@ import urllib.request
 
 import pytest
 
-from tests.support.fake_engine import needs_cached_tokens
 from tests.support.serve_process import start_server
 
 openai = pytest.importorskip("openai")
@@ -157,7 +156,6 @@ def token_prompt(seed: int, length: int) -> list[int]:
     return [1000 + (seed * 7919 + i * 104729) % 40000 for i in range(length)]
 
 
-@needs_cached_tokens
 def test_a_repeated_prompt_is_served_from_the_prefix_cache(server):
     _, stats = server.call("GET", "/v1/stats")
     block = stats["config"]["block_size"]
@@ -175,7 +173,6 @@ def test_a_repeated_prompt_is_served_from_the_prefix_cache(server):
     assert 0 < stats["kv"]["blocks_cached"] <= stats["engine"]["kv_blocks_total"]
 
 
-@needs_cached_tokens
 def test_a_cache_full_of_other_prefixes_is_evicted_not_an_error(server):
     """Six 400-token prompts fill the 64 blocks (1,024 tokens of KV) more than twice over: the
     first prompt's blocks are taken for the others, and it is computed again."""

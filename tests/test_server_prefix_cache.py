@@ -16,7 +16,7 @@ from appliance.server.responses import usage
 from appliance.server.schema.responses import CompletionChunk, CompletionResponse
 from appliance.server.stats import PREFIX_CACHE_WINDOW_S, StatsTracker
 from engine.request import RequestMetrics, RequestOutput
-from tests.support.fake_engine import FakeEngine, fake_client, needs_cached_tokens, sse_events
+from tests.support.fake_engine import FakeEngine, fake_client, sse_events
 
 COMPLETIONS = "/v1/completions"
 CHAT = "/v1/chat/completions"
@@ -27,11 +27,8 @@ CACHED = 8
 
 
 def output(cached: int, finished: bool = True) -> RequestOutput:
-    out = RequestOutput(
-        "e", [1] * 9, [5, 6], " w5 w6", finished, "length", RequestMetrics(arrival_time=0.0)
-    )
-    out.num_cached_tokens = cached
-    return out
+    metrics = RequestMetrics(arrival_time=0.0, num_cached_tokens=cached)
+    return RequestOutput("e", [1] * 9, [5, 6], " w5 w6", finished, "length", metrics)
 
 
 def test_cached_tokens_count_once_per_prompt_as_prompt_tokens_do():
@@ -153,7 +150,6 @@ async def test_counters_stay_at_zero_with_prefix_caching_off():
     assert stats["kv"]["blocks_cached"] == 0
 
 
-@needs_cached_tokens
 @pytest.mark.parametrize("path", [COMPLETIONS, CHAT])
 async def test_a_repeated_prompt_reports_cached_tokens_plain_and_streamed(path):
     if path == CHAT:
@@ -171,7 +167,6 @@ async def test_a_repeated_prompt_reports_cached_tokens_plain_and_streamed(path):
     assert events[-1]["usage"] == again["usage"]
 
 
-@needs_cached_tokens
 async def test_n_and_several_prompts_count_each_prompt_once():
     other = " ".join(f"w{i}" for i in range(40, 49))
     async with fake_client() as client:

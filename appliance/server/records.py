@@ -41,8 +41,7 @@ class ChoiceRecord:
         if new > 0 and self.first_token_at is None:
             self.first_token_at = now
         self.completion_tokens = len(output.token_ids)
-        # an output without the field comes from an engine that caches no prefixes
-        self.cached_tokens = getattr(output, "num_cached_tokens", 0)
+        self.cached_tokens = output.num_cached_tokens
         m = output.metrics
         if m.first_scheduled_time is not None:
             self.queue_s = max(0.0, m.first_scheduled_time - m.arrival_time)

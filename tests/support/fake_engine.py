@@ -8,13 +8,19 @@ after warm-up (as a kernel built while serving would), token 14 ("w14") crashes 
 the step that admits it. The engine runs in the server's core process, so markers are how a
 test steers it once the server started. KV blocks are reserved for prompt + max_tokens
 at admission, so `kv_blocks_used` returns to 0 exactly when requests finish or are aborted.
+
+Prefix caching (the config's `prefix_caching`, on by default) is modelled from outside, without
+blocks: a request's first admission looks up its prompt's full blocks (block_size tokens,
+chained keys) among those of earlier prompts and answers (LRU, at most num_kv_blocks), leaves
+the last prompt token to compute, and reports what it found as the output's
+`num_cached_tokens` (metrics.num_cached_tokens), a "prefix_cache_hit" trace event and the
+stats' prefix_cache_* counters, as LLMEngine does.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import json
 import os
 import random
@@ -23,7 +29,6 @@ import zlib
 from collections import OrderedDict, deque
 from dataclasses import dataclass
 
-import pytest
 import torch
 
 from engine.config import EngineConfig
@@ -38,11 +43,6 @@ EOS_MARK = 4
 SCRIPT_CHARS = 3  # characters of a scripted output each token brings
 COMPILE_MARK = 13
 CRASH_MARK = 14
-needs_cached_tokens = pytest.mark.skipif(
-    "num_cached_tokens" not in {f.name for f in dataclasses.fields(RequestOutput)},
-    reason="engine.request.RequestOutput has no num_cached_tokens to carry to the front end",
-)
-"""Marks a test that reads cached tokens off outputs that crossed the core wire."""
 
 
 class FakeTokenizer:
@@ -87,7 +87,6 @@ class _Req:
         self.stop_reason: str | int | None = None
         self.text = ""
         self.key = f"{seed}:{prompt}:"  # the token draw's key prefix, built once
-        self.num_cached_tokens = 0
 
 
 class FakeEngine:
@@ -101,7 +100,6 @@ class FakeEngine:
         reports_kv: bool = True,
         script: str | None = None,
         chat_template: str | None = None,
-        prefix_caching: bool = True,
         **config,
     ) -> None:
         defaults = dict(
@@ -136,7 +134,6 @@ class FakeEngine:
         self._aborted: list[_Req] = []
         self._blocks_used = 0
         self._totals = {"prompt": 0, "gen": 0, "steps": 0, "queries": 0, "hits": 0}
-        self.prefix_caching = prefix_caching
         self._cached: OrderedDict[int, None] = OrderedDict()
         """Keys of the cached full blocks, least recently used first."""
 
@@ -188,7 +185,7 @@ class FakeEngine:
             "generation_tokens_total": self._totals["gen"],
             "num_steps": self._totals["steps"],
             "compiles_after_warmup": self.compiles_after_warmup,
-            "prefix_caching": self.prefix_caching,
+            "prefix_caching": self.config.prefix_caching,
             "prefix_cache_queries_total": self._totals["queries"],
             "prefix_cache_hits_total": self._totals["hits"],
             "kv_blocks_cached": len(self._cached),
@@ -234,17 +231,13 @@ class FakeEngine:
             now = time.time()
             req.metrics.first_scheduled_time = now
             req.trace.append(TraceEvent(now, "scheduled"))
-            if self.prefix_caching:
-                self._look_up(req)
-            if req.num_cached_tokens:
-                req.trace.append(
-                    TraceEvent(now, "prefix_cache_hit", {"tokens": req.num_cached_tokens})
-                )
-            computed = len(req.prompt) - req.num_cached_tokens
+            cached = self._look_up(req) if self.config.prefix_caching else 0
+            req.metrics.num_cached_tokens = cached
+            if cached:
+                req.trace.append(TraceEvent(now, "prefix_cache_hit", {"tokens": cached}))
+            computed = len(req.prompt) - cached
             req.trace.append(
-                TraceEvent(
-                    now, "prefill_chunk", {"tokens": computed, "start": req.num_cached_tokens}
-                )
+                TraceEvent(now, "prefill_chunk", {"tokens": computed, "start": cached})
             )
             req.metrics.num_prefill_chunks = 1
             self._totals["prompt"] += len(req.prompt)
@@ -257,7 +250,7 @@ class FakeEngine:
             keys.append(key)
         return keys
 
-    def _look_up(self, req: _Req) -> None:
+    def _look_up(self, req: _Req) -> int:
         """The longest cached prefix of the prompt in full blocks, short of its last token."""
         keys = self._block_keys(req.prompt)
         hits = 0
@@ -265,10 +258,11 @@ class FakeEngine:
             if key not in self._cached:
                 break
             hits += 1
-        req.num_cached_tokens = hits * self.config.block_size
+        cached = hits * self.config.block_size
         self._totals["queries"] += len(req.prompt)
-        self._totals["hits"] += req.num_cached_tokens
+        self._totals["hits"] += cached
         self._remember(keys)
+        return cached
 
     def _remember(self, keys: list[int]) -> None:
         for key in keys:
@@ -319,7 +313,7 @@ class FakeEngine:
         now = time.time()
         req.metrics.finished_time = now
         req.trace.append(TraceEvent(now, "finished", {"reason": reason}))
-        if self.prefix_caching and req.metrics.first_scheduled_time is not None:
+        if self.config.prefix_caching and req.metrics.first_scheduled_time is not None:
             self._remember(self._block_keys(req.prompt + req.out))  # the answer stays cached
         if req in self._running:
             self._running.remove(req)
@@ -331,7 +325,7 @@ class FakeEngine:
         finished = req.finish_reason is not None
         if finished:
             self._reqs.pop(req.rid, None)
-        output = RequestOutput(
+        return RequestOutput(
             request_id=req.rid,
             prompt_token_ids=req.prompt,  # shared, not copied: as LLMEngine does
             token_ids=list(req.out),
@@ -343,8 +337,6 @@ class FakeEngine:
             stop_reason=req.stop_reason,
             trace=list(req.trace) if finished else [],
         )
-        output.num_cached_tokens = req.num_cached_tokens
-        return output
 
 
 @dataclass(frozen=True)

@@ -33,6 +33,7 @@ CONFIG = {
     "min_num_batched_tokens": 512,
     "quant_block_size": 64,
     "quantize_embeddings": False,
+    "prefix_caching": True,
 }
 GPU = {
     "name": "NVIDIA H200",
