@@ -189,6 +189,24 @@ def test_a_cache_full_of_other_prefixes_is_evicted_not_an_error(server):
     assert stats["kv"]["blocks_cached"] <= total
 
 
+def test_a_chat_turn_hits_the_turn_before(server):
+    """The next turn re-sends the conversation: its prompt and the answer's whole blocks hit."""
+    turn = [{"role": "user", "content": "Tell me about the sea. " * 12}]
+    first = server.client.chat.completions.create(
+        model=MODEL, messages=turn, max_tokens=8, temperature=0
+    )
+    turn += [
+        {"role": "assistant", "content": first.choices[0].message.content},
+        {"role": "user", "content": "More?"},
+    ]
+    second = server.client.chat.completions.create(
+        model=MODEL, messages=turn, max_tokens=8, temperature=0
+    )
+    block = server.call("GET", "/v1/stats")[1]["config"]["block_size"]
+    cached = second.usage.prompt_tokens_details.cached_tokens
+    assert cached >= first.usage.prompt_tokens // block * block - block
+
+
 def test_sigterm_drains_then_exits_0(server):
     """Runs last: in-flight completes, new requests get 503, the process exits 0."""
     stream = server.client.completions.create(
