@@ -77,7 +77,8 @@ class LoadSession:
         connector = aiohttp.TCPConnector(limit=0)
         self._session = aiohttp.ClientSession(connector=connector, trust_env=False)
         try:
-            pool = [] if self.spec.jsonl else await workload.token_pool(self._session, self.cfg.url)
+            url = self.cfg.url
+            pool = None if self.spec.jsonl else await workload.token_pool(self._session, url)
         except (aiohttp.ClientError, TimeoutError) as exc:
             await self._session.close()
             raise RuntimeError(f"cannot reach {self.cfg.url}: {exc}") from None
@@ -138,7 +139,8 @@ class LoadSession:
             disable=not self.show_progress,
             transient=True,
         ) as progress:
-            total = stage.num_requests
+            turns = self.spec.multi_turn or 1  # a stage counts conversations
+            total = None if stage.num_requests is None else stage.num_requests * turns
             task = progress.add_task(label, total=total, errors=0)
             num_errors = 0
 
