@@ -15,17 +15,11 @@ from rich.console import Console
 
 from appliance.loadgen.client import ClientConfig
 from appliance.loadgen.processes import STREAMS_PER_PROCESS, auto_processes
-from appliance.loadgen.report import (
-    SLO,
-    parse_duration,
-    summarize_all,
-    table,
-    turn_ratio_line,
-    turn_table,
-)
+from appliance.loadgen.report import SLO, parse_duration, summarize_all
 from appliance.loadgen.report import write_json as write_bench_json
 from appliance.loadgen.runner import Stage
 from appliance.loadgen.session import LoadSession
+from appliance.loadgen.tables import cache_line, table, turn_ratio_line, turn_table
 from appliance.loadgen.workload import LengthDist, WorkloadSpec
 
 
@@ -190,6 +184,8 @@ def run_bench(args) -> int:
     summaries = summarize_all(session.stages, slo)
     console.print(table(summaries, slo))
     for s in summaries:
+        if line := cache_line(s):
+            console.print(line)
         if s.turns:
             console.print(turn_table(s))
         if line := turn_ratio_line(s):

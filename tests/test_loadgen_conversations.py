@@ -1,7 +1,7 @@
 """Multi-turn conversations and prefix-cache accounting in the load generator, against a fake
 in-process OpenAI server that records every body it receives, streams an answer that depends
-on the whole history, and reports cached tokens in its usage (chat) or leaves them out
-(completions)."""
+on the whole history, reports cached tokens in its usage (chat) or leaves them out
+(completions), and counts them in /v1/stats."""
 
 from __future__ import annotations
 
@@ -28,13 +28,20 @@ class FakeOpenAI:
         """The answer streamed for each chat body, in the same order."""
         self.fail_turn = fail_turn
         self.inflight = self.max_inflight = 0
+        self.counters = dict.fromkeys(
+            ("generation_tokens_total", "prefix_cache_queries_total", "prefix_cache_hits_total"), 0
+        )
 
     def app(self) -> web.Application:
         app = web.Application()
         app.router.add_post("/v1/chat/completions", self.chat)
         app.router.add_post("/v1/completions", self.completions)
         app.router.add_post("/tokenize", self.tokenize)
+        app.router.add_get("/v1/stats", self.stats)
         return app
+
+    async def stats(self, request: web.Request) -> web.Response:
+        return web.json_response({"engine": {**self.counters, "prefix_caching": True}})
 
     async def tokenize(self, request: web.Request) -> web.Response:
         words = (await request.json())["prompt"].split()
@@ -71,13 +78,15 @@ class FakeOpenAI:
         pieces = [f" x{(seed + i) % 1000}" for i in range(body["max_tokens"])]
         self.answers.append("".join(pieces))
         num_prompt = sum(len(m["content"].split()) for m in messages)
+        num_cached = num_prompt - len(messages[-1]["content"].split())
+        self.counters["generation_tokens_total"] += len(pieces)
+        self.counters["prefix_cache_queries_total"] += num_prompt
+        self.counters["prefix_cache_hits_total"] += num_cached
         usage = {
             "prompt_tokens": num_prompt,
             "completion_tokens": len(pieces),
             "total_tokens": num_prompt + len(pieces),
-            "prompt_tokens_details": {
-                "cached_tokens": num_prompt - len(messages[-1]["content"].split())
-            },
+            "prompt_tokens_details": {"cached_tokens": num_cached},
         }
         return await self._stream(request, pieces, usage, chat=True)
 
@@ -88,16 +97,16 @@ class FakeOpenAI:
         return await self._stream(request, [" y"] * body["max_tokens"], usage, chat=False)
 
 
-async def run(fake: FakeOpenAI, spec: WorkloadSpec, stage: Stage):
+async def run(fake: FakeOpenAI, spec: WorkloadSpec, stage: Stage) -> LoadSession:
     server = TestServer(fake.app(), host="127.0.0.1")
     await server.start_server()
     cfg = ClientConfig(url=str(server.make_url("")).rstrip("/"))
     try:
         async with LoadSession(cfg, spec, show_progress=False) as session:
-            result = await session.run(stage)
+            await session.run(stage)
     finally:
         await server.close()
-    return result
+    return session
 
 
 def by_conversation(bodies: list[dict], answers: list[str]) -> dict[str, list]:
@@ -112,7 +121,8 @@ def by_conversation(bodies: list[dict], answers: list[str]) -> dict[str, list]:
 async def test_each_turn_sends_the_history_with_every_real_answer():
     spec = WorkloadSpec(LengthDist.parse("5"), LengthDist.parse("4"), prefix_len=12, multi_turn=3)
     fake = FakeOpenAI()
-    stage = await run(fake, spec, Stage("closed", 2, num_requests=4))
+    session = await run(fake, spec, Stage("closed", 2, num_requests=4))
+    (stage,) = session.stages
     assert len(stage.results) == 12 and all(r.ok for r in stage.results)
     assert fake.max_inflight == 2  # two conversations in flight, one turn each at a time
     for body in fake.bodies:
@@ -150,11 +160,16 @@ async def test_each_turn_sends_the_history_with_every_real_answer():
     assert s.num_cached_tokens == 252 and s.cached_tokens_mean == 21
     assert s.cache_hit_share == 252 / (4 * (17 + 26 + 35))
     assert s.turn_ttft_ratio["last_turn"] == 3 and s.turn_ttft_ratio["p50"] > 0
+    # The server's counters over the stage agree with the usage the clients summed.
+    assert session.info.prefix_caching is True
+    assert (stage.server_output_tokens, stage.server_cache_queries) == (48, 312)
+    assert s.server_cached_tokens == 252 and s.server_cache_hit_share == s.cache_hit_share
 
 
 async def test_a_failed_turn_ends_its_conversation():
     spec = WorkloadSpec(LengthDist.parse("3"), LengthDist.parse("2"), multi_turn=3)
-    stage = await run(FakeOpenAI(fail_turn=2), spec, Stage("closed", 1, num_requests=2))
+    session = await run(FakeOpenAI(fail_turn=2), spec, Stage("closed", 1, num_requests=2))
+    (stage,) = session.stages
     assert [(r.conversation, r.turn, r.ok) for r in stage.results] == [
         (0, 1, True),
         (0, 2, False),
@@ -174,7 +189,7 @@ async def test_a_failed_turn_ends_its_conversation():
 async def test_completions_share_the_prefix_ids_and_missing_cached_tokens_count_zero():
     spec = WorkloadSpec(LengthDist.parse("uniform:2-6"), LengthDist.parse("3"), prefix_len=20)
     fake = FakeOpenAI()
-    stage = await run(fake, spec, Stage("closed", 3, num_requests=9))
+    (stage,) = (await run(fake, spec, Stage("closed", 3, num_requests=9))).stages
     prompts = [b["prompt"] for b in fake.bodies]
     assert len(prompts) == 9 and len({tuple(p[:20]) for p in prompts}) == 1
     assert len({tuple(p[20:]) for p in prompts}) == 9 and "messages" not in fake.bodies[0]

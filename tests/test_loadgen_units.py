@@ -13,16 +13,9 @@ import pytest
 from rich.console import Console
 
 from appliance.loadgen.client import RequestResult
-from appliance.loadgen.report import (
-    SLO,
-    parse_duration,
-    percentile,
-    summarize,
-    turn_ratio_line,
-    turn_table,
-    write_json,
-)
+from appliance.loadgen.report import SLO, parse_duration, percentile, summarize, write_json
 from appliance.loadgen.runner import Stage, StageResult, arrival_gaps
+from appliance.loadgen.tables import cache_line, turn_ratio_line, turn_table
 from appliance.loadgen.workload import (
     WORDS,
     Conversation,
@@ -225,5 +218,14 @@ def test_single_requests_have_no_turn_figures_and_report_cache_shares():
     s = summarize(StageResult(Stage("closed", 1, num_requests=1), results, wall_s=1.0), SLO())
     assert s.turns == [] and s.turn_ttft_ratio is None and turn_ratio_line(s) is None
     assert s.cached_tokens_mean == 50 and s.cache_hit_share == 0.5
+    assert cache_line(s) is None  # the server did not report its counters
+    stage = StageResult(Stage("closed", 1, num_requests=1), results, wall_s=1.0)
+    stage.server_cache_queries, stage.server_cached_tokens = 400, 300
+    counted = summarize(stage, SLO())
+    assert counted.server_cache_hit_share == 0.75
+    assert cache_line(counted) == (
+        "prefix cache at 1 conc: clients' usage 50 of 100 prompt tokens cached (50.0%); "
+        "server counters 300 of 400 looked up (75.0%)"
+    )
     empty = summarize(StageResult(Stage("closed", 1, num_requests=1), [], wall_s=1.0), SLO())
     assert empty.cached_tokens_mean is None and empty.cache_hit_share is None

@@ -1,6 +1,6 @@
 """Bench figures: SLO parsing, per-level summaries (percentiles, throughput, goodput, error
-counts, prompt tokens served from the prefix cache), per-turn figures of multi-turn runs, the
-rich tables and the JSON document."""
+counts, prompt tokens served from the prefix cache), per-turn figures of multi-turn runs and
+the JSON document (appliance/loadgen/tables.py prints them)."""
 
 from __future__ import annotations
 
@@ -10,8 +10,6 @@ import re
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-
-from rich.table import Table
 
 from appliance.loadgen.client import RequestResult
 from appliance.loadgen.runner import StageResult, StatsSample
@@ -160,6 +158,11 @@ class LevelSummary:
     """Of those, the ones the server reused from its prefix cache (the usage's cached_tokens)."""
     turns: list[TurnSummary] = field(default_factory=list)
     """Multi-turn runs: the figures of each turn."""
+    server_cache_queries: int | None = None
+    """Prompt tokens the server's counter says it looked up in its prefix cache over the stage
+    (None: not reported, or a ramp step)."""
+    server_cached_tokens: int | None = None
+    """Of those, the ones its counter says it found cached."""
 
     @property
     def cached_tokens_mean(self) -> float | None:
@@ -172,9 +175,16 @@ class LevelSummary:
         return _share(self.num_cached_tokens, self.num_prompt_tokens)
 
     @property
+    def server_cache_hit_share(self) -> float | None:
+        """The server counters' cached / looked-up prompt tokens."""
+        if self.server_cached_tokens is None or self.server_cache_queries is None:
+            return None
+        return _share(self.server_cached_tokens, self.server_cache_queries)
+
+    @property
     def turn_ttft_ratio(self) -> dict | None:
-        """The last turn's TTFT over the first turn's, at p50 and p90 (None: not multi-turn,
-        or a turn without a successful request)."""
+        """The last turn's TTFT over the first turn's, at p50 and p90 (None: fewer than two
+        turns; a ratio is None when either turn has no TTFT)."""
         if len(self.turns) < 2:
             return None
         first, last = self.turns[0], self.turns[-1]
@@ -191,6 +201,7 @@ class LevelSummary:
             "server_ratio": self.server_ratio,
             "cached_tokens_mean": self.cached_tokens_mean,
             "cache_hit_share": self.cache_hit_share,
+            "server_cache_hit_share": self.server_cache_hit_share,
             "turn_ttft_ratio": self.turn_ttft_ratio,
         }
 
@@ -244,6 +255,8 @@ def summarize(stage: StageResult, slo: SLO, level: float | None = None) -> Level
         num_prompt_tokens=num_prompt,
         num_cached_tokens=sum(r.num_cached_tokens for r in ok),
         turns=summarize_turns(rs),
+        server_cache_queries=stage.server_cache_queries if level is None else None,
+        server_cached_tokens=stage.server_cached_tokens if level is None else None,
     )
 
 
@@ -256,92 +269,6 @@ def summarize_all(stages: list[StageResult], slo: SLO) -> list[LevelSummary]:
         else:
             out.append(summarize(stage, slo))
     return out
-
-
-def _ms(value: float | None) -> str:
-    return "n/a" if value is None else f"{value * 1000:.1f}"
-
-
-def _percent(share: float | None) -> str:
-    return "n/a" if share is None else f"{100 * share:.1f}%"
-
-
-def _prompt_and_cached(s: LevelSummary) -> str:
-    """'2100/2000 (95.2%)': prompt and cached tokens per request, and the cached share."""
-    if not s.num_ok:
-        return "n/a"
-    prompt, cached = s.num_prompt_tokens / s.num_ok, s.cached_tokens_mean
-    return f"{prompt:.0f}/{cached:.0f} ({_percent(s.cache_hit_share)})"
-
-
-def _clients_vs_server(s: LevelSummary) -> str:
-    if s.server_output_tokens is None:
-        return f"{s.num_output_tokens} / n/a"
-    ratio = "n/a" if s.server_ratio is None else f"{s.server_ratio:.3f}"
-    return f"{s.num_output_tokens} / {s.server_output_tokens} ({ratio})"
-
-
-def table(summaries: list[LevelSummary], slo: SLO, title: str = "appliance bench") -> Table:
-    t = Table(title=f"{title}  (SLO: {slo.describe()})")
-    for name in (
-        "load",
-        "ok/sent",
-        "errors",
-        "TTFT ms p50/95/99",
-        "TPOT ms p50/95/99",
-        "ITL p50",
-        "E2E p95 s",
-        "prompt/cached tok/req",
-        "req/s",
-        "out tok/s",
-        "out tok clients / server",
-        "goodput req/s",
-    ):
-        t.add_column(name, justify="right" if name != "errors" else "left")
-    for s in summaries:
-        unit = "rps" if s.mode == "open" else "conc"
-        e2e = s.get("e2e_s", "p95")
-        t.add_row(
-            f"{s.level:g} {unit}",
-            f"{s.num_ok}/{s.num_requests}",
-            ", ".join(f"{k}: {v}" for k, v in sorted(s.errors.items())) or "-",
-            "/".join(_ms(s.get("ttft_s", p)) for p in ("p50", "p95", "p99")),
-            "/".join(_ms(s.get("tpot_s", p)) for p in ("p50", "p95", "p99")),
-            _ms(s.get("itl_s", "p50")),
-            "n/a" if e2e is None else f"{e2e:.2f}",
-            _prompt_and_cached(s),
-            f"{s.request_throughput:.2f}",
-            f"{s.output_token_throughput:.1f}",
-            _clients_vs_server(s),
-            f"{s.goodput:.2f} ({100 * s.goodput_frac:.0f}%)",
-        )
-    return t
-
-
-def turn_table(s: LevelSummary) -> Table:
-    """One row per turn of a multi-turn level."""
-    unit = "rps" if s.mode == "open" else "conversations"
-    t = Table(title=f"per turn at {s.level:g} {unit}")
-    for name in ("turn", "ok/sent", "TTFT ms p50/90", "prompt tok/req", "cached tok (hit)"):
-        t.add_column(name, justify="right")
-    for turn in s.turns:
-        t.add_row(
-            str(turn.turn),
-            f"{turn.num_ok}/{turn.num_requests}",
-            f"{_ms(turn.ttft_p50_s)}/{_ms(turn.ttft_p90_s)}",
-            "n/a" if turn.prompt_tokens_mean is None else f"{turn.prompt_tokens_mean:.1f}",
-            f"{turn.num_cached_tokens} ({_percent(turn.cache_hit_share)})",
-        )
-    return t
-
-
-def turn_ratio_line(s: LevelSummary) -> str | None:
-    """'turn 8 / turn 1 TTFT: p50 1.23x, p90 1.41x' (None: not multi-turn)."""
-    ratio = s.turn_ttft_ratio
-    if ratio is None:
-        return None
-    parts = [f"{p} {'n/a' if ratio[p] is None else f'{ratio[p]:.2f}x'}" for p in ("p50", "p90")]
-    return f"turn {ratio['last_turn']} / turn {ratio['first_turn']} TTFT: " + ", ".join(parts)
 
 
 def write_json(

@@ -75,6 +75,11 @@ class StageResult:
     server_output_tokens: int | None = None
     """The server's own generated-token count over the stage (its counter after minus before;
     None when the server does not report one)."""
+    server_cache_queries: int | None = None
+    """Prompt tokens the server looked up in its prefix cache over the stage (its counter after
+    minus before; None when the server does not report one)."""
+    server_cached_tokens: int | None = None
+    """Of those, the ones it found cached (the same way)."""
 
 
 def arrival_gaps(rate: float, burstiness: float, rng: random.Random) -> Iterator[float]:
