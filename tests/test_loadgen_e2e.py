@@ -155,3 +155,24 @@ def test_multi_turn_conversations_report_each_turn(url, tmp_path, capsys):
             )
     assert s["num_prompt_tokens"] == sum(r["num_prompt_tokens"] for r in rows)
     assert s["num_cached_tokens"] == sum(r["num_cached_tokens"] for r in rows)
+    if doc["config"]["server"]["prefix_caching"]:  # a server that keeps a prefix cache
+        assert s["server_cached_tokens"] == s["num_cached_tokens"]
+        assert all(t["num_cached_tokens"] > 0 for t in s["turns"][1:])  # the history hits
+
+
+def test_a_shared_prefix_is_counted_from_the_usage(url, tmp_path, capsys):
+    parser = argparse.ArgumentParser()
+    add_bench_parser(parser.add_subparsers(dest="command"))
+    argv = ["bench", "--url", url, "--out", str(tmp_path), "--no-progress", "--seed", "7"]
+    argv += ["--prefix-len", "64", "--input-len", "8", "--output-len", "2", "--concurrency", "1"]
+    assert run_bench(parser.parse_args(argv + ["--num-requests", "3", "--duration", "600s"])) == 0
+    doc = json.loads((tmp_path / "bench.json").read_text())
+    (s,) = doc["summaries"]
+    rows = doc["requests"]
+    assert s["num_ok"] == 3 and all(r["num_prompt_tokens"] == 72 for r in rows)
+    assert s["num_cached_tokens"] == sum(r["num_cached_tokens"] for r in rows)
+    assert s["cache_hit_share"] == s["num_cached_tokens"] / (3 * 72)
+    assert "prompt/cached tok/req" in capsys.readouterr().out
+    if doc["config"]["server"]["prefix_caching"]:  # one at a time: the later two find the prefix
+        assert [r["num_cached_tokens"] >= 64 for r in rows] == [False, True, True]
+        assert s["server_cached_tokens"] == s["num_cached_tokens"]
