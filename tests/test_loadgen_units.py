@@ -55,6 +55,20 @@ def test_shared_prefix_is_the_same_in_every_request_of_every_client_process():
     assert all(it.messages is None and 3 <= len(it.prompt) - 40 <= 9 for it in sent)
 
 
+def test_workloads_of_other_shapes_draw_other_tokens_and_the_same_one_repeats():
+    pool = TokenPool(list(range(100, 200)))
+    shared = WorkloadSpec(LengthDist.parse("16"), LengthDist.parse("8"), prefix_len=384)
+    plain = WorkloadSpec(LengthDist.parse("96"), LengthDist.parse("16"))
+    first = next(items(plain, pool)).prompt
+    assert first[:16] != next(items(shared, pool)).prompt[:16]
+    assert (
+        next(items(WorkloadSpec(LengthDist.parse("96"), LengthDist.parse("16")), pool)).prompt
+        == first
+    )
+    other_seed = WorkloadSpec(LengthDist.parse("96"), LengthDist.parse("16"), seed=1)
+    assert next(items(other_seed, pool)).prompt[:16] != first[:16]
+
+
 def test_chat_shared_prefix_is_one_system_message_text():
     spec = WorkloadSpec(LengthDist.parse("6"), LengthDist.parse("2"), prefix_len=30, chat=True)
     pool = TokenPool(list(range(100, 200)), tokens_per_word=1.5)

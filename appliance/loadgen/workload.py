@@ -163,6 +163,14 @@ class WorkloadSpec:
     def is_chat(self) -> bool:
         return self.chat or self.multi_turn > 0
 
+    @property
+    def stream_seed(self) -> str:
+        """The seed of the request stream: `seed` and the workload's shape, so that a workload
+        of another shape draws other tokens (a random-prompt run after a shared-prefix run of
+        the same seed would otherwise start with the prefix's tokens and find them cached)."""
+        shape = (self.input_len, self.output_len, self.prefix_len, self.chat, self.multi_turn)
+        return f"{self.seed} {shape}"
+
 
 @dataclass(frozen=True)
 class TokenPool:
@@ -220,9 +228,9 @@ def read_jsonl(path: Path, default_max_tokens: int) -> list[WorkItem]:
 
 def items(spec: WorkloadSpec, pool: TokenPool | None) -> Iterator[WorkItem | Conversation]:
     """An endless stream of requests, or of conversations with `spec.multi_turn` (a JSONL file
-    repeats from the top). The same seed gives the same stream: every client process draws the
+    repeats from the top). The same spec gives the same stream: every client process draws the
     same shared prefix."""
-    rng = random.Random(spec.seed)
+    rng = random.Random(spec.stream_seed)
     if spec.jsonl is not None:
         rows = read_jsonl(spec.jsonl, spec.output_len.sample(rng))
         while True:
