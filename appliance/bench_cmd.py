@@ -1,10 +1,12 @@
-"""The `appliance bench` subcommand: its argument parser and run (drive the server at --url,
-print a table, write JSON and plots); the flags and setup it shares with `appliance tune`."""
+"""The `appliance bench` subcommand: its argument parser and run (drive the server at --url with
+single requests or multi-turn conversations, print the tables, write JSON and plots); the flags
+and setup it shares with `appliance tune`."""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import os
 import time
 from pathlib import Path
@@ -13,10 +15,11 @@ from rich.console import Console
 
 from appliance.loadgen.client import ClientConfig
 from appliance.loadgen.processes import STREAMS_PER_PROCESS, auto_processes
-from appliance.loadgen.report import SLO, parse_duration, summarize_all, table
+from appliance.loadgen.report import SLO, parse_duration, summarize_all
 from appliance.loadgen.report import write_json as write_bench_json
 from appliance.loadgen.runner import Stage
 from appliance.loadgen.session import LoadSession
+from appliance.loadgen.tables import cache_line, table, turn_ratio_line, turn_table
 from appliance.loadgen.workload import LengthDist, WorkloadSpec
 
 
@@ -27,14 +30,20 @@ def _common(p: argparse.ArgumentParser, slo_default: str) -> None:
     p.add_argument(
         "--input-len",
         default="uniform:64-256",
-        help="prompt tokens: N, uniform:LO-HI, normal:MEAN,STD, exp:MEAN",
+        help="prompt tokens after the shared prefix (multi-turn: each question's): N, "
+        "uniform:LO-HI, normal:MEAN,STD, exp:MEAN",
     )
-    p.add_argument("--output-len", default="128", help="tokens to generate (same forms)")
+    p.add_argument(
+        "--output-len",
+        default="128",
+        help="tokens to generate, EOS ignored (multi-turn: each answer's; same forms)",
+    )
     p.add_argument(
         "--prefix-len",
         type=int,
         default=0,
-        help="tokens of a system prompt shared by every request",
+        help="tokens of a system prompt shared by every request: the same token ids ahead of "
+        "each prompt (with --chat or --multi-turn: the same system message text)",
     )
     p.add_argument(
         "--jsonl",
@@ -67,7 +76,27 @@ def add_bench_parser(sub) -> argparse.ArgumentParser:
         help="open loop gamma shape: 1 Poisson, <1 burstier, >1 smoother",
     )
     p.add_argument("--ramp-steps", type=int, default=4)
-    p.add_argument("--num-requests", type=int, default=None, help="per level")
+    p.add_argument(
+        "--chat",
+        action="store_true",
+        help="send synthetic requests as chat messages on /v1/chat/completions (default: "
+        "token-id prompts on /v1/completions)",
+    )
+    p.add_argument(
+        "--multi-turn",
+        type=int,
+        default=0,
+        metavar="N",
+        help="N-turn chat conversations: each turn sends the whole history (every earlier "
+        "question and its answer) plus a new question; --concurrency, --rate and "
+        "--num-requests count conversations",
+    )
+    p.add_argument(
+        "--num-requests",
+        type=int,
+        default=None,
+        help="per level (with --multi-turn: conversations)",
+    )
     p.add_argument("--duration", default="30s", help="per level (a ramp: the whole ramp)")
     p.add_argument(
         "--processes",
@@ -131,7 +160,7 @@ def num_processes(args, stages: list[Stage]) -> int:
 def _console() -> Console:
     console = Console()
     if not console.is_terminal:  # a log or a pipe: no wrapping of the wide table
-        console.width = max(console.width, 160)
+        console.width = max(console.width, 200)
     return console
 
 
@@ -141,6 +170,7 @@ def run_bench(args) -> int:
     console = _console()
     try:
         cfg, spec, slo, out = _setup(args)
+        spec = dataclasses.replace(spec, chat=args.chat, multi_turn=args.multi_turn)
         stages = bench_stages(args)
         processes = num_processes(args, stages)
     except ValueError as exc:
@@ -153,6 +183,13 @@ def run_bench(args) -> int:
         return 1
     summaries = summarize_all(session.stages, slo)
     console.print(table(summaries, slo))
+    for s in summaries:
+        if line := cache_line(s):
+            console.print(line)
+        if s.turns:
+            console.print(turn_table(s))
+        if line := turn_ratio_line(s):
+            console.print(line)
     config = {
         "argv": {k: str(v) for k, v in vars(args).items() if k != "func"},
         "server": vars(session.info),

@@ -1,5 +1,6 @@
 """`appliance bench` against a real `appliance serve` subprocess (embedded model, tiny
-max_tokens): closed and open loop, numbers checked against the server's own usage."""
+max_tokens): closed and open loop, multi-turn conversations, numbers checked against the
+server's own usage."""
 
 from __future__ import annotations
 
@@ -123,3 +124,55 @@ def test_two_client_processes_send_the_same_requests_and_match_the_server(url, t
         assert s["server_output_tokens"] == 8 * 3 and s["server_ratio"] == 1.0
         assert {r["level"] for r in doc["requests"]} == {4.0}
     assert "24 / 24 (1.000)" in capsys.readouterr().out
+
+
+def test_multi_turn_conversations_report_each_turn(url, tmp_path, capsys):
+    flags = ["--multi-turn", "3", "--prefix-len", "16", "--output-len", "4"]
+    parser = argparse.ArgumentParser()
+    add_bench_parser(parser.add_subparsers(dest="command"))
+    argv = ["bench", "--url", url, "--out", str(tmp_path), "--no-progress", "--input-len", "8"]
+    argv += ["--concurrency", "2", "--num-requests", "3", "--duration", "600s", *flags]
+    assert run_bench(parser.parse_args(argv)) == 0
+    shown = capsys.readouterr().out
+    assert "per turn at 2 conversations" in shown and "turn 3 / turn 1 TTFT: p50 " in shown
+    doc = json.loads((tmp_path / "bench.json").read_text())
+    (s,) = doc["summaries"]
+    assert [(t["turn"], t["num_ok"]) for t in s["turns"]] == [(1, 3), (2, 3), (3, 3)], s["errors"]
+    assert s["num_ok"] == 9 and s["server_output_tokens"] == 9 * 4
+    assert s["turn_ttft_ratio"]["last_turn"] == 3 and s["turn_ttft_ratio"]["p50"] > 0
+    rows = doc["requests"]
+    assert sorted({r["conversation"] for r in rows}) == [0, 1, 2]
+    for n in range(3):
+        turns = sorted((r for r in rows if r["conversation"] == n), key=lambda r: r["turn"])
+        assert [r["turn"] for r in turns] == [1, 2, 3]
+        for earlier, later in zip(turns, turns[1:]):
+            # the history grew by the answer (4 tokens) and a new 8-word question
+            assert later["num_prompt_tokens"] >= earlier["num_prompt_tokens"] + 4 + 8
+        for r in turns:
+            assert (
+                r["num_output_tokens"] == 4
+                and 0 <= r["num_cached_tokens"] <= r["num_prompt_tokens"]
+            )
+    assert s["num_prompt_tokens"] == sum(r["num_prompt_tokens"] for r in rows)
+    assert s["num_cached_tokens"] == sum(r["num_cached_tokens"] for r in rows)
+    if doc["config"]["server"]["prefix_caching"]:  # a server that keeps a prefix cache
+        assert s["server_cached_tokens"] == s["num_cached_tokens"]
+        assert all(t["num_cached_tokens"] > 0 for t in s["turns"][1:])  # the history hits
+
+
+def test_a_shared_prefix_is_counted_from_the_usage(url, tmp_path, capsys):
+    parser = argparse.ArgumentParser()
+    add_bench_parser(parser.add_subparsers(dest="command"))
+    argv = ["bench", "--url", url, "--out", str(tmp_path), "--no-progress", "--seed", "7"]
+    argv += ["--prefix-len", "64", "--input-len", "8", "--output-len", "2", "--concurrency", "1"]
+    assert run_bench(parser.parse_args(argv + ["--num-requests", "3", "--duration", "600s"])) == 0
+    doc = json.loads((tmp_path / "bench.json").read_text())
+    (s,) = doc["summaries"]
+    rows = doc["requests"]
+    assert s["num_ok"] == 3 and all(r["num_prompt_tokens"] == 72 for r in rows)
+    assert s["num_cached_tokens"] == sum(r["num_cached_tokens"] for r in rows)
+    assert s["cache_hit_share"] == s["num_cached_tokens"] / (3 * 72)
+    assert "prompt/cached tok/req" in capsys.readouterr().out
+    if doc["config"]["server"]["prefix_caching"]:  # one at a time: the later two find the prefix
+        assert [r["num_cached_tokens"] >= 64 for r in rows] == [False, True, True]
+        assert s["server_cached_tokens"] == s["num_cached_tokens"]

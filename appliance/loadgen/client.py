@@ -1,5 +1,6 @@
 """The streaming HTTP client of the load generator: sends one WorkItem as an OpenAI streaming
-request and measures TTFT, inter-token latencies, TPOT and E2E; failures become data."""
+request and measures TTFT, inter-token latencies, TPOT and E2E, and reads the usage (prompt,
+cached and output tokens); failures become data."""
 
 from __future__ import annotations
 
@@ -48,8 +49,17 @@ class RequestResult:
     num_prompt_tokens: int | None = None
     num_output_tokens: int = 0
     """From the server's usage when it sends one, else the number of streamed chunks."""
+    num_cached_tokens: int = 0
+    """Prompt tokens the server reused from its prefix cache: the usage's
+    prompt_tokens_details.cached_tokens (0 when the server leaves it out)."""
     num_chunks: int = 0
     usage_reported: bool = False
+    conversation: int | None = None
+    """A conversation's turn: the conversation's number."""
+    turn: int | None = None
+    """A conversation's turn: 1, 2, ..."""
+    answer: str | None = None
+    """A conversation's turn: the answer's text, which joins the conversation's history."""
 
     @property
     def tpot_s(self) -> float | None:
@@ -89,7 +99,14 @@ async def send(
     """Send one streaming request; never raises (except cancellation)."""
     path, body = request_body(item, cfg)
     sent = time.perf_counter()
-    result = RequestResult(level=level, start=sent - t0, num_prompt_tokens=item.num_prompt_tokens)
+    result = RequestResult(
+        level=level,
+        start=sent - t0,
+        num_prompt_tokens=item.num_prompt_tokens,
+        conversation=item.conversation,
+        turn=item.turn,
+    )
+    pieces: list[str] | None = [] if item.turn is not None else None
     last = None
     try:
         async with asyncio.timeout(cfg.timeout_s):
@@ -105,8 +122,10 @@ async def send(
                         result.error = "stream"
                         return result
                     now = time.perf_counter()
-                    if _chunk_text(chunk):
+                    if text := _chunk_text(chunk):
                         result.num_chunks += 1
+                        if pieces is not None:
+                            pieces.append(text)
                         if last is None:
                             result.ttft_s = now - sent
                         else:
@@ -117,6 +136,8 @@ async def send(
                         result.usage_reported = True
                         result.num_prompt_tokens = usage.get("prompt_tokens")
                         result.num_output_tokens = usage.get("completion_tokens", 0)
+                        details = usage.get("prompt_tokens_details") or {}
+                        result.num_cached_tokens = details.get("cached_tokens") or 0
     except TimeoutError:
         result.error = "timeout"
         return result
@@ -127,6 +148,8 @@ async def send(
         result.error = "stream"
         return result
     result.e2e_s = time.perf_counter() - sent
+    if pieces is not None:
+        result.answer = "".join(pieces)
     if not result.usage_reported:
         result.num_output_tokens = result.num_chunks
     if result.ttft_s is None:

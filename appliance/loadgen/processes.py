@@ -105,7 +105,7 @@ class ClientProcesses:
         self, stage: Stage, seed: int, on_done: Callable[[RequestResult], None] | None = None
     ) -> StageResult:
         """Run `stage` split over the processes; `on_done` sees every request as it finishes
-        (a result without its latency lists)."""
+        (a result without its latency lists and answer text)."""
         parts = split_stage(stage, self.num)
         start_at = time.perf_counter() + START_DELAY_S
         loop = asyncio.get_running_loop()
@@ -162,7 +162,7 @@ async def _child(conn, cfg: ClientConfig, spec: WorkloadSpec, index: int, num: i
     connector = aiohttp.TCPConnector(limit=0)
     async with aiohttp.ClientSession(connector=connector, trust_env=False) as http:
         try:
-            pool = [] if spec.jsonl else await workload.token_pool(http, cfg.url)
+            pool = None if spec.jsonl else await workload.token_pool(http, cfg.url)
         except (aiohttp.ClientError, TimeoutError, RuntimeError) as exc:
             conn.send(("error", f"cannot reach {cfg.url}: {exc}"))
             return
@@ -173,7 +173,7 @@ async def _child(conn, cfg: ClientConfig, spec: WorkloadSpec, index: int, num: i
             await asyncio.sleep(max(0.0, start_at - time.perf_counter()))
 
             def on_done(result: RequestResult) -> None:
-                conn.send(("done", dataclasses.replace(result, itl_s=[])))
+                conn.send(("done", dataclasses.replace(result, itl_s=[], answer=None)))
 
             result = await run_stage(http, cfg, work, stage, t0, on_done, seed=seed)
             conn.send(("result", result))

@@ -1,5 +1,6 @@
 """Bench figures: SLO parsing, per-level summaries (percentiles, throughput, goodput, error
-counts), the rich table and the JSON document."""
+counts, prompt tokens served from the prefix cache), per-turn figures of multi-turn runs and
+the JSON document (appliance/loadgen/tables.py prints them)."""
 
 from __future__ import annotations
 
@@ -9,8 +10,6 @@ import re
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-
-from rich.table import Table
 
 from appliance.loadgen.client import RequestResult
 from appliance.loadgen.runner import StageResult, StatsSample
@@ -74,6 +73,61 @@ def percentile(values: list[float], q: float) -> float | None:
     return s[min(len(s) - 1, max(0, int(-(-q * len(s) // 100)) - 1))]
 
 
+def _share(part: int, whole: int) -> float | None:
+    return part / whole if whole else None
+
+
+@dataclass
+class TurnSummary:
+    """The requests of one turn of a multi-turn run (turn 1: every conversation's first)."""
+
+    turn: int
+    num_requests: int
+    num_ok: int
+    ttft_p50_s: float | None
+    ttft_p90_s: float | None
+    num_prompt_tokens: int
+    """Prompt tokens of the successful requests, from the usage."""
+    num_cached_tokens: int
+    """Of those, the ones the server reused from its prefix cache."""
+
+    @property
+    def prompt_tokens_mean(self) -> float | None:
+        return self.num_prompt_tokens / self.num_ok if self.num_ok else None
+
+    @property
+    def cache_hit_share(self) -> float | None:
+        return _share(self.num_cached_tokens, self.num_prompt_tokens)
+
+    def to_json(self) -> dict:
+        return {
+            **dataclasses.asdict(self),
+            "prompt_tokens_mean": self.prompt_tokens_mean,
+            "cache_hit_share": self.cache_hit_share,
+        }
+
+
+def summarize_turns(results: list[RequestResult]) -> list[TurnSummary]:
+    """Per-turn figures of the conversations' requests (empty for single requests)."""
+    out = []
+    for turn in sorted({r.turn for r in results if r.turn is not None}):
+        rs = [r for r in results if r.turn == turn]
+        ok = [r for r in rs if r.ok]
+        ttfts = [r.ttft_s for r in ok if r.ttft_s is not None]
+        out.append(
+            TurnSummary(
+                turn=turn,
+                num_requests=len(rs),
+                num_ok=len(ok),
+                ttft_p50_s=percentile(ttfts, 50),
+                ttft_p90_s=percentile(ttfts, 90),
+                num_prompt_tokens=sum(r.num_prompt_tokens or 0 for r in ok),
+                num_cached_tokens=sum(r.num_cached_tokens for r in ok),
+            )
+        )
+    return out
+
+
 @dataclass
 class LevelSummary:
     """The figures of all requests sent at one load level."""
@@ -98,6 +152,58 @@ class LevelSummary:
     server_output_tokens: int | None = None
     """Tokens the server's own counter says it generated over the stage (None: not reported,
     or a ramp step, which the counter cannot tell apart)."""
+    num_prompt_tokens: int = 0
+    """Prompt tokens of the successful requests (the usage's, else the client's count)."""
+    num_cached_tokens: int = 0
+    """Of those, the ones the server reused from its prefix cache (the usage's cached_tokens)."""
+    turns: list[TurnSummary] = field(default_factory=list)
+    """Multi-turn runs: the figures of each turn."""
+    server_cache_queries: int | None = None
+    """Prompt tokens the server's counter says it looked up in its prefix cache over the stage
+    (None: not reported, or a ramp step)."""
+    server_cached_tokens: int | None = None
+    """Of those, the ones its counter says it found cached."""
+
+    @property
+    def cached_tokens_mean(self) -> float | None:
+        """Cached prompt tokens per successful request."""
+        return self.num_cached_tokens / self.num_ok if self.num_ok else None
+
+    @property
+    def cache_hit_share(self) -> float | None:
+        """Cached / prompt tokens of the successful requests."""
+        return _share(self.num_cached_tokens, self.num_prompt_tokens)
+
+    @property
+    def server_cache_hit_share(self) -> float | None:
+        """The server counters' cached / looked-up prompt tokens."""
+        if self.server_cached_tokens is None or self.server_cache_queries is None:
+            return None
+        return _share(self.server_cached_tokens, self.server_cache_queries)
+
+    @property
+    def turn_ttft_ratio(self) -> dict | None:
+        """The last turn's TTFT over the first turn's, at p50 and p90 (None: fewer than two
+        turns; a ratio is None when either turn has no TTFT)."""
+        if len(self.turns) < 2:
+            return None
+        first, last = self.turns[0], self.turns[-1]
+        ratios = {}
+        for pct in ("p50", "p90"):
+            a, b = getattr(first, f"ttft_{pct}_s"), getattr(last, f"ttft_{pct}_s")
+            ratios[pct] = b / a if a and b is not None else None
+        return {"first_turn": first.turn, "last_turn": last.turn, **ratios}
+
+    def to_json(self) -> dict:
+        return {
+            **dataclasses.asdict(self),
+            "turns": [t.to_json() for t in self.turns],
+            "server_ratio": self.server_ratio,
+            "cached_tokens_mean": self.cached_tokens_mean,
+            "cache_hit_share": self.cache_hit_share,
+            "server_cache_hit_share": self.server_cache_hit_share,
+            "turn_ttft_ratio": self.turn_ttft_ratio,
+        }
 
     @property
     def server_ratio(self) -> float | None:
@@ -130,6 +236,7 @@ def summarize(stage: StageResult, slo: SLO, level: float | None = None) -> Level
         latency[metric] = stats
     num_good = sum(slo.met_by(r) for r in rs)
     num_out = sum(r.num_output_tokens for r in ok)
+    num_prompt = sum(r.num_prompt_tokens or 0 for r in ok)
     return LevelSummary(
         level=stage.stage.level if level is None else level,
         mode=stage.stage.mode,
@@ -139,12 +246,17 @@ def summarize(stage: StageResult, slo: SLO, level: float | None = None) -> Level
         wall_s=wall,
         request_throughput=len(ok) / wall,
         output_token_throughput=num_out / wall,
-        input_token_throughput=sum(r.num_prompt_tokens or 0 for r in ok) / wall,
+        input_token_throughput=num_prompt / wall,
         goodput=num_good / wall,
         goodput_frac=num_good / len(rs) if rs else 0.0,
         latency=latency,
         num_output_tokens=num_out,
         server_output_tokens=stage.server_output_tokens if level is None else None,
+        num_prompt_tokens=num_prompt,
+        num_cached_tokens=sum(r.num_cached_tokens for r in ok),
+        turns=summarize_turns(rs),
+        server_cache_queries=stage.server_cache_queries if level is None else None,
+        server_cached_tokens=stage.server_cached_tokens if level is None else None,
     )
 
 
@@ -159,52 +271,6 @@ def summarize_all(stages: list[StageResult], slo: SLO) -> list[LevelSummary]:
     return out
 
 
-def _ms(value: float | None) -> str:
-    return "n/a" if value is None else f"{value * 1000:.1f}"
-
-
-def _clients_vs_server(s: LevelSummary) -> str:
-    if s.server_output_tokens is None:
-        return f"{s.num_output_tokens} / n/a"
-    ratio = "n/a" if s.server_ratio is None else f"{s.server_ratio:.3f}"
-    return f"{s.num_output_tokens} / {s.server_output_tokens} ({ratio})"
-
-
-def table(summaries: list[LevelSummary], slo: SLO, title: str = "appliance bench") -> Table:
-    t = Table(title=f"{title}  (SLO: {slo.describe()})")
-    for name in (
-        "load",
-        "ok/sent",
-        "errors",
-        "TTFT ms p50/95/99",
-        "TPOT ms p50/95/99",
-        "ITL p50",
-        "E2E p95 s",
-        "req/s",
-        "out tok/s",
-        "out tok clients / server",
-        "goodput req/s",
-    ):
-        t.add_column(name, justify="right" if name != "errors" else "left")
-    for s in summaries:
-        unit = "rps" if s.mode == "open" else "conc"
-        e2e = s.get("e2e_s", "p95")
-        t.add_row(
-            f"{s.level:g} {unit}",
-            f"{s.num_ok}/{s.num_requests}",
-            ", ".join(f"{k}: {v}" for k, v in sorted(s.errors.items())) or "-",
-            "/".join(_ms(s.get("ttft_s", p)) for p in ("p50", "p95", "p99")),
-            "/".join(_ms(s.get("tpot_s", p)) for p in ("p50", "p95", "p99")),
-            _ms(s.get("itl_s", "p50")),
-            "n/a" if e2e is None else f"{e2e:.2f}",
-            f"{s.request_throughput:.2f}",
-            f"{s.output_token_throughput:.1f}",
-            _clients_vs_server(s),
-            f"{s.goodput:.2f} ({100 * s.goodput_frac:.0f}%)",
-        )
-    return t
-
-
 def write_json(
     path: Path,
     config: dict,
@@ -212,14 +278,21 @@ def write_json(
     stages: list[StageResult],
     samples: list[StatsSample],
 ) -> None:
-    """The whole run: its settings, the summaries, every request and every stats sample."""
+    """The whole run: its settings, the summaries, every request (without a conversation's
+    answer text) and every stats sample."""
     doc = {
         "config": config,
-        "summaries": [{**dataclasses.asdict(s), "server_ratio": s.server_ratio} for s in summaries],
+        "summaries": [s.to_json() for s in summaries],
         "requests": [
-            {**dataclasses.asdict(r), "tpot_s": r.tpot_s} for st in stages for r in st.results
+            {**dataclasses.asdict(r, dict_factory=_without_answer), "tpot_s": r.tpot_s}
+            for st in stages
+            for r in st.results
         ],
         "stats_samples": [dataclasses.asdict(s) for s in samples],
     }
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(doc, indent=1, default=str))
+
+
+def _without_answer(pairs: list[tuple]) -> dict:
+    return {k: v for k, v in pairs if k != "answer"}

@@ -1,5 +1,6 @@
 """Load shapes and the run loop: closed loop at a fixed concurrency, open loop with Poisson or
-gamma arrivals, and a concurrency ramp; plus the /v1/stats sampler that runs alongside."""
+gamma arrivals, and a concurrency ramp, of single requests or of multi-turn conversations; plus
+the /v1/stats sampler that runs alongside."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from dataclasses import dataclass, field
 import aiohttp
 
 from appliance.loadgen.client import ClientConfig, RequestResult, send
-from appliance.loadgen.workload import WorkItem
+from appliance.loadgen.workload import Conversation, WorkItem
 
 MODES = ("closed", "open", "ramp")
 
@@ -74,6 +75,11 @@ class StageResult:
     server_output_tokens: int | None = None
     """The server's own generated-token count over the stage (its counter after minus before;
     None when the server does not report one)."""
+    server_cache_queries: int | None = None
+    """Prompt tokens the server looked up in its prefix cache over the stage (its counter after
+    minus before; None when the server does not report one)."""
+    server_cached_tokens: int | None = None
+    """Of those, the ones it found cached (the same way)."""
 
 
 def arrival_gaps(rate: float, burstiness: float, rng: random.Random) -> Iterator[float]:
@@ -86,13 +92,16 @@ def arrival_gaps(rate: float, burstiness: float, rng: random.Random) -> Iterator
 async def run_stage(
     session: aiohttp.ClientSession,
     cfg: ClientConfig,
-    work: Iterator[WorkItem],
+    work: Iterator[WorkItem | Conversation],
     stage: Stage,
     t0: float,
     on_done: Callable[[RequestResult], None] | None = None,
     seed: int = 0,
 ) -> StageResult:
-    """Drive one stage; every request's outcome is collected, none raises."""
+    """Drive one stage; every request's outcome is collected, none raises. A conversation
+    counts as one unit of the load (the concurrency is conversations in flight, the request
+    count and rate count conversations) and sends its turns one after another, each once the
+    previous answer is in; one started before the stage's time is up runs to its end."""
     out = StageResult(stage, start=time.perf_counter() - t0)
     begin = time.perf_counter()
     sent = 0
@@ -102,11 +111,22 @@ async def run_stage(
             return False
         return stage.duration_s is None or time.perf_counter() - begin < stage.duration_s
 
-    async def one(item: WorkItem, level: float) -> None:
+    async def request(item: WorkItem, level: float) -> RequestResult:
         result = await send(session, cfg, item, level, t0)
         out.results.append(result)
         if on_done is not None:
             on_done(result)
+        return result
+
+    async def one(unit: WorkItem | Conversation, level: float) -> None:
+        if isinstance(unit, WorkItem):
+            await request(unit, level)
+            return
+        while (item := unit.next_item()) is not None:
+            result = await request(item, level)
+            if not result.ok:  # no answer to carry on with: the conversation ends here
+                return
+            unit.add_answer(result.answer or "")
 
     if stage.mode == "open":
         tasks = []

@@ -1,7 +1,7 @@
 """LoadSession: one HTTP session to one appliance, its calibrated workload, the /v1/stats
 sampler and a progress bar; runs stages one after another, in this process or spread over
-client processes, and reads the server's generated-token counter around each (shared by bench
-and tune)."""
+client processes, and reads the server's generated-token and prefix-cache counters around each
+(shared by bench and tune)."""
 
 from __future__ import annotations
 
@@ -19,6 +19,13 @@ from appliance.loadgen.processes import ClientProcesses
 from appliance.loadgen.runner import Stage, StageResult, StatsSampler, run_stage
 from appliance.loadgen.workload import WorkloadSpec
 
+SERVER_COUNTERS = (
+    "generation_tokens_total",
+    "prefix_cache_queries_total",
+    "prefix_cache_hits_total",
+)
+"""The engine counters of /v1/stats read before and after each stage."""
+
 
 @dataclass
 class ServerInfo:
@@ -30,6 +37,8 @@ class ServerInfo:
     dtype: str | None = None
     quantization: str | None = None
     config: dict | None = None
+    prefix_caching: bool | None = None
+    """Whether the engine keeps a prefix cache."""
 
     @classmethod
     def from_stats(cls, doc: dict | None) -> ServerInfo:
@@ -43,6 +52,7 @@ class ServerInfo:
             dtype=config.get("dtype"),
             quantization=config.get("quantization"),
             config=config or None,
+            prefix_caching=(doc.get("engine") or {}).get("prefix_caching"),
         )
 
 
@@ -77,7 +87,8 @@ class LoadSession:
         connector = aiohttp.TCPConnector(limit=0)
         self._session = aiohttp.ClientSession(connector=connector, trust_env=False)
         try:
-            pool = [] if self.spec.jsonl else await workload.token_pool(self._session, self.cfg.url)
+            url = self.cfg.url
+            pool = None if self.spec.jsonl else await workload.token_pool(self._session, url)
         except (aiohttp.ClientError, TimeoutError) as exc:
             await self._session.close()
             raise RuntimeError(f"cannot reach {self.cfg.url}: {exc}") from None
@@ -113,13 +124,13 @@ class LoadSession:
     async def stats(self) -> dict | None:
         return await self.sampler.read() if self.sampler else None
 
-    async def _generated_tokens(self) -> int | None:
-        """The server's generated-token counter, read on a connection of its own: the load's
+    async def _server_counters(self) -> dict[str, int]:
+        """The server's SERVER_COUNTERS, read on a connection of their own: the load's
         connection pool stays as the last stage left it (which of its streams reuse a warm
         connection shapes the first tokens' timing)."""
         async with aiohttp.ClientSession(trust_env=False) as http:
             sampler = StatsSampler(http, self.cfg, self.t0)
-            return generated_tokens(await sampler.read())
+            return engine_counters(await sampler.read())
 
     def results(self) -> list[RequestResult]:
         return [r for st in self.stages for r in st.results]
@@ -138,7 +149,8 @@ class LoadSession:
             disable=not self.show_progress,
             transient=True,
         ) as progress:
-            total = stage.num_requests
+            turns = self.spec.multi_turn or 1  # a stage counts conversations
+            total = None if stage.num_requests is None else stage.num_requests * turns
             task = progress.add_task(label, total=total, errors=0)
             num_errors = 0
 
@@ -148,7 +160,7 @@ class LoadSession:
                 progress.update(task, advance=1, errors=num_errors)
 
             assert self._session is not None, "use LoadSession as an async context manager"
-            before = await self._generated_tokens()
+            before = await self._server_counters()
             seed = self.spec.seed + len(self.stages)
             if self._clients is not None:
                 result = await self._clients.run(stage, seed, on_done)
@@ -156,14 +168,16 @@ class LoadSession:
                 result = await run_stage(
                     self._session, self.cfg, self.work, stage, self.t0, on_done, seed=seed
                 )
-            after = await self._generated_tokens()
-        if before is not None and after is not None:
-            result.server_output_tokens = after - before
+            after = await self._server_counters()
+        rose = {k: after[k] - before[k] for k in after.keys() & before.keys()}
+        result.server_output_tokens = rose.get("generation_tokens_total")
+        result.server_cache_queries = rose.get("prefix_cache_queries_total")
+        result.server_cached_tokens = rose.get("prefix_cache_hits_total")
         self.stages.append(result)
         return result
 
 
-def generated_tokens(doc: dict | None) -> int | None:
-    """The engine's generated-token counter in a /v1/stats document (None: not reported)."""
-    value = ((doc or {}).get("engine") or {}).get("generation_tokens_total")
-    return int(value) if isinstance(value, int | float) else None
+def engine_counters(doc: dict | None) -> dict[str, int]:
+    """The SERVER_COUNTERS a /v1/stats document reports (those it leaves out are missing)."""
+    engine = (doc or {}).get("engine") or {}
+    return {k: int(v) for k in SERVER_COUNTERS if isinstance(v := engine.get(k), int | float)}

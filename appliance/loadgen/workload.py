@@ -1,12 +1,14 @@
 """Workloads for the load generator: length distributions, synthetic prompts calibrated by the
-server's /tokenize route, shared-prefix prompts, and JSONL files of real prompts and lengths."""
+server's /tokenize route (token ids, or chat text), a system prompt shared by every request,
+multi-turn conversations, and JSONL files of real prompts and lengths."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import random
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import aiohttp
@@ -80,28 +82,114 @@ class WorkItem:
     num_prompt_tokens: int | None = None
     """The prompt length when known in advance (token-id prompts)."""
     ignore_eos: bool = True
+    conversation: int | None = None
+    """A conversation's turn: the conversation's number in the workload stream (0, 1, ...)."""
+    turn: int | None = None
+    """A conversation's turn: 1 for its first question, 2 for the next, ..."""
+
+
+@dataclass
+class Conversation:
+    """A multi-turn chat. Turn k sends the system prompt (if any), every earlier question with
+    the answer the server gave it, then question k; its answer joins the history."""
+
+    number: int
+    questions: list[str]
+    max_tokens: list[int]
+    """Tokens to generate for each turn's answer."""
+    system: str | None = None
+    history: list[dict] = field(default_factory=list)
+    """The questions and answers so far, as chat messages."""
+
+    @property
+    def num_answered(self) -> int:
+        return len(self.history) // 2
+
+    def next_item(self) -> WorkItem | None:
+        """The next turn's request (None after the last turn)."""
+        turn = self.num_answered
+        if turn == len(self.questions):
+            return None
+        head = [{"role": "system", "content": self.system}] if self.system is not None else []
+        question = {"role": "user", "content": self.questions[turn]}
+        messages = head + self.history + [question]
+        return WorkItem(
+            self.max_tokens[turn], messages=messages, conversation=self.number, turn=turn + 1
+        )
+
+    def add_answer(self, text: str) -> None:
+        """The server's answer to the pending question; the next turn sends both."""
+        question = self.questions[self.num_answered]
+        self.history += [
+            {"role": "user", "content": question},
+            {"role": "assistant", "content": text},
+        ]
 
 
 @dataclass
 class WorkloadSpec:
-    """What to send: synthetic lengths (with an optional shared prefix) or a JSONL file."""
+    """What to send: synthetic lengths (with an optional shared system prompt, as token ids or
+    chat messages, or as multi-turn conversations) or a JSONL file."""
 
     input_len: LengthDist
+    """Prompt tokens after the shared prefix (multi-turn: each question's tokens)."""
     output_len: LengthDist
+    """Tokens to generate (multi-turn: each answer's tokens)."""
     prefix_len: int = 0
     """Tokens of a system prompt shared by every synthetic request (prefix-cache workloads)."""
     jsonl: Path | None = None
     """A file of {"prompt"|"messages", "max_tokens"|"output_len"} lines, sent in order."""
     seed: int = 0
+    chat: bool = False
+    """Synthetic requests as chat messages (the shared prefix as the system message) on
+    /v1/chat/completions; False: token-id prompts on /v1/completions."""
+    multi_turn: int = 0
+    """Turns per conversation (0: single requests); conversations are chats."""
 
     def __post_init__(self) -> None:
         if self.prefix_len < 0:
             raise ValueError("prefix_len must be >= 0")
+        if self.multi_turn < 0:
+            raise ValueError(f"--multi-turn must be >= 0, got {self.multi_turn}")
         if self.jsonl is not None and not Path(self.jsonl).is_file():
             raise ValueError(f"no such JSONL workload file: {self.jsonl}")
+        if self.jsonl is not None and (self.prefix_len or self.chat or self.multi_turn):
+            raise ValueError(
+                "--prefix-len, --chat and --multi-turn shape synthetic prompts; a --jsonl file "
+                "brings its own: drop one or the other"
+            )
+
+    @property
+    def is_chat(self) -> bool:
+        return self.chat or self.multi_turn > 0
+
+    @property
+    def stream_seed(self) -> str:
+        """The seed of the request stream: `seed` and the workload's shape, so that a workload
+        of another shape draws other tokens (a random-prompt run after a shared-prefix run of
+        the same seed would otherwise start with the prefix's tokens and find them cached)."""
+        shape = (self.input_len, self.output_len, self.prefix_len, self.chat, self.multi_turn)
+        return f"{self.seed} {shape}"
 
 
-async def token_pool(session: aiohttp.ClientSession, url: str) -> list[int]:
+@dataclass(frozen=True)
+class TokenPool:
+    """What the server's tokenizer makes of WORDS: its distinct token ids (synthetic token-id
+    prompts draw from them) and tokens per word (synthetic chat text is sized by it)."""
+
+    token_ids: list[int]
+    tokens_per_word: float = 1.0
+
+    def ids(self, rng: random.Random, num_tokens: int) -> list[int]:
+        return [rng.choice(self.token_ids) for _ in range(num_tokens)]
+
+    def text(self, rng: random.Random, num_tokens: int) -> str:
+        """Random words that the server's tokenizer makes about `num_tokens` tokens of."""
+        num_words = max(1, round(num_tokens / self.tokens_per_word))
+        return " ".join(rng.choice(WORDS) for _ in range(num_words))
+
+
+async def token_pool(session: aiohttp.ClientSession, url: str) -> TokenPool:
     """Token ids of ordinary words as the server's tokenizer encodes them (one /tokenize call)."""
     body = {"prompt": " ".join(WORDS), "add_special_tokens": False}
     async with session.post(f"{url}/tokenize", json=body) as resp:
@@ -111,7 +199,7 @@ async def token_pool(session: aiohttp.ClientSession, url: str) -> list[int]:
     pool = sorted(set(tokens))
     if not pool:
         raise RuntimeError("/tokenize returned no tokens")
-    return pool
+    return TokenPool(pool, len(tokens) / len(WORDS))
 
 
 def read_jsonl(path: Path, default_max_tokens: int) -> list[WorkItem]:
@@ -138,14 +226,29 @@ def read_jsonl(path: Path, default_max_tokens: int) -> list[WorkItem]:
     return items
 
 
-def items(spec: WorkloadSpec, pool: list[int]) -> Iterator[WorkItem]:
-    """An endless stream of requests (a JSONL file repeats from the top)."""
-    rng = random.Random(spec.seed)
+def items(spec: WorkloadSpec, pool: TokenPool | None) -> Iterator[WorkItem | Conversation]:
+    """An endless stream of requests, or of conversations with `spec.multi_turn` (a JSONL file
+    repeats from the top). The same spec gives the same stream: every client process draws the
+    same shared prefix."""
+    rng = random.Random(spec.stream_seed)
     if spec.jsonl is not None:
         rows = read_jsonl(spec.jsonl, spec.output_len.sample(rng))
         while True:
             yield from rows
-    prefix = [rng.choice(pool) for _ in range(spec.prefix_len)]
-    while True:
-        ids = prefix + [rng.choice(pool) for _ in range(spec.input_len.sample(rng))]
-        yield WorkItem(spec.output_len.sample(rng), prompt=ids, num_prompt_tokens=len(ids))
+    if pool is None:
+        raise ValueError("synthetic prompts need the server's token pool")
+    if not spec.is_chat:
+        prefix = pool.ids(rng, spec.prefix_len)
+        while True:
+            ids = prefix + pool.ids(rng, spec.input_len.sample(rng))
+            yield WorkItem(spec.output_len.sample(rng), prompt=ids, num_prompt_tokens=len(ids))
+    system = pool.text(rng, spec.prefix_len) if spec.prefix_len else None
+    for number in itertools.count():
+        if spec.multi_turn:
+            questions = [pool.text(rng, spec.input_len.sample(rng)) for _ in range(spec.multi_turn)]
+            lengths = [spec.output_len.sample(rng) for _ in range(spec.multi_turn)]
+            yield Conversation(number, questions, lengths, system)
+        else:
+            question = {"role": "user", "content": pool.text(rng, spec.input_len.sample(rng))}
+            head = [{"role": "system", "content": system}] if system is not None else []
+            yield WorkItem(spec.output_len.sample(rng), messages=head + [question])
