@@ -22,7 +22,7 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass, field
 
-__all__ = ["CompileCounter", "Variant", "counter", "install", "total"]
+__all__ = ["CompileCounter", "CompileWatch", "Variant", "counter", "install", "total"]
 
 
 @dataclass(frozen=True)
@@ -138,3 +138,36 @@ def install() -> bool:
 def total() -> int | None:
     """Kernel variants built in this process so far; None when they cannot be counted."""
     return counter.total if install() else None
+
+
+class CompileWatch:
+    """One engine's view of the counter: the variants built since the end of its warm-up, each
+    logged once as a WARNING (a compile while serving is a stall someone waited through)."""
+
+    def __init__(self) -> None:
+        self.start: int | None = None
+        self._logged: int | None = None
+
+    def start_now(self) -> None:
+        """Warm-up ended: count from here (nothing is counted without Triton's listener)."""
+        self.start = self._logged = total()
+
+    def log_new(self, logger) -> None:
+        """One WARNING per variant built since the last call (cheap when there is none)."""
+        if self._logged is None or counter.total <= self._logged:
+            return
+        for variant in counter.since(self._logged):
+            logger.warning(
+                "kernel %s compiled while serving: %s", variant.kernel, variant.describe()
+            )
+            self._logged += 1
+
+    def since_start(self) -> list[str]:
+        """Each variant built since the warm-up ended: "kernel: specialisation"."""
+        if self.start is None:
+            return []
+        return [f"{v.kernel}: {v.describe()}" for v in counter.since(self.start)]
+
+    def count(self) -> int | None:
+        """How many variants were built since the warm-up ended; None when not counted."""
+        return None if self.start is None else total() - self.start

@@ -28,10 +28,15 @@ from engine.scheduler import Scheduler
 from engine.startup import StartupTimer, startup_line
 from engine.structured.llguidance_backend import LLGuidanceBackend
 from engine.structured.pool import GrammarPool
+from engine.structured.state import start_tokens
 from engine.tokenizer import apply_chat_template, encode_prompt, eos_token_ids, load_tokenizer
 from engine.warmup import EVERY_FEATURE, WarmUp
 
 logger = logging.getLogger(__name__)
+
+COMPILE_WAIT_S = 0.005
+"""How long a step with nothing to run but grammar compiles waits for one (new requests then
+wait at most this long to be taken)."""
 
 
 class LLMEngine:
@@ -89,7 +94,7 @@ class LLMEngine:
             self.runner.allocate_kv_cache(self.config.num_kv_blocks, self.kv_dtype)
             self._new_scheduler(self.config.num_kv_blocks)
             self._reset_counters()
-        self._compiles_logged: int | None = None  # from the end of warm-up: see step()
+        self.compiles = compile_count.CompileWatch()  # from the end of warm-up: see step()
         # On CUDA: capture graphs, warm up, measure; the runner shrinks its pool if the
         # measured peak exceeds the plan, and the scheduler follows.
         self.memory = self.runner.check_memory(
@@ -98,8 +103,7 @@ class LLMEngine:
         if self.memory is not None and self.memory.shed_blocks:
             self.config.num_kv_blocks = self.memory.final_blocks
             self._new_scheduler(self.memory.final_blocks)
-        self._compiles_at_warmup = compile_count.total()  # stats() counts from here
-        self._compiles_logged = self._compiles_at_warmup
+        self.compiles.start_now()
         self.startup_s = timer.report()
         """Seconds per start-up phase, in order, then "total" (plain floats: it pickles)."""
         logger.info(startup_line(self.startup_s))
@@ -204,17 +208,7 @@ class LLMEngine:
             self.scheduler.add(req)
         else:
             req.record("grammar_compiling", kind=params.structured.kind)
-            self.grammars.submit(req, *self._grammar_start(params.structured))
-
-    def _grammar_start(self, spec) -> tuple[tuple[int, ...] | None, int | None]:
-        """(tokens that open the constrained part, a first token that defers it) of a spec."""
-        start_ids = open_id = None
-        if spec.start_after:
-            start_ids = tuple(self.tokenizer.encode(spec.start_after, add_special_tokens=False))
-        if spec.reasoning_open:
-            ids = self.tokenizer.encode(spec.reasoning_open, add_special_tokens=False)
-            open_id = ids[0] if len(ids) == 1 else None
-        return start_ids or None, open_id
+            self.grammars.submit(req, *start_tokens(self.tokenizer, params.structured))
 
     def check_structured(self, params: SamplingParams) -> None:
         """Compile the request's grammar here and now: ValueError (GrammarError) saying what is
@@ -290,6 +284,8 @@ class LLMEngine:
         reported one step late, and the device runs while the host does the bookkeeping."""
         touched, self._aborted = list(self._aborted), []
         if self.grammars:
+            if not (touched or self.scheduler.num_unfinished or self._pending or self._next):
+                self.grammars.wait(COMPILE_WAIT_S)  # only compiles to wait for: no busy loop
             touched += self._admit_compiled()
         launched = None
         if self._next is not None:  # queued by the previous call (a constrained step)
@@ -320,11 +316,7 @@ class LLMEngine:
         self._pending = launched
         if launched is not None and not self._overlap:
             touched += self._resolve()
-        if (
-            self._compiles_logged is not None
-            and compile_count.counter.total > self._compiles_logged
-        ):
-            self._log_compiles()
+        self.compiles.log_new(logger)
         return [self._output(req) for req in dict.fromkeys(touched)]
 
     def _launch_forward(self) -> tuple[Forward | None, list]:
@@ -346,22 +338,9 @@ class LLMEngine:
         self.num_steps += 1
         return fwd, constrained
 
-    def _log_compiles(self) -> None:
-        """One WARNING per kernel variant built since the last step (after warm-up)."""
-        for variant in compile_count.counter.since(self._compiles_logged):
-            logger.warning(
-                "kernel %s compiled while serving: %s", variant.kernel, variant.describe()
-            )
-            self._compiles_logged += 1
-
     def compiles_after_warmup(self) -> list[str]:
         """Each kernel variant built since the warm-up ended: "kernel: specialisation"."""
-        if self._compiles_at_warmup is None:
-            return []
-        return [
-            f"{v.kernel}: {v.describe()}"
-            for v in compile_count.counter.since(self._compiles_at_warmup)
-        ]
+        return self.compiles.since_start()
 
     def _resolve(self) -> list[Request]:
         """Read the pending step's tokens back and apply them."""
@@ -420,7 +399,5 @@ class LLMEngine:
             "prompt_tokens_total": self.prompt_tokens_total,
             "generation_tokens_total": self.generation_tokens_total,
             "num_steps": self.num_steps,
-            "compiles_after_warmup": None
-            if self._compiles_at_warmup is None
-            else compile_count.total() - self._compiles_at_warmup,
+            "compiles_after_warmup": self.compiles.count(),
         }

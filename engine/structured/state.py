@@ -5,6 +5,18 @@ from __future__ import annotations
 import enum
 
 
+def start_tokens(tokenizer, spec) -> tuple[tuple[int, ...] | None, int | None]:
+    """(tokens that open the constrained part, a first token that defers it) of a spec: the
+    arguments GrammarState takes after compile_s."""
+    start_ids = open_id = None
+    if spec.start_after:
+        start_ids = tuple(tokenizer.encode(spec.start_after, add_special_tokens=False))
+    if spec.reasoning_open:
+        ids = tokenizer.encode(spec.reasoning_open, add_special_tokens=False)
+        open_id = ids[0] if len(ids) == 1 else None
+    return start_ids or None, open_id
+
+
 class Verdict(enum.Enum):
     GOING = "going"
     DONE = "done"
