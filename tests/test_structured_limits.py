@@ -12,6 +12,7 @@ import pytest
 from appliance.server.errors import APIError
 from appliance.server.structured import GrammarCheck
 from engine import LLM, SamplingParams
+from engine.llm_engine import COMPILE_WAIT_S
 from engine.structured import StructuredOutput
 from engine.tokenizer import load_tokenizer
 
@@ -62,6 +63,25 @@ def test_abort_while_compiling_ends_the_request(tiny_llama):
     assert [(o.request_id, o.finish_reason) for o in outs] == [("slow", "abort")]
     release.set()
     assert not engine.has_unfinished()
+
+
+def test_a_step_with_only_a_compile_to_wait_for_waits_instead_of_spinning(tiny_llama):
+    llm = LLM(str(tiny_llama), device="cpu", max_num_seqs=4, max_model_len=256)
+    engine, release = llm.engine, threading.Event()
+    _slowed(engine.grammars.backend, release)
+    engine.add_request("slow", [1, 2, 3], SamplingParams(max_tokens=4, structured=CHOICE))
+    start, steps = time.perf_counter(), 0
+    while time.perf_counter() - start < 0.2:
+        assert engine.step() == []
+        steps += 1
+    assert steps <= 0.2 / COMPILE_WAIT_S + 1  # each step waited for the compile
+    threading.Timer(0.05, release.set).start()
+    start = time.perf_counter()
+    while not engine.scheduler.num_unfinished:  # queued by the step the compile ended in
+        engine.step()
+    assert time.perf_counter() - start < 5
+    while engine.has_unfinished():
+        engine.step()
 
 
 async def test_a_compile_past_the_limit_is_a_400_and_the_next_one_compiles(tiny_llama):

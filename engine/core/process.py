@@ -166,15 +166,20 @@ def _main(source, address, conn, warmup, parent_pid, log_level, log_file) -> Non
     finally:
         conn.close()
     loop = CoreLoop(engine, sock, parent_pid)
+    code = 0
     try:
         loop.run()
     except BaseException as exc:
         logger.exception("the engine core failed")
         loop.tell_dead(f"{type(exc).__name__}: {exc}")
-        raise SystemExit(1) from None
+        code = 1
     finally:
         sock.close(linger=2000)  # let the last frames reach the front ends
         ctx.term()
+    # Exit now: a grammar compile still running on a pool thread must not keep the process
+    # alive (the interpreter would wait for the thread at exit).
+    logging.shutdown()
+    os._exit(code)
 
 
 def _warm_up(engine: Any) -> None:

@@ -4,7 +4,7 @@ its matcher is ready, so a slow compile never holds up another request's step.""
 from __future__ import annotations
 
 import time
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 
 import torch
 
@@ -60,6 +60,13 @@ class GrammarPool:
             error = fut.exception()
             out.append((req, error if error is not None else fut.result()))
         return out
+
+    def wait(self, timeout_s: float) -> None:
+        """Block until a compile ends or `timeout_s` passes (the step loop, with nothing else to
+        do, waits here instead of spinning and taking the compile threads' interpreter time)."""
+        futures = [fut for _, fut in self._compiling.values()]
+        if futures:
+            wait(futures, timeout=timeout_s, return_when=FIRST_COMPLETED)
 
     def masks(self, rows: list[tuple[int, GrammarState]], num_rows: int) -> torch.Tensor | None:
         """The step's bitmask for `num_rows` sampled rows, or None when no row is constrained
