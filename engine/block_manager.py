@@ -37,6 +37,13 @@ class CachedSeq(HasBlockTable, Protocol):
     num_computed_tokens: int
     block_keys: list[bytes]
     """The keys of the first len(block_keys) blocks of block_table (cached or looked up)."""
+    root_key: bytes
+    """The first block's parent key (ROOT_KEY, or salted_root of a cache salt)."""
+
+
+def salted_root(salt: str | None) -> bytes:
+    """The parent key of a sequence's first block: ROOT_KEY, or one of its own per salt."""
+    return ROOT_KEY if salt is None else block_key(ROOT_KEY, [], b"salt|" + salt.encode())
 
 
 def block_key(parent: bytes, token_ids: list[int], extra: bytes = b"") -> bytes:
@@ -116,7 +123,7 @@ class BlockManager:
         if not self.caching:
             return []
         size, ids = self.block_size, seq.token_ids
-        blocks, keys, parent = [], [], ROOT_KEY
+        blocks, keys, parent = [], [], seq.root_key
         for start in range(0, max_tokens - size + 1, size):
             key = block_key(parent, ids[start : start + size], self.extra_key)
             block = self._block_of.get(key)
@@ -155,7 +162,7 @@ class BlockManager:
         keys = seq.block_keys
         while (len(keys) + 1) * size <= known and len(keys) < len(seq.block_table):
             start = len(keys) * size
-            parent = keys[-1] if keys else ROOT_KEY
+            parent = keys[-1] if keys else seq.root_key
             key = block_key(parent, seq.token_ids[start : start + size], self.extra_key)
             block = seq.block_table[len(keys)]
             if key not in self._block_of and block not in self._key_of:

@@ -10,6 +10,7 @@ import enum
 import time
 from dataclasses import dataclass, field
 
+from engine.block_manager import salted_root
 from engine.sampling_params import SamplingParams
 from engine.structured.state import Verdict
 
@@ -123,6 +124,8 @@ class Request:
         self.block_table: list[int] = []
         self.block_keys: list[bytes] = []
         """Prefix-cache keys of the first len(block_keys) blocks (engine.block_manager)."""
+        self.root_key = salted_root(params.cache_salt)
+        """The parent key of the first block: the request's prefix-cache namespace."""
         self.num_computed_tokens = 0
         """Tokens whose K/V is in the cache."""
         self.num_pending = 0

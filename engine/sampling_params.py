@@ -6,6 +6,9 @@ from dataclasses import dataclass, field
 
 from engine.structured.spec import StructuredOutput
 
+MAX_CACHE_SALT = 256
+"""Longest cache_salt, in characters."""
+
 
 @dataclass
 class SamplingParams:
@@ -41,6 +44,9 @@ class SamplingParams:
     """Drop special tokens from the text."""
     structured: StructuredOutput | None = None
     """Constrain the output to a JSON schema, regex, choice or grammar (engine.structured)."""
+    cache_salt: str | None = None
+    """Prefix-cache namespace: the request only hits blocks cached by requests with the same
+    salt (None: the shared one). Keeps one team's prompts from being probed by another's."""
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -69,6 +75,10 @@ class SamplingParams:
             raise ValueError(f"logprobs must be in [0, 20], got {self.logprobs}")
         if any(not s for s in self.stop):
             raise ValueError("stop strings must be non-empty")
+        if self.cache_salt is not None and not (
+            isinstance(self.cache_salt, str) and 0 < len(self.cache_salt) <= MAX_CACHE_SALT
+        ):
+            raise ValueError(f"cache_salt must be a string of 1 to {MAX_CACHE_SALT} characters")
         if isinstance(self.structured, dict):  # as it crosses the wire
             self.structured = StructuredOutput(**self.structured)
 

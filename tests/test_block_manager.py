@@ -102,6 +102,7 @@ class CachedSeq(Seq):
         super().__init__()
         self.token_ids = list(token_ids)
         self.block_keys: list[bytes] = []
+        self.root_key = ROOT_KEY
         self.num_pending = 0
         self.num_computed_tokens = 0
 

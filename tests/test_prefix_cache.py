@@ -128,6 +128,19 @@ def test_a_cache_full_of_other_prefixes_is_evicted_not_refused(tiny_llama):
     assert again.num_cached_tokens == 96
 
 
+def test_a_cache_salt_hits_only_its_own_prefixes(tiny_llama):
+    prompt = _ids(40, 10)
+    llm = _llm(tiny_llama, True)
+
+    def hit(salt):
+        params = SamplingParams(max_tokens=2, temperature=0.0, cache_salt=salt)
+        return llm.generate([prompt], params)[0].num_cached_tokens
+
+    assert [hit("a"), hit("b"), hit(None), hit("a"), hit(None), hit("b")] == [0, 0, 0] + [32] * 3
+    with pytest.raises(ValueError, match="cache_salt"):
+        SamplingParams(cache_salt="")
+
+
 def test_caching_off_hits_nothing(tiny_llama):
     prompt = _ids(80, 9)
     llm = _llm(tiny_llama, False)

@@ -173,6 +173,24 @@ def test_a_repeated_prompt_is_served_from_the_prefix_cache(server):
     assert 0 < stats["kv"]["blocks_cached"] <= stats["engine"]["kv_blocks_total"]
 
 
+def test_a_cache_salt_keeps_prefixes_apart(server):
+    """Requests hit only blocks cached under their own salt; an empty salt is a 400."""
+    block = server.call("GET", "/v1/stats")[1]["config"]["block_size"]
+    prompt = token_prompt(2, 100)
+    whole = (len(prompt) - 1) // block * block
+
+    def cached(salt):
+        extra = {} if salt is None else {"extra_body": {"cache_salt": salt}}
+        resp = server.client.completions.create(model=MODEL, prompt=prompt, max_tokens=1, **extra)
+        return resp.usage.prompt_tokens_details.cached_tokens
+
+    assert [cached("team-a"), cached("team-b"), cached(None)] == [0, 0, 0]
+    assert [cached("team-a"), cached("team-b"), cached(None)] == [whole] * 3
+    with pytest.raises(openai.BadRequestError) as err:
+        cached("")
+    assert err.value.body["param"] == "cache_salt"
+
+
 def test_a_cache_full_of_other_prefixes_is_evicted_not_an_error(server):
     """Six 400-token prompts fill the 64 blocks (1,024 tokens of KV) more than twice over: the
     first prompt's blocks are taken for the others, and it is computed again."""

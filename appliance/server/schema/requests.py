@@ -12,6 +12,7 @@ from typing import Annotated, Any, Literal
 from pydantic import Field
 
 from appliance.server.schema.base import Allowed, Part, RequestModel, unsupported
+from engine.sampling_params import MAX_CACHE_SALT
 
 Role = Literal["system", "developer", "user", "assistant", "tool"]
 MAX_N = 128
@@ -184,6 +185,11 @@ class SamplingRequest(RequestModel):
         None,
         description="(extension) The output follows this grammar, in llguidance's Lark "
         "syntax (`%json {...}` embeds a JSON schema).",
+    )
+    cache_salt: Annotated[str, Field(min_length=1, max_length=MAX_CACHE_SALT)] | None = Field(
+        None,
+        description="(extension, as in vLLM) Reuse only the prefix-cache entries of requests "
+        "with the same salt, so other users cannot tell from response times what was sent.",
     )
 
 
