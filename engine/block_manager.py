@@ -152,13 +152,15 @@ class BlockManager:
             seq.block_table.extend(self._take() for _ in range(grow))
         return True
 
-    def cache_full_blocks(self, seq: CachedSeq) -> None:
-        """Key every block of `seq` that is full of known, computed tokens and has no key yet.
-        A block whose key another block already holds stays uncached (same prefix twice)."""
+    def cache_full_blocks(self, seq: CachedSeq, num_computed: int | None = None) -> None:
+        """Key every block of `seq` that is full of known tokens computed by the step being
+        scheduled (its first `num_computed`; default seq.num_computed_tokens) and has no key
+        yet. A block whose key another block already holds stays uncached (same prefix twice)."""
         if not self.caching:
             return
         size = self.block_size
-        known = min(seq.num_computed_tokens, len(seq.token_ids) - seq.num_pending)
+        computed = seq.num_computed_tokens if num_computed is None else num_computed
+        known = min(computed, len(seq.token_ids) - seq.num_pending)
         keys = seq.block_keys
         while (len(keys) + 1) * size <= known and len(keys) < len(seq.block_table):
             start = len(keys) * size

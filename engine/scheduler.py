@@ -177,6 +177,14 @@ class Scheduler:
         batch.preempted.append(req)
 
     def _add_to_batch(self, batch: ScheduledBatch, req: Request, num_new: int) -> None:
+        bm = self.block_manager
+        if bm.caching and (req.num_computed_tokens + num_new) // bm.block_size > len(
+            req.block_keys
+        ):
+            # Key the blocks this step fills now, so a request admitted after it in the same
+            # step finds them: each layer stores the whole batch's K/V before any attention
+            # reads it, so the reader sees them written (a cheap test per request per step).
+            bm.cache_full_blocks(req, req.num_computed_tokens + num_new)
         if num_new == 1 and req.num_tokens - req.num_computed_tokens == 1:
             batch.requests.insert(batch.num_decodes, req)
             batch.num_new_tokens.insert(batch.num_decodes, num_new)
@@ -194,12 +202,8 @@ class Scheduler:
         """The step is launched: advance computed counts, and give each sampling request a
         placeholder for its token (so the next step can be scheduled before it comes back)."""
         sampling = batch.sampling_indices
-        bm = self.block_manager
-        full = bm.block_size
         for req, num_new in zip(batch.requests, batch.num_new_tokens):
             req.num_computed_tokens += num_new
-            if bm.caching and req.num_computed_tokens // full > len(req.block_keys):
-                bm.cache_full_blocks(req)  # a block may have filled (a cheap test per step)
         for i in sampling:
             batch.requests[i].append_placeholder()
 

@@ -58,6 +58,22 @@ def test_shared_prefixes_give_the_uncached_tokens(tiny_llama):
     assert any(e.event == "prefix_cache_hit" for e in hit.trace)
 
 
+@pytest.mark.parametrize("kv", ["auto", "int8"])
+def test_requests_admitted_in_one_step_share_what_the_first_computes(tiny_llama, kv):
+    """The first request's full blocks are keyed when its step is scheduled, so the others in
+    that step read them (each layer stores the batch's K/V before attention reads it)."""
+    system = _ids(3 * BLOCK, 11)
+    prompts = [system + _ids(5 + i, 80 + i) for i in range(4)]
+    llm = _llm(tiny_llama, True, kv_cache_dtype=kv)
+    cached = llm.generate(prompts, GREEDY)
+    plain = _llm(tiny_llama, False, kv_cache_dtype=kv).generate(prompts, GREEDY)
+    if kv == "auto":
+        _assert_same(cached, plain)
+    else:  # int8 K/V read back equals int8 K/V written: the same tokens
+        assert _summary(cached) == _summary(plain)
+    assert [o.num_cached_tokens for o in cached] == [0] + [3 * BLOCK] * 3
+
+
 def test_a_multi_turn_conversation_hits_its_earlier_turns(tiny_llama):
     def run(caching: bool):
         llm, history, outs = _llm(tiny_llama, caching), [], []
