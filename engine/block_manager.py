@@ -172,6 +172,13 @@ class BlockManager:
                 self._key_of[block] = key
             keys.append(key)
 
+    def set_caching(self, enabled: bool) -> None:
+        """Turn the prefix cache on or off, dropping every key (what was cached is forgotten;
+        the blocks and their references stay). Benchmarks compare both on one engine."""
+        self.caching = enabled
+        self._key_of.clear()
+        self._block_of.clear()
+
     # --- internals -----------------------------------------------------------------------
     def _take(self) -> int:
         block, _ = self._free.popitem(last=False)

@@ -13,15 +13,16 @@ Workloads (closed loop: a new request as soon as one finishes, up to the concurr
 - random: random prompts that share nothing; output tok/s. Goal: at most 1% lower with the
   cache on.
 Greedy, ignore_eos (every answer has the set length). TTFT is the engine's: arrival to first
-token. On the GPU the cache-on engine runs every workload once, then the cache-off engine; on
-the CPU (a shared, drifting machine) both engines run side by side in rounds on, off, off, on
-with fresh prompts each round, averaged. Prints a markdown table; writes DIR/bench_prefix.json.
+token, split into the wait for the first step and the steps to the first token. One engine runs
+every workload in rounds with the cache on, off, off, on (turned off between rounds, which also
+forgets what was cached), fresh prompts each round, the two rounds of each averaged: a device
+or host whose speed drifts weighs on both alike, and both use the same memory plan and kernels.
+Prints a markdown table; writes DIR/bench_prefix.json.
 """
 
 from __future__ import annotations
 
 import argparse
-import gc
 import json
 import random
 import statistics
@@ -42,7 +43,7 @@ SIZES = {
     "gpu": dict(
         shared=dict(system=2000, question=100, output=32, requests=128, concurrency=32),
         multi_turn=dict(question=200, answer=200, turns=8, conversations=16),
-        random=dict(prompt=512, output=128, requests=128, concurrency=64),
+        random=dict(prompt=512, output=128, requests=512, concurrency=64),
     ),
     "cpu": dict(
         shared=dict(system=384, question=16, output=8, requests=12, concurrency=4),
@@ -61,11 +62,11 @@ def parse_args(argv):
     return ap.parse_args(argv)
 
 
-def build(args, caching: bool) -> LLM:
+def build(args) -> LLM:
     if args.cpu:
-        return LLM(device="cpu", max_model_len=2048, max_num_seqs=16, prefix_caching=caching)
+        return LLM(device="cpu", max_model_len=2048, max_num_seqs=16)
     folder = model_presets.preset_folder(args.model)
-    return LLM(folder, device="cuda", load_format="random", seed=0, prefix_caching=caching)
+    return LLM(folder, device="cuda", load_format="random", seed=0)
 
 
 class Driver:
@@ -113,6 +114,13 @@ def shared(d: Driver, s: dict, round_: int = 0) -> dict:
     outs = [o for _, o in r["done"]]
     return {
         "ttft_p50_s": statistics.median(ttft(o) for o in outs),
+        "queued_p50_s": statistics.median(
+            o.metrics.first_scheduled_time - o.metrics.arrival_time for o in outs
+        ),
+        "to_first_token_p50_s": statistics.median(
+            o.metrics.first_token_time - o.metrics.first_scheduled_time for o in outs
+        ),
+        "prefill_chunks_mean": statistics.mean(o.metrics.num_prefill_chunks for o in outs),
         "requests_per_s": len(outs) / r["wall_s"],
         "cached_share": sum(o.num_cached_tokens for o in outs)
         / sum(len(o.prompt_token_ids) for o in outs),
@@ -153,34 +161,21 @@ def random_prompts(d: Driver, s: dict, round_: int = 0) -> dict:
 WORKLOADS = {"shared": shared, "multi_turn": multi_turn, "random": random_prompts}
 
 
-def run_engine(args, caching: bool, sizes: dict) -> dict:
-    """GPU: one engine at a time (each plans the whole memory), one round."""
-    llm = build(args, caching)
-    d = Driver(llm)
+def run_toggled(args, sizes: dict) -> tuple[dict, dict]:
+    """One engine; each workload in rounds on, off, off, on, the cache set between rounds."""
+    llm = build(args)
+    d, bm = Driver(llm), llm.engine.block_manager
     d.closed_loop(deque([(d.ids(random.Random(9), 64), 4, 0)]), 1)  # a first request, unmeasured
-    result = {name: fn(d, sizes[name]) for name, fn in WORKLOADS.items()}
-    result["stats"] = llm.engine.stats()
-    del llm, d
-    gc.collect()
-    if torch.cuda.is_available():
-        torch.cuda.empty_cache()
-    return result
-
-
-def run_interleaved(args, sizes: dict) -> tuple[dict, dict]:
-    """CPU: both engines at once, each workload in the order on, off, off, on (fresh prompts
-    each round), so a load that drifts weighs on both alike; the two rounds averaged."""
-    drivers = {True: Driver(build(args, True)), False: Driver(build(args, False))}
-    for d in drivers.values():
-        d.closed_loop(deque([(d.ids(random.Random(9), 64), 4, 0)]), 1)
     runs = {True: {}, False: {}}
     for name, fn in WORKLOADS.items():
         for round_, caching in enumerate((True, False, False, True)):
-            runs[caching].setdefault(name, []).append(fn(drivers[caching], sizes[name], round_))
-    out = {}
-    for caching, by_name in runs.items():
-        out[caching] = {name: _mean(results) for name, results in by_name.items()}
-        out[caching]["stats"] = drivers[caching].engine.stats()
+            bm.set_caching(caching)
+            runs[caching].setdefault(name, []).append(fn(d, sizes[name], round_))
+            print(f"{name} round {round_} cache {'on' if caching else 'off'}", flush=True)
+    out = {
+        caching: {n: _mean(results) for n, results in by.items()} for caching, by in runs.items()
+    }
+    out[True]["stats"] = llm.engine.stats()
     return out[True], out[False]
 
 
@@ -223,6 +218,11 @@ def report(on: dict, off: dict, sizes: dict) -> tuple[str, dict]:
         f"{s['concurrency']} concurrent: TTFT p50 | {sh_off['ttft_p50_s'] * 1e3:.1f} ms | "
         f"{sh_on['ttft_p50_s'] * 1e3:.1f} ms | {ttft_x:.1f}x lower | >= 5x: "
         f"{mark('shared_ttft_x')} |",
+        f"| the same: wait for the first step, p50 | {sh_off['queued_p50_s'] * 1e3:.1f} ms | "
+        f"{sh_on['queued_p50_s'] * 1e3:.1f} ms | | |",
+        f"| the same: first step to first token, p50 (prefill chunks, mean) | "
+        f"{sh_off['to_first_token_p50_s'] * 1e3:.1f} ms ({sh_off['prefill_chunks_mean']:.1f}) | "
+        f"{sh_on['to_first_token_p50_s'] * 1e3:.1f} ms ({sh_on['prefill_chunks_mean']:.1f}) | | |",
         f"| the same: requests/s | {sh_off['requests_per_s']:.2f} | {sh_on['requests_per_s']:.2f} "
         f"| {tput_x:.2f}x | >= 1.5x: {mark('shared_throughput_x')} |",
         f"| {turns}-turn conversations ({m['question']}-token questions, {m['answer']}-token "
@@ -259,13 +259,7 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     sizes = SIZES["cpu" if args.cpu else "gpu"]
     started = time.time()
-    if args.cpu:
-        on, off = run_interleaved(args, sizes)
-    else:
-        on = run_engine(args, True, sizes)
-        print(f"cache on: {json.dumps({k: v for k, v in on.items() if k != 'stats'})}", flush=True)
-        off = run_engine(args, False, sizes)
-        print(f"cache off: {json.dumps({k: v for k, v in off.items() if k != 'stats'})}")
+    on, off = run_toggled(args, sizes)
     table, figures = report(on, off, sizes)
     device = torch.cuda.get_device_name() if not args.cpu else "CPU"
     args.out.mkdir(parents=True, exist_ok=True)

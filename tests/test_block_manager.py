@@ -244,3 +244,19 @@ def test_caching_off_keys_nothing():
     bm = BlockManager(4, 4, caching=False)
     bm.free(_admit(bm, [1, 1, 1, 1, 9]))
     assert bm.num_cached_blocks == 0 and bm.match_prefix(CachedSeq([1, 1, 1, 1, 9]), 4) == []
+
+
+def test_turning_caching_off_forgets_every_key_and_on_starts_empty():
+    bm = BlockManager(4, 4)
+    bm.free(_admit(bm, [1, 1, 1, 1, 9]))
+    held = _admit(bm, [5, 5, 5, 5, 5])
+    assert bm.num_cached_blocks == 2
+    bm.set_caching(False)
+    assert bm.num_cached_blocks == 0 and bm.match_prefix(CachedSeq([1, 1, 1, 1, 9]), 4) == []
+    assert bm.num_free_blocks == 2 and bm.ref_counts[held.block_table[0]] == 1  # kept
+    bm.set_caching(True)
+    assert bm.match_prefix(CachedSeq([1, 1, 1, 1, 9]), 4) == []
+    bm.free(_admit(bm, [1, 1, 1, 1, 9]))
+    assert bm.match_prefix(CachedSeq([1, 1, 1, 1, 9]), 4) != []
+    bm.free(held)
+    assert bm.num_free_blocks == 4
