@@ -17,165 +17,19 @@ import pytest
 from pydantic import BaseModel, Field
 
 from tests.support.serve_process import start_server
+from tests.support.structured_cases import (
+    ASK_TOOLS,
+    PARAMETERS,
+    SCHEMAS,
+    TOOLS,
+    ask,
+    obj,
+    schema_format,
+)
 
 openai = pytest.importorskip("openai")
 
 MODEL = "SmolLM2-135M-Instruct"
-
-
-def _obj(**props) -> dict:
-    """An object schema whose listed properties are all required and nothing else is allowed."""
-    return {
-        "type": "object",
-        "properties": props,
-        "required": list(props),
-        "additionalProperties": False,
-    }
-
-
-def _int(lo: int, hi: int) -> dict:
-    return {"type": "integer", "minimum": lo, "maximum": hi}
-
-
-SCHEMAS = [
-    ("a colour", _obj(color={"enum": ["red", "green", "blue"]})),
-    ("a person", _obj(person=_obj(name={"type": "string", "maxLength": 20}, age=_int(0, 120)))),
-    (
-        "two to four fruits",
-        {
-            "type": "array",
-            "items": {"enum": ["apple", "pear", "fig"]},
-            "minItems": 2,
-            "maxItems": 4,
-        },
-    ),
-    (
-        "a small number or a short word",
-        {"anyOf": [_int(0, 10), {"type": "string", "maxLength": 5}]},
-    ),
-    ("an airport code", _obj(code={"type": "string", "pattern": "^[A-Z]{3}$"})),
-    ("a probability", _obj(p={"type": "number", "minimum": 0, "maximum": 1})),
-    ("two flags", _obj(done={"type": "boolean"}, urgent={"type": "boolean"})),
-    ("an event day", _obj(kind={"const": "event"}, day=_int(1, 31))),
-    (
-        "one or two cities",
-        {
-            "type": "array",
-            "items": _obj(
-                city={"type": "string", "maxLength": 15},
-                country={"type": "string", "maxLength": 15},
-            ),
-            "minItems": 1,
-            "maxItems": 2,
-        },
-    ),
-    ("a nickname or null", _obj(nickname={"type": ["string", "null"], "maxLength": 10})),
-    (
-        "a score strictly between 0 and 10",
-        _obj(score={"type": "integer", "exclusiveMinimum": 0, "exclusiveMaximum": 10}),
-    ),
-    (
-        "a point",
-        {
-            "$defs": {"coord": _int(-50, 50)},
-            **_obj(x={"$ref": "#/$defs/coord"}, y={"$ref": "#/$defs/coord"}),
-        },
-    ),
-    ("a level", {"allOf": [{"type": "integer"}, {"minimum": 1, "maximum": 5}]}),
-    (
-        "a grid of marks",
-        {
-            "type": "array",
-            "items": {
-                "type": "array",
-                "items": {"enum": ["x", "o", "-"]},
-                "minItems": 3,
-                "maxItems": 3,
-            },
-            "minItems": 3,
-            "maxItems": 3,
-        },
-    ),
-    (
-        "a book, maybe with a year",
-        {
-            "type": "object",
-            "properties": {
-                "title": {"type": "string", "minLength": 1, "maxLength": 30},
-                "year": _int(1500, 2030),
-            },
-            "required": ["title"],
-            "additionalProperties": False,
-        },
-    ),
-    (
-        "a username",
-        _obj(
-            username={"type": "string", "minLength": 3, "maxLength": 8, "pattern": "^[a-z0-9_]+$"}
-        ),
-    ),
-    ("a date", _obj(date={"type": "string", "pattern": "^20[0-9]{2}-[01][0-9]-[0-3][0-9]$"})),
-    (
-        "a row of three values",
-        {
-            "type": "array",
-            "prefixItems": [{"type": "string", "maxLength": 10}, _int(0, 9), {"type": "boolean"}],
-            "items": False,
-            "minItems": 3,
-        },
-    ),
-    ("one of these values", _obj(value={"enum": [1, "two", None, True]})),
-    ("a temperature in celsius", _obj(celsius={"type": "number", "minimum": -40, "maximum": 50})),
-    ("three small numbers", {"type": "array", "items": _int(0, 99), "minItems": 3, "maxItems": 3}),
-    (
-        "an address",
-        _obj(
-            address=_obj(
-                street={"type": "string", "maxLength": 25},
-                geo=_obj(lat=_int(-90, 90), lon=_int(-180, 180)),
-            )
-        ),
-    ),
-    (
-        "a shape",
-        {
-            "anyOf": [
-                _obj(kind={"const": "circle"}, r=_int(1, 9)),
-                _obj(kind={"const": "square"}, side=_int(1, 9)),
-            ]
-        },
-    ),
-    (
-        "a price",
-        _obj(
-            price={"type": "number", "minimum": 0, "maximum": 1000, "multipleOf": 0.01},
-            currency={"enum": ["EUR", "USD"]},
-        ),
-    ),
-]
-
-TOOLS = [
-    {
-        "type": "function",
-        "function": {
-            "name": "get_weather",
-            "description": "The current weather in a city.",
-            "parameters": _obj(
-                city={"type": "string", "maxLength": 20}, unit={"enum": ["celsius", "fahrenheit"]}
-            ),
-        },
-    },
-    {
-        "type": "function",
-        "function": {
-            "name": "add",
-            "description": "Add two whole numbers.",
-            "parameters": _obj(a=_int(0, 100), b=_int(0, 100)),
-        },
-    },
-]
-PARAMETERS = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}
-ASK_TOOLS = [{"role": "user", "content": "What is the weather in Paris? And what is 2 + 3?"}]
 
 
 @pytest.fixture(scope="module")
@@ -186,14 +40,6 @@ def client():
     yield openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=300)
     proc.kill()
     proc.wait(30)
-
-
-def _ask(what: str) -> list[dict]:
-    return [{"role": "user", "content": f"Reply with JSON: {what}."}]
-
-
-def _schema_format(schema: dict, name: str = "answer") -> dict:
-    return {"type": "json_schema", "json_schema": {"name": name, "schema": schema, "strict": True}}
 
 
 def _assert_valid_calls(message, names: set[str]) -> None:
@@ -247,8 +93,8 @@ def test_json_schema_outputs_validate(client):
         what, schema = SCHEMAS[i]
         return client.chat.completions.create(
             model=MODEL,
-            messages=_ask(what),
-            response_format=_schema_format(schema, f"schema_{i}"),
+            messages=ask(what),
+            response_format=schema_format(schema, f"schema_{i}"),
             max_tokens=80,
             temperature=0,
         )
@@ -266,8 +112,8 @@ def test_json_object_and_n_choices(client):
     schema = SCHEMAS[1][1]
     completion = client.chat.completions.create(
         model=MODEL,
-        messages=_ask("a person"),
-        response_format=_schema_format(schema),
+        messages=ask("a person"),
+        response_format=schema_format(schema),
         n=3,
         seed=5,
         temperature=1.0,
@@ -380,8 +226,8 @@ def _whole(completion) -> dict[int, dict]:
 @pytest.mark.parametrize(
     "request_kw",
     [
-        dict(messages=_ask("a person"), response_format=_schema_format(SCHEMAS[1][1])),
-        dict(messages=_ask("one or two cities"), response_format=_schema_format(SCHEMAS[8][1])),
+        dict(messages=ask("a person"), response_format=schema_format(SCHEMAS[1][1])),
+        dict(messages=ask("one or two cities"), response_format=schema_format(SCHEMAS[8][1])),
         dict(messages=ASK_TOOLS, tools=TOOLS, tool_choice="required", parallel_tool_calls=False),
         dict(
             messages=ASK_TOOLS,
@@ -440,7 +286,7 @@ def test_regex_choice_and_grammar_extras(client, endpoint):
     text, finish = ask({"grammar": GRAMMAR})
     match = re.fullmatch(GRAMMAR_SHAPE, text)
     assert match and int(match[1]) <= 999 and finish == "stop"
-    text, finish = ask({"response_format": _schema_format(SCHEMAS[7][1])})
+    text, finish = ask({"response_format": schema_format(SCHEMAS[7][1])})
     jsonschema.validate(json.loads(text), SCHEMAS[7][1])
 
 
@@ -478,14 +324,14 @@ def test_logprobs_of_a_constrained_output_are_plain_json(client):
 @pytest.mark.parametrize(
     "extra, words, param",
     [
-        ({"response_format": _schema_format({"not": {"type": "string"}})}, ["not"], "schema"),
+        ({"response_format": schema_format({"not": {"type": "string"}})}, ["not"], "schema"),
         (
-            {"response_format": _schema_format(_obj(a={"$ref": "#/$defs/missing"}))},
+            {"response_format": schema_format(obj(a={"$ref": "#/$defs/missing"}))},
             ["missing"],
             "schema",
         ),
         (
-            {"response_format": _schema_format({"type": "array", "uniqueItems": True})},
+            {"response_format": schema_format({"type": "array", "uniqueItems": True})},
             ["uniqueItems"],
             "schema",
         ),
@@ -498,7 +344,7 @@ def test_logprobs_of_a_constrained_output_are_plain_json(client):
 def test_a_bad_constraint_is_a_400_naming_it_and_the_server_serves_on(client, extra, words, param):
     with pytest.raises(openai.BadRequestError) as err:
         client.chat.completions.create(
-            model=MODEL, messages=_ask("anything"), max_tokens=5, extra_body=extra
+            model=MODEL, messages=ask("anything"), max_tokens=5, extra_body=extra
         )
     error = err.value.body
     assert err.value.status_code == 400
@@ -506,8 +352,8 @@ def test_a_bad_constraint_is_a_400_naming_it_and_the_server_serves_on(client, ex
     assert param in (error["param"] or ""), error
     ok = client.chat.completions.create(
         model=MODEL,
-        messages=_ask("a colour"),
-        response_format=_schema_format(SCHEMAS[0][1]),
+        messages=ask("a colour"),
+        response_format=schema_format(SCHEMAS[0][1]),
         max_tokens=20,
         temperature=0,
     )
