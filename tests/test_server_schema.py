@@ -236,6 +236,7 @@ FULL_COMPLETION = {
     "regex": None,
     "choice": None,
     "grammar": None,
+    "cache_salt": "team-a",
 }
 COMPLETION_ONLY = ("prompt", "echo", "suffix", "best_of")
 FULL_CHAT = {

@@ -89,7 +89,7 @@ def test_parse_reads_a_forced_call_of_a_strict_pydantic_tool(client):
 
 
 def test_json_schema_outputs_validate(client):
-    def ask(i: int):
+    def send(i: int):
         what, schema = SCHEMAS[i]
         return client.chat.completions.create(
             model=MODEL,
@@ -100,7 +100,7 @@ def test_json_schema_outputs_validate(client):
         )
 
     with ThreadPoolExecutor(len(SCHEMAS)) as pool:  # served as one batch
-        completions = list(pool.map(ask, range(len(SCHEMAS))))
+        completions = list(pool.map(send, range(len(SCHEMAS))))
     assert len(SCHEMAS) >= 20
     for (what, schema), completion in zip(SCHEMAS, completions):
         choice = completion.choices[0]
@@ -264,7 +264,7 @@ GRAMMAR_SHAPE = r"The answer is ([0-9]+) \((kg|g)\)\."
 
 @pytest.mark.parametrize("endpoint", ["chat", "completions"])
 def test_regex_choice_and_grammar_extras(client, endpoint):
-    def ask(extra: dict) -> tuple[str, str]:
+    def send(extra: dict) -> tuple[str, str]:
         if endpoint == "chat":
             c = client.chat.completions.create(
                 model=MODEL,
@@ -279,14 +279,14 @@ def test_regex_choice_and_grammar_extras(client, endpoint):
         ).choices[0]
         return c.text, c.finish_reason
 
-    text, finish = ask({"regex": r"[0-9]{1,2} (kg|pounds)"})
+    text, finish = send({"regex": r"[0-9]{1,2} (kg|pounds)"})
     assert re.fullmatch(r"[0-9]{1,2} (kg|pounds)", text) and finish == "stop"
-    text, finish = ask({"choice": ["light", "heavy", "about four kilograms"]})
+    text, finish = send({"choice": ["light", "heavy", "about four kilograms"]})
     assert text in ("light", "heavy", "about four kilograms") and finish == "stop"
-    text, finish = ask({"grammar": GRAMMAR})
+    text, finish = send({"grammar": GRAMMAR})
     match = re.fullmatch(GRAMMAR_SHAPE, text)
     assert match and int(match[1]) <= 999 and finish == "stop"
-    text, finish = ask({"response_format": schema_format(SCHEMAS[7][1])})
+    text, finish = send({"response_format": schema_format(SCHEMAS[7][1])})
     jsonschema.validate(json.loads(text), SCHEMAS[7][1])
 
 
