@@ -1,4 +1,5 @@
-"""SamplingParams: how one request picks tokens and when it stops."""
+"""SamplingParams: how one request picks tokens, when it stops, and whose it is (the scheduler's
+priority class and fair share)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,8 @@ from engine.structured.spec import StructuredOutput
 
 MAX_CACHE_SALT = 256
 """Longest cache_salt, in characters."""
+PRIORITIES = ("interactive", "batch")
+"""Priority classes, the first served first (engine/policy.py orders the waiting queue)."""
 
 
 @dataclass
@@ -44,6 +47,11 @@ class SamplingParams:
     """Drop special tokens from the text."""
     structured: StructuredOutput | None = None
     """Constrain the output to a JSON schema, regex, choice or grammar (engine.structured)."""
+    priority: str = "interactive"
+    """Priority class, one of PRIORITIES: waiting batch requests yield to interactive ones."""
+    client: str | None = None
+    """Who sent the request (an API key's name): the scheduler shares the GPU fairly between
+    clients of one class. None: the anonymous client."""
     cache_salt: str | None = None
     """Prefix-cache namespace: the request only hits blocks cached by requests with the same
     salt (None: the shared one). Keeps one team's prompts from being probed by another's."""
@@ -75,6 +83,10 @@ class SamplingParams:
             raise ValueError(f"logprobs must be in [0, 20], got {self.logprobs}")
         if any(not s for s in self.stop):
             raise ValueError("stop strings must be non-empty")
+        if self.priority not in PRIORITIES:
+            raise ValueError(
+                f"priority must be one of {', '.join(PRIORITIES)}, got {self.priority!r}"
+            )
         if self.cache_salt is not None and not (
             isinstance(self.cache_salt, str) and 0 < len(self.cache_salt) <= MAX_CACHE_SALT
         ):
