@@ -146,12 +146,13 @@ class Option:
 
 def options_of(cls: type) -> dict[str, Option]:
     """The Option of each init field of dataclass `cls` (and its dataclass bases), in field
-    order; help is the field's metadata "help", else its attribute docstring."""
+    order, except those marked `toml_only` in their metadata (tables a flag cannot hold);
+    help is the field's metadata "help", else its attribute docstring."""
     hints = typing.get_type_hints(cls, include_extras=True)
     docs = attribute_docs(cls)
     out = {}
     for f in fields(cls):
-        if not f.init:
+        if not f.init or f.metadata.get("toml_only"):
             continue
         default = f.default_factory() if f.default_factory is not MISSING else f.default
         default = None if default is MISSING else default

@@ -15,12 +15,13 @@ import ipaddress
 import os
 import tomllib
 from collections.abc import Iterable
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Annotated, Literal
 
 from pydantic import BeforeValidator
 
+from appliance.key_limits import ANONYMOUS, KeyLimits, is_limit_word, limits_from, parse_words
 from appliance.options import (
     ENV_PREFIX,
     Option,
@@ -30,6 +31,7 @@ from appliance.options import (
     read_env,
 )
 from engine.config import EngineConfig
+from engine.sampling_params import PRIORITIES
 
 EngineSettings = optional_settings(EngineConfig, "EngineSettings")
 """Every EngineConfig setting, optional: None = not pinned (the planner or the engine decides)."""
@@ -52,6 +54,8 @@ class ApiKey:
 
     name: str
     key: str = field(repr=False)
+    limits: KeyLimits = field(default_factory=KeyLimits)
+    """What the key may use (appliance.key_limits); unlimited by default."""
 
 
 def _lower(value):
@@ -83,7 +87,16 @@ class ServeSettings(EngineSettings):
     api_key: list[str] = field(default_factory=list, repr=False, metadata={"metavar": "[NAME:]KEY"})
     """API keys accepted as `Authorization: Bearer KEY`, each `KEY` or `NAME:KEY`."""
     api_key_file: str | None = field(default=None, metadata={"metavar": "FILE"})
-    """File of API keys, one per line: `KEY` or `NAME KEY`; # starts a comment."""
+    """File of API keys, one per line: `KEY`, `NAME KEY` or `NAME KEY name=value ...` (limits:
+    max_concurrent, rpm, tpm, priority, max_tokens, max_context); # starts a comment."""
+    keys: dict[str, dict] = field(default_factory=dict, repr=False, metadata={"toml_only": True})
+    """The config file's `[keys.NAME]` tables: `key = "..."` and limits; a table without `key`
+    gives limits to the key of that name from --api-key or --api-key-file (TOML only)."""
+    default_priority: Literal[PRIORITIES] = PRIORITIES[0]
+    """Priority class of requests without an API key (when no keys are set)."""
+    default_limits: str | None = field(default=None, metadata={"metavar": "LIMITS"})
+    """Limits of requests without an API key, as words: e.g. "max_concurrent=4 rpm=60"
+    (unset = unlimited)."""
     insecure_no_auth: bool = False
     """Allow a non-loopback bind without any API key."""
     drain_timeout: float = 30.0
@@ -126,7 +139,9 @@ class ServeSettings(EngineSettings):
     log_file: str | None = field(default=None, metadata={"metavar": "PATH"})
     """With --tui, the server log file; None = $XDG_STATE_HOME/llm-appliance/serve.log."""
     api_keys: list[ApiKey] = field(init=False, repr=False, default_factory=list)
-    """The parsed keys of --api-key and --api-key-file (derived, not a flag)."""
+    """The parsed keys of --api-key, --api-key-file and [keys.NAME] (derived, not a flag)."""
+    anonymous_limits: KeyLimits = field(init=False, repr=False, default_factory=KeyLimits)
+    """The limits of requests without a key: default_priority and default_limits (derived)."""
 
     def __post_init__(self) -> None:
         for option in serve_options().values():
@@ -161,6 +176,11 @@ class ServeSettings(EngineSettings):
         except ValueError as exc:
             raise SettingsError(f"engine setting: {exc}") from None
         self.api_keys = self._load_keys()
+        words = (self.default_limits or "").split()
+        limits = parse_words(words, ANONYMOUS, "--default-limits")
+        if "priority" in {w.partition("=")[0] for w in words}:
+            raise SettingsError("--default-limits: set the priority with --default-priority")
+        self.anonymous_limits = replace(limits, priority=self.default_priority)
 
     def _load_keys(self) -> list[ApiKey]:
         keys = [
@@ -176,7 +196,8 @@ class ServeSettings(EngineSettings):
                 line = line.split("#", 1)[0].strip()
                 if line:
                     keys.append(_parse_key(line, None, f"{path} line {lineno}"))
-        return [ApiKey(k.name or f"key{i + 1}", k.key) for i, k in enumerate(keys)]
+        keys = [replace(k, name=k.name or f"key{i + 1}") for i, k in enumerate(keys)]
+        return _with_tables(keys, self.keys)
 
     @property
     def tui_log_path(self) -> Path:
@@ -212,11 +233,57 @@ class ServeSettings(EngineSettings):
 
 
 def _parse_key(entry: str, sep: str | None, where: str) -> ApiKey:
-    parts = entry.strip().split(sep, 1) if sep else entry.split(None, 1)
+    """`[NAME:]KEY` (sep ":") or a key file's line `KEY`, `NAME KEY` or `NAME KEY limits...`."""
+    words: list[str] = []
+    if sep:
+        parts = entry.strip().split(sep, 1)
+    else:
+        parts, words = entry.split()[:2], entry.split()[2:]
+        if len(parts) == 2 and is_limit_word(parts[1]):
+            raise SettingsError(
+                f"API key at {where}: a key with limits needs a name: NAME KEY name=value ..."
+            )
     name, key = (parts[0].strip(), parts[1].strip()) if len(parts) == 2 else ("", parts[0])
     if len(key) < 8 or any(c.isspace() for c in key):
         raise SettingsError(f"API key at {where} must be at least 8 characters without spaces")
-    return ApiKey(name, key)
+    return ApiKey(name, key, parse_words(words, name, where))
+
+
+def _with_tables(keys: list[ApiKey], tables: dict[str, dict]) -> list[ApiKey]:
+    """`keys` with the config file's [keys.NAME] tables applied: a table with `key` adds that
+    key, one without gives its limits to the key already named NAME."""
+    by_name = {k.name: i for i, k in enumerate(keys)}
+    if len(by_name) < len(keys):
+        twice = sorted({k.name for k in keys if sum(j.name == k.name for j in keys) > 1})
+        raise SettingsError(f"API key names must be unique; given more than once: {twice}")
+    for name, table in tables.items():
+        where = f"config file [keys.{name}]"
+        if name == ANONYMOUS:
+            raise SettingsError(
+                f"{where}: {ANONYMOUS!r} names requests without a key; set their limits with "
+                "default-limits and default-priority"
+            )
+        if not isinstance(table, dict):
+            raise SettingsError(f'{where} must be a table of key = "..." and limits')
+        values = dict(table)
+        secret = values.pop("key", None)
+        limits = limits_from(values, name, where)
+        if secret is None:
+            if name not in by_name:
+                raise SettingsError(
+                    f'{where} has no key = "..." and no --api-key or --api-key-file key is '
+                    f"named {name!r}; known names: {sorted(by_name) or 'none'}"
+                )
+            keys[by_name[name]] = replace(keys[by_name[name]], limits=limits)
+            continue
+        if name in by_name:
+            raise SettingsError(f"{where}: a key named {name!r} is already given elsewhere")
+        if not isinstance(secret, str):
+            raise SettingsError(f"{where}: key must be a string")
+        key = _parse_key(f"{name}:{secret}", ":", where)
+        by_name[name] = len(keys)
+        keys.append(replace(key, limits=limits))
+    return keys
 
 
 # --- the description's other forms: flags, environment, TOML ---------------------------------
@@ -312,6 +379,9 @@ def _read_toml(path: Path, known: dict[str, Option]) -> dict:
     out = {}
     for key, value in data.items():
         name = key.replace("-", "_")
+        if name == "keys":  # [keys.NAME] tables: checked where the keys are built
+            out[name] = value
+            continue
         if name not in known:
             raise SettingsError(f"config file {path}: unknown setting {key!r}")
         out[name] = value
