@@ -21,13 +21,16 @@ from typing import Any
 
 from aiohttp import web
 
+from appliance.key_limits import ANONYMOUS
 from appliance.server.admin_routes import routes as admin_routes
 from appliance.server.auth import make_auth_middleware
 from appliance.server.errors import error_middleware
-from appliance.server.keys import EXECUTOR, METRICS, REQUEST_LOG, STATE, TRACKER
+from appliance.server.key_stats import KeyCollector
+from appliance.server.keys import EXECUTOR, LIMITER, METRICS, REQUEST_LOG, STATE, TRACKER
+from appliance.server.limits import Limiter
 from appliance.server.metrics import Metrics
 from appliance.server.openai_routes import routes as openai_routes
-from appliance.server.request_keys import KEY_NAME, RECEIVED_AT, REQUEST_ID
+from appliance.server.request_keys import KEY_NAME, RATE_LIMIT_HEADERS, RECEIVED_AT, REQUEST_ID
 from appliance.server.request_log import RequestLog
 from appliance.server.state import Phase, ServerState
 from appliance.server.stats import StatsTracker
@@ -37,6 +40,15 @@ from engine.core.process import CoreStartError, start_core
 logger = logging.getLogger("appliance.server")
 _REQUEST_ID = re.compile(r"^[A-Za-z0-9._:~-]{1,128}$")
 SAMPLE_INTERVAL_S = 0.25
+EXPOSED_HEADERS = ", ".join(
+    ["X-Request-Id", "Retry-After"]
+    + [
+        f"x-ratelimit-{w}-{u}"
+        for u in ("requests", "tokens")
+        for w in ("limit", "remaining", "reset")
+    ]
+)
+"""Response headers a browser client may read (CORS)."""
 
 
 class Progress:
@@ -69,12 +81,13 @@ async def request_id_middleware(request: web.Request, handler) -> web.StreamResp
 async def _on_prepare(request: web.Request, response: web.StreamResponse) -> None:
     if REQUEST_ID in request:
         response.headers["X-Request-Id"] = request[REQUEST_ID]
+    response.headers.update(request.get(RATE_LIMIT_HEADERS, {}))
     origins = request.app[STATE].settings.cors_origin
     origin = request.headers.get("Origin")
     if origins and origin and ("*" in origins or origin in origins):
         response.headers["Access-Control-Allow-Origin"] = origin
         response.headers["Vary"] = "Origin"
-        response.headers["Access-Control-Expose-Headers"] = "X-Request-Id, Retry-After"
+        response.headers["Access-Control-Expose-Headers"] = EXPOSED_HEADERS
 
 
 @web.middleware
@@ -122,6 +135,12 @@ def create_app(
     app[TRACKER] = StatsTracker()
     app[METRICS] = Metrics(state)
     app[TRACKER].on_finish.append(app[METRICS].request_closed)
+    limits = {k.name: k.limits for k in config.api_keys} or {ANONYMOUS: config.anonymous_limits}
+    app[LIMITER] = Limiter(limits)
+    for name, key_limits in limits.items():
+        app[TRACKER].keys.declare(name, key_limits.priority)
+    app[TRACKER].on_finish.append(app[TRACKER].keys.closed)
+    app[METRICS].registry.register(KeyCollector(app[TRACKER].keys))
     app[EXECUTOR] = ThreadPoolExecutor(max_workers=2, thread_name_prefix="tokenize")
     app.router.add_routes(openai_routes)
     app.router.add_routes(admin_routes)

@@ -6,6 +6,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from aiohttp import web
 
+from appliance.server.limits import Limiter
 from appliance.server.metrics import Metrics
 from appliance.server.request_log import RequestLog
 from appliance.server.state import ServerState
@@ -17,3 +18,5 @@ METRICS = web.AppKey("metrics", Metrics)
 EXECUTOR = web.AppKey("executor", ThreadPoolExecutor)
 """Worker threads for tokenization of long prompts (kept off the event loop)."""
 REQUEST_LOG = web.AppKey("request_log", RequestLog)
+LIMITER = web.AppKey("limiter", Limiter)
+"""Per-key admission: concurrency, RPM, TPM and caps."""

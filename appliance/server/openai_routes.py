@@ -8,13 +8,15 @@ from functools import partial
 
 from aiohttp import web
 
+from appliance.key_limits import ANONYMOUS, KeyLimits
 from appliance.server.chat_output import ChatOutput
 from appliance.server.errors import APIError, bad_request
 from appliance.server.generation import Choice, Generation
-from appliance.server.keys import EXECUTOR, METRICS, STATE, TRACKER
+from appliance.server.keys import EXECUTOR, LIMITER, METRICS, STATE, TRACKER
+from appliance.server.limits import Refusal, capped_max_tokens
 from appliance.server.protocol import GenerateRequest, parse_chat, parse_completion, read_json
 from appliance.server.records import ChoiceRecord, RequestRecord
-from appliance.server.request_keys import KEY_NAME, RECEIVED_AT, REQUEST_ID
+from appliance.server.request_keys import KEY_NAME, RATE_LIMIT_HEADERS, RECEIVED_AT, REQUEST_ID
 from appliance.server.responses import Formatter, dumps, send_event, usage
 from appliance.server.schema.responses import ModelCard, ModelList
 from appliance.server.state import ServerState
@@ -156,9 +158,28 @@ async def constrain(state: ServerState, req: GenerateRequest, output: ChatOutput
     return ("tool_call" if forced is not None else spec.kind), seconds
 
 
-def resolve_max_tokens(req: GenerateRequest, prompt_len: int, limit: int) -> int:
-    """The request's max_tokens (chat default: the rest of the context), checked against it."""
-    wanted = req.max_tokens if req.max_tokens is not None else max(1, limit - prompt_len)
+def refused(refusal: Refusal) -> APIError:
+    """A key limit's refusal as the OpenAI error it is answered with."""
+    return APIError(
+        refusal.status,
+        refusal.message,
+        param=refusal.param,
+        code=refusal.code,
+        headers=refusal.headers,
+    )
+
+
+def resolve_max_tokens(
+    req: GenerateRequest, prompt_len: int, limit: int, caps: KeyLimits | None = None
+) -> int:
+    """The request's max_tokens (chat default: the rest of the context, within the key's caps),
+    checked against the key's caps and the context."""
+    try:
+        wanted = capped_max_tokens(caps or KeyLimits(), req.max_tokens, prompt_len)
+    except Refusal as refusal:
+        raise refused(refusal) from None
+    if wanted is None:
+        wanted = max(1, limit - prompt_len)
     if prompt_len + wanted > limit:
         raise bad_request(
             f"This model's maximum context length is {limit} tokens; the request asks for "
@@ -171,8 +192,10 @@ def resolve_max_tokens(req: GenerateRequest, prompt_len: int, limit: int) -> int
 
 async def serve_generation(request: web.Request, req: GenerateRequest) -> web.StreamResponse:
     app = request.app
-    state, tracker, metrics = app[STATE], app[TRACKER], app[METRICS]
+    state, tracker, metrics, limiter = app[STATE], app[TRACKER], app[METRICS], app[LIMITER]
     state.require_ready()
+    key_name = request.get(KEY_NAME)
+    limits = limiter.limits(key_name or ANONYMOUS)
     check_model(state, req.model)
     prompts = await _prompt_ids(app, state, req)
     output = chat_output(state, req, prompts[0]) if req.messages is not None else None
@@ -180,7 +203,7 @@ async def serve_generation(request: web.Request, req: GenerateRequest) -> web.St
     if constraint is not None:
         metrics.observe_structured(*constraint)
     limit = state.engine.config.max_model_len
-    max_tokens = [resolve_max_tokens(req, len(ids), limit) for ids in prompts]
+    max_tokens = [resolve_max_tokens(req, len(ids), limit, limits) for ids in prompts]
     k = len(prompts) * req.n
     if k > state.settings.max_n:
         raise bad_request(
@@ -195,18 +218,14 @@ async def serve_generation(request: web.Request, req: GenerateRequest) -> web.St
         p = i // req.n
         engine_id = rid if k == 1 else f"{rid}-{i}"
         rec = ChoiceRecord(i, engine_id, p, len(prompts[p]))
-        choices.append(Choice(rec, prompts[p], req.params(i, max_tokens[p])))
-    try:
-        entry = state.admit(rid, [c.engine_id for c in choices], tracker.mean_e2e())
-    except APIError:
-        tracker.rejected()
-        metrics.rejected.labels(state.model_name).inc()
-        raise
+        params = req.params(i, max_tokens[p], limits.priority, key_name)
+        choices.append(Choice(rec, prompts[p], params))
+    entry, ticket = admit(request, [c.engine_id for c in choices], sum(map(len, prompts)))
     record = RequestRecord(
         rid,
         req.endpoint,
         state.model_name,
-        request.get(KEY_NAME),
+        key_name,
         req.stream,
         received_at=request[RECEIVED_AT],
     )
@@ -217,6 +236,7 @@ async def serve_generation(request: web.Request, req: GenerateRequest) -> web.St
     record.events.append({"time": record.received_at, "event": "received"})
     record.event("admitted", num_choices=k)
     tracker.add(record)
+    tracker.keys.admitted(key_name)
 
     def on_itl(seconds: float, count: int) -> None:
         tracker.observe_itl(seconds, count)
@@ -252,8 +272,34 @@ async def serve_generation(request: web.Request, req: GenerateRequest) -> web.St
     finally:
         gen.abort_unfinished()
         state.release(entry)
+        ticket.release(record.completion_tokens)
         record.close(*outcome)
         tracker.finish(record)
+
+
+def admit(request: web.Request, engine_ids: list[str], prompt_tokens: int):
+    """Admit a request past its key's limits, then the server's queue: (InFlight, Ticket), or
+    a 429 counted for the key, the server and /metrics. A key's successful admission sets the
+    x-ratelimit-* headers its response carries."""
+    app = request.app
+    state, tracker, metrics, limiter = app[STATE], app[TRACKER], app[METRICS], app[LIMITER]
+    key_name = request.get(KEY_NAME)
+    name = key_name or ANONYMOUS
+    try:
+        ticket = limiter.admit(name, prompt_tokens, tracker.mean_e2e())
+        try:
+            entry = state.admit(request[REQUEST_ID], engine_ids, tracker.mean_e2e())
+        except APIError as err:
+            ticket.refund()
+            err.headers = {**limiter.headers(name), **err.headers}
+            raise
+    except (APIError, Refusal) as err:
+        tracker.rejected()
+        tracker.keys.rejected(key_name)
+        metrics.rejected.labels(state.model_name).inc()
+        raise refused(err) if isinstance(err, Refusal) else err from None
+    request[RATE_LIMIT_HEADERS] = limiter.headers(name)
+    return entry, ticket
 
 
 def _err(err: APIError) -> str:

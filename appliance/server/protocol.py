@@ -22,7 +22,7 @@ from appliance.server.schema.requests import (
     TokenizeRequest,
 )
 from appliance.server.validation import validate
-from engine.sampling_params import SamplingParams
+from engine.sampling_params import PRIORITIES, SamplingParams
 from engine.structured import StructuredOutput
 
 SAMPLING_FIELDS = tuple(
@@ -87,8 +87,11 @@ class GenerateRequest:
     seed: int | None = None
     sampling: dict = field(default_factory=dict)
 
-    def params(self, choice: int, max_tokens: int) -> SamplingParams:
-        """SamplingParams for one choice; choice i of a seeded request uses seed + i."""
+    def params(
+        self, choice: int, max_tokens: int, priority: str = PRIORITIES[0], client: str | None = None
+    ) -> SamplingParams:
+        """SamplingParams for one choice; choice i of a seeded request uses seed + i.
+        `priority` and `client` (the API key's name) come from the key it was sent with."""
         seed = None if self.seed is None else (self.seed + choice) % (1 << 63)
         try:
             return SamplingParams(
@@ -96,6 +99,8 @@ class GenerateRequest:
                 seed=seed,
                 logprobs=self.logprobs,
                 structured=self.structured,
+                priority=priority,
+                client=client,
                 **self.sampling,
             )
         except ValueError as exc:

@@ -1,4 +1,4 @@
-"""Typed keys of the per-request values the middlewares set (id, arrival time, key name)."""
+"""Typed keys of per-request values set by middlewares and routes (id, arrival, key, headers)."""
 
 from __future__ import annotations
 
@@ -10,3 +10,5 @@ RECEIVED_AT = web.RequestKey("received_at", float)
 """time.time() when the request reached the server."""
 KEY_NAME = web.RequestKey("key_name", str)
 """Name of the API key the request authenticated with (never the key itself)."""
+RATE_LIMIT_HEADERS = web.RequestKey("rate_limit_headers", dict)
+"""The x-ratelimit-* headers of the request's key after its admission (sent on the response)."""

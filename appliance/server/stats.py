@@ -10,6 +10,7 @@ import time
 from collections import OrderedDict, deque
 from collections.abc import Callable
 
+from appliance.server.key_stats import KeyStats
 from appliance.server.records import RequestRecord
 from appliance.server.state import ServerState
 
@@ -68,6 +69,7 @@ class StatsTracker:
         self.on_finish: list[Callable[[RequestRecord], None]] = []
         """Sinks called with each closed record (metrics, request log)."""
         self.gpu = GpuReader()
+        self.keys = KeyStats()
 
     def add(self, record: RequestRecord) -> None:
         self.counters["requests_total"] += 1
@@ -194,6 +196,7 @@ class StatsTracker:
             "gpu": self.gpu.read(engine.device if engine is not None else None),
             "requests_in_flight": len(state.inflight),
             "counters": self.counters,
+            "keys": self.keys.snapshot(),
             "throughput": self.throughput(),
             "latency": {k: percentiles(list(v)) for k, v in self.latency.items()},
             "requests": rows,
