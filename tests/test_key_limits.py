@@ -239,3 +239,15 @@ def test_default_limits_errors():
 def test_duplicate_key_names_are_refused():
     with pytest.raises(SettingsError, match="unique.*'a'"):
         ServeSettings(api_key=["a:sk-one-0123456", "a:sk-two-0123456"])
+
+
+def test_check_refuses_a_key_already_past_its_limits_without_admitting():
+    lim, _ = limiter(max_concurrent=1, tpm=50)
+    lim.check("k")  # nothing used: passes, admits nothing
+    assert lim.running("k") == 0
+    ticket = lim.admit("k", 10)
+    with pytest.raises(Refusal, match="1 concurrent requests"):
+        lim.check("k")
+    ticket.release(45)  # 55 tokens in the window: past the TPM limit with no prompt at all
+    with pytest.raises(Refusal, match=r"50 tokens per minute \(55 used in the last minute\)"):
+        lim.check("k")

@@ -147,6 +147,16 @@ class Limiter:
         names every limit it is past. `retry_hint_s`: Retry-After when only a free slot
         (max_concurrent) would let it pass (the server's mean request time is a good guess)."""
         u, now = self.usage[name], self.clock()
+        self.check(name, retry_hint_s, prompt_tokens)
+        u.running += 1
+        u.requests.append(now)
+        u.tokens.append((now, prompt_tokens))
+        return Ticket(self, u, now, prompt_tokens)
+
+    def check(self, name: str, retry_hint_s: float = 1.0, prompt_tokens: int = 0) -> None:
+        """Raise the 429 Refusal `admit` would give (without admitting). With no prompt tokens:
+        whether the key is past a limit already, checked before the prompt is tokenized."""
+        u, now = self.usage[name], self.clock()
         u.prune(now)
         lim = u.limits
         if lim.tpm is not None and prompt_tokens > lim.tpm:
@@ -165,10 +175,8 @@ class Limiter:
             wait = u.requests[0] + WINDOW_S - now
             past.append(("requests_per_minute", f"{lim.rpm} requests per minute", wait))
         if lim.tpm is not None and u.tokens_used + prompt_tokens > lim.tpm:
-            what = (
-                f"{lim.tpm} tokens per minute ({u.tokens_used} used in the last minute, "
-                f"{prompt_tokens} in this prompt)"
-            )
+            this = f", {prompt_tokens} in this prompt" if prompt_tokens else ""
+            what = f"{lim.tpm} tokens per minute ({u.tokens_used} used in the last minute{this})"
             past.append(("tokens_per_minute", what, u.tokens_free_in(prompt_tokens, now)))
         if past:
             retry = max(1, math.ceil(max(wait for _, _, wait in past)))
@@ -180,10 +188,6 @@ class Limiter:
                 past[0][0] if len(past) == 1 else "rate_limit_exceeded",
                 headers={**self.headers(name), "Retry-After": str(retry)},
             )
-        u.running += 1
-        u.requests.append(now)
-        u.tokens.append((now, prompt_tokens))
-        return Ticket(self, u, now, prompt_tokens)
 
     def headers(self, name: str) -> dict[str, str]:
         """The key's x-ratelimit-* headers now (none for a key without RPM or TPM)."""

@@ -197,6 +197,11 @@ async def serve_generation(request: web.Request, req: GenerateRequest) -> web.St
     key_name = request.get(KEY_NAME)
     limits = limiter.limits(key_name or ANONYMOUS)
     check_model(state, req.model)
+    try:  # a key already past its limits is refused before its prompt costs any work
+        limiter.check(key_name or ANONYMOUS, tracker.mean_e2e())
+    except Refusal as refusal:
+        count_rejected(request)
+        raise refused(refusal) from None
     prompts = await _prompt_ids(app, state, req)
     output = chat_output(state, req, prompts[0]) if req.messages is not None else None
     constraint = await constrain(state, req, output)
@@ -282,9 +287,8 @@ def admit(request: web.Request, engine_ids: list[str], prompt_tokens: int):
     a 429 counted for the key, the server and /metrics. A key's successful admission sets the
     x-ratelimit-* headers its response carries."""
     app = request.app
-    state, tracker, metrics, limiter = app[STATE], app[TRACKER], app[METRICS], app[LIMITER]
-    key_name = request.get(KEY_NAME)
-    name = key_name or ANONYMOUS
+    state, tracker, limiter = app[STATE], app[TRACKER], app[LIMITER]
+    name = request.get(KEY_NAME) or ANONYMOUS
     try:
         ticket = limiter.admit(name, prompt_tokens, tracker.mean_e2e())
         try:
@@ -294,12 +298,18 @@ def admit(request: web.Request, engine_ids: list[str], prompt_tokens: int):
             err.headers = {**limiter.headers(name), **err.headers}
             raise
     except (APIError, Refusal) as err:
-        tracker.rejected()
-        tracker.keys.rejected(key_name)
-        metrics.rejected.labels(state.model_name).inc()
+        count_rejected(request)
         raise refused(err) if isinstance(err, Refusal) else err from None
     request[RATE_LIMIT_HEADERS] = limiter.headers(name)
     return entry, ticket
+
+
+def count_rejected(request: web.Request) -> None:
+    """Count a 429 for the server, its key and /metrics."""
+    app = request.app
+    app[TRACKER].rejected()
+    app[TRACKER].keys.rejected(request.get(KEY_NAME))
+    app[METRICS].rejected.labels(app[STATE].model_name).inc()
 
 
 def _err(err: APIError) -> str:
