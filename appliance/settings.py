@@ -17,7 +17,7 @@ import tomllib
 from collections.abc import Iterable
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import TYPE_CHECKING, Annotated, Literal
 
 from pydantic import BeforeValidator
 
@@ -30,6 +30,9 @@ from appliance.options import (
     read_env,
 )
 from engine.config import EngineConfig
+
+if TYPE_CHECKING:
+    from appliance.generation_defaults import GenerationDefaults
 
 EngineSettings = optional_settings(EngineConfig, "EngineSettings")
 """Every EngineConfig setting, optional: None = not pinned (the planner or the engine decides)."""
@@ -114,6 +117,13 @@ class ServeSettings(EngineSettings):
     tool_parser: str | None = field(default=None, metadata={"metavar": "FAMILY"})
     """How tool calls are read from the model's output (hermes, llama3_json, mistral); None =
     chosen from the model's chat template and type."""
+    generation_config: str = field(default="auto", metadata={"metavar": "none|auto|PATH"})
+    """Defaults for the temperature, top_p, top_k, repetition_penalty and max_tokens a request
+    omits: auto = the model's generation_config.json (a .gguf: its general.sampling.* metadata),
+    PATH = that file, a folder holding one, or a .gguf file, none = the server's own."""
+    override_generation_config: str | None = field(default=None, metadata={"metavar": "JSON"})
+    """Defaults that win over the model's, a JSON object of generation_config.json fields, e.g.
+    '{"temperature": 0.6, "max_new_tokens": 512}'; a request's own values still win."""
     api_workers: int = 1
     """HTTP front-end processes sharing the port and the one engine (more when one event loop
     is the limit)."""
@@ -127,6 +137,8 @@ class ServeSettings(EngineSettings):
     """With --tui, the server log file; None = $XDG_STATE_HOME/llm-appliance/serve.log."""
     api_keys: list[ApiKey] = field(init=False, repr=False, default_factory=list)
     """The parsed keys of --api-key and --api-key-file (derived, not a flag)."""
+    generation_overrides: dict = field(init=False, repr=False, default_factory=dict)
+    """--override-generation-config, checked, under request field names (derived)."""
 
     def __post_init__(self) -> None:
         for option in serve_options().values():
@@ -161,6 +173,10 @@ class ServeSettings(EngineSettings):
         except ValueError as exc:
             raise SettingsError(f"engine setting: {exc}") from None
         self.api_keys = self._load_keys()
+        from appliance.generation_defaults import check_source, parse_overrides
+
+        check_source(self.generation_config)
+        self.generation_overrides = parse_overrides(self.override_generation_config)
 
     def _load_keys(self) -> list[ApiKey]:
         keys = [
@@ -177,6 +193,16 @@ class ServeSettings(EngineSettings):
                 if line:
                     keys.append(_parse_key(line, None, f"{path} line {lineno}"))
         return [ApiKey(k.name or f"key{i + 1}", k.key) for i, k in enumerate(keys)]
+
+    @functools.cached_property
+    def generation_defaults(self) -> GenerationDefaults:
+        """Requests' defaults for omitted sampling fields, read once (the model's file and the
+        overrides); raises SettingsError when the file cannot be read."""
+        from appliance.generation_defaults import load_generation_defaults
+
+        return load_generation_defaults(
+            self.generation_config, self.model, self.generation_overrides
+        )
 
     @property
     def tui_log_path(self) -> Path:

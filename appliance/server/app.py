@@ -117,7 +117,8 @@ def create_app(
             make_auth_middleware(config.api_keys),
         ],
     )
-    state = ServerState(config)
+    state = ServerState(config, defaults=config.generation_defaults)
+    logger.info("%s", state.defaults.describe())
     app[STATE] = state
     app[TRACKER] = StatsTracker()
     app[METRICS] = Metrics(state)

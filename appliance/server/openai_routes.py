@@ -12,7 +12,14 @@ from appliance.server.chat_output import ChatOutput
 from appliance.server.errors import APIError, bad_request
 from appliance.server.generation import Choice, Generation
 from appliance.server.keys import EXECUTOR, METRICS, STATE, TRACKER
-from appliance.server.protocol import GenerateRequest, parse_chat, parse_completion, read_json
+from appliance.server.protocol import (
+    GenerateRequest,
+    apply_defaults,
+    effective_params,
+    parse_chat,
+    parse_completion,
+    read_json,
+)
 from appliance.server.records import ChoiceRecord, RequestRecord
 from appliance.server.request_keys import KEY_NAME, RECEIVED_AT, REQUEST_ID
 from appliance.server.responses import Formatter, dumps, send_event, usage
@@ -157,8 +164,12 @@ async def constrain(state: ServerState, req: GenerateRequest, output: ChatOutput
 
 
 def resolve_max_tokens(req: GenerateRequest, prompt_len: int, limit: int) -> int:
-    """The request's max_tokens (chat default: the rest of the context), checked against it."""
-    wanted = req.max_tokens if req.max_tokens is not None else max(1, limit - prompt_len)
+    """The request's max_tokens (chat default: the rest of the context; a model's or an
+    override's default: at most the rest of the context), checked against it."""
+    room = max(1, limit - prompt_len)
+    wanted = req.max_tokens if req.max_tokens is not None else room
+    if req.sources.get("max_tokens") in ("model", "override"):
+        wanted = min(wanted, room)
     if prompt_len + wanted > limit:
         raise bad_request(
             f"This model's maximum context length is {limit} tokens; the request asks for "
@@ -174,6 +185,7 @@ async def serve_generation(request: web.Request, req: GenerateRequest) -> web.St
     state, tracker, metrics = app[STATE], app[TRACKER], app[METRICS]
     state.require_ready()
     check_model(state, req.model)
+    apply_defaults(req, state.defaults)
     prompts = await _prompt_ids(app, state, req)
     output = chat_output(state, req, prompts[0]) if req.messages is not None else None
     constraint = await constrain(state, req, output)
@@ -211,6 +223,7 @@ async def serve_generation(request: web.Request, req: GenerateRequest) -> web.St
         received_at=request[RECEIVED_AT],
     )
     record.choices = [c.record for c in choices]
+    record.sampling = effective_params(choices[0].params, req.sources, max_tokens)
     record.tools = bool(req.tools)
     if constraint is not None:
         record.structured, record.grammar_compile_s = constraint

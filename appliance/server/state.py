@@ -11,6 +11,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from appliance.generation_defaults import GenerationDefaults
 from appliance.server.errors import APIError
 from appliance.server.structured import GrammarCheck
 from appliance.settings import ServeSettings
@@ -53,6 +54,8 @@ class ServerState:
     """Set when the engine core died while serving: the front end should exit non-zero."""
     grammar_check: GrammarCheck | None = None
     """Compiles requests' grammars (None for a model without a tokenizer)."""
+    defaults: GenerationDefaults = field(default_factory=GenerationDefaults)
+    """What a request's omitted sampling fields become (the model's, the overrides)."""
     is_warming_up: bool = False
     """While loading: the engine is built and runs its warm-up (the core reported the phase)."""
 

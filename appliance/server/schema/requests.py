@@ -21,6 +21,7 @@ MAX_LOGPROBS = 20
 MAX_SEED = (1 << 63) - 1
 MAX_TOP_K = 1 << 20
 MAX_TOOLS = 128
+MODEL_DEFAULT = "Omitted = the model's default (generation_config.json), else"
 
 NonEmptyStr = Annotated[str, Field(min_length=1)]
 TokenId = Annotated[int, Field(ge=0)]
@@ -133,10 +134,17 @@ class SamplingRequest(RequestModel):
     stop_token_ids: Annotated[list[TokenId], Allowed("a list of token ids")] | None = Field(
         None, description="(extension) Token ids that end the output, besides end-of-sequence."
     )
-    temperature: float = Field(1.0, ge=0.0, le=2.0, description="0 = greedy.")
-    top_p: float = Field(1.0, gt=0.0, le=1.0, description="Nucleus sampling mass.")
-    top_k: int = Field(
-        -1, ge=-1, le=MAX_TOP_K, description="(extension) Keep the k likeliest tokens; -1 = all."
+    temperature: float | None = Field(
+        None, ge=0.0, le=2.0, description=f"0 = greedy. {MODEL_DEFAULT} 1."
+    )
+    top_p: float | None = Field(
+        None, gt=0.0, le=1.0, description=f"Nucleus sampling mass. {MODEL_DEFAULT} 1."
+    )
+    top_k: int | None = Field(
+        None,
+        ge=-1,
+        le=MAX_TOP_K,
+        description=f"(extension) Keep the k likeliest tokens; -1 = all. {MODEL_DEFAULT} -1.",
     )
     min_p: float = Field(
         0.0,
@@ -144,11 +152,12 @@ class SamplingRequest(RequestModel):
         le=1.0,
         description="(extension) Drop tokens below min_p x the likeliest token's probability.",
     )
-    repetition_penalty: float = Field(
-        1.0,
+    repetition_penalty: float | None = Field(
+        None,
         gt=0.0,
         le=2.0,
-        description="(extension) > 1 discourages tokens already in the prompt or the output.",
+        description="(extension) > 1 discourages tokens already in the prompt or the output. "
+        f"{MODEL_DEFAULT} 1.",
     )
     presence_penalty: float = Field(0.0, ge=-2.0, le=2.0)
     frequency_penalty: float = Field(0.0, ge=-2.0, le=2.0)
@@ -197,7 +206,9 @@ class CompletionRequest(SamplingRequest):
     """POST /v1/completions."""
 
     prompt: Prompt = Field(description="Each prompt gets n choices.")
-    max_tokens: int = Field(16, ge=1, description="Most tokens to generate per choice.")
+    max_tokens: int | None = Field(
+        None, ge=1, description=f"Most tokens to generate per choice. {MODEL_DEFAULT} 16."
+    )
     logprobs: int | None = Field(
         None, ge=0, le=MAX_LOGPROBS, description="Return this many top alternatives per token."
     )
@@ -211,7 +222,9 @@ class ChatCompletionRequest(SamplingRequest):
 
     messages: Messages
     max_tokens: int | None = Field(
-        None, ge=1, description="Most tokens per choice; omitted = the rest of the context."
+        None,
+        ge=1,
+        description=f"Most tokens per choice. {MODEL_DEFAULT} the rest of the context.",
     )
     max_completion_tokens: int | None = Field(None, ge=1, description="Overrides max_tokens.")
     logprobs: bool = Field(False, description="Return each output token's logprob.")
