@@ -149,7 +149,9 @@ def apply_defaults(req: GenerateRequest, defaults: GenerationDefaults) -> None:
         req.sources[name] = source
 
 
-def effective_params(params: SamplingParams, sources: dict[str, str], max_tokens: list[int]):
+def effective_params(
+    params: SamplingParams, sources: dict[str, str], max_tokens: list[int]
+) -> dict:
     """The sampling values a request ran with, for its trace and log line: the DEFAULTED fields
     with where each came from, and the other sampling fields a request may set."""
     out = {name: getattr(params, name) for name in (*DEFAULTED, *TRACED) if name != "max_tokens"}

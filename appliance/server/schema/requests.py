@@ -12,7 +12,7 @@ from typing import Annotated, Any, Literal
 from pydantic import Field
 
 from appliance.server.schema.base import Allowed, Part, RequestModel, unsupported
-from engine.sampling_params import MAX_CACHE_SALT
+from engine.sampling_params import MAX_CACHE_SALT, SamplingParams
 
 Role = Literal["system", "developer", "user", "assistant", "tool"]
 MAX_N = 128
@@ -22,6 +22,12 @@ MAX_SEED = (1 << 63) - 1
 MAX_TOP_K = 1 << 20
 MAX_TOOLS = 128
 MODEL_DEFAULT = "Omitted = the model's default (generation_config.json), else"
+
+
+def _ours(name: str) -> str:
+    """The server's own default of a SamplingParams field, for a description."""
+    return f"{MODEL_DEFAULT} {getattr(SamplingParams, name):g}."
+
 
 NonEmptyStr = Annotated[str, Field(min_length=1)]
 TokenId = Annotated[int, Field(ge=0)]
@@ -135,16 +141,16 @@ class SamplingRequest(RequestModel):
         None, description="(extension) Token ids that end the output, besides end-of-sequence."
     )
     temperature: float | None = Field(
-        None, ge=0.0, le=2.0, description=f"0 = greedy. {MODEL_DEFAULT} 1."
+        None, ge=0.0, le=2.0, description=f"0 = greedy. {_ours('temperature')}"
     )
     top_p: float | None = Field(
-        None, gt=0.0, le=1.0, description=f"Nucleus sampling mass. {MODEL_DEFAULT} 1."
+        None, gt=0.0, le=1.0, description=f"Nucleus sampling mass. {_ours('top_p')}"
     )
     top_k: int | None = Field(
         None,
         ge=-1,
         le=MAX_TOP_K,
-        description=f"(extension) Keep the k likeliest tokens; -1 = all. {MODEL_DEFAULT} -1.",
+        description=f"(extension) Keep the k likeliest tokens; -1 = all. {_ours('top_k')}",
     )
     min_p: float = Field(
         0.0,
@@ -157,7 +163,7 @@ class SamplingRequest(RequestModel):
         gt=0.0,
         le=2.0,
         description="(extension) > 1 discourages tokens already in the prompt or the output. "
-        f"{MODEL_DEFAULT} 1.",
+        + _ours("repetition_penalty"),
     )
     presence_penalty: float = Field(0.0, ge=-2.0, le=2.0)
     frequency_penalty: float = Field(0.0, ge=-2.0, le=2.0)
@@ -207,7 +213,7 @@ class CompletionRequest(SamplingRequest):
 
     prompt: Prompt = Field(description="Each prompt gets n choices.")
     max_tokens: int | None = Field(
-        None, ge=1, description=f"Most tokens to generate per choice. {MODEL_DEFAULT} 16."
+        None, ge=1, description=f"Most tokens to generate per choice. {_ours('max_tokens')}"
     )
     logprobs: int | None = Field(
         None, ge=0, le=MAX_LOGPROBS, description="Return this many top alternatives per token."
