@@ -79,6 +79,11 @@ def run_server(settings: ServeSettings, loader: Callable[[], Any] | None = None)
             return 2
         log_target = {"filename": str(log_path)}
     logging.basicConfig(level=settings.log_level.upper(), format=LOG_FORMAT, **log_target)
+    try:  # read the model's generation defaults now: a broken file is a refused configuration
+        logger.debug("generation defaults from %s", settings.generation_defaults.origin)
+    except ValueError as exc:
+        print(f"appliance serve: {exc}", file=sys.stderr)
+        return 2
     try:
         ssl_ctx = make_ssl_context(settings)
     except (OSError, ssl.SSLError) as exc:

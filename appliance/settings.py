@@ -17,7 +17,7 @@ import tomllib
 from collections.abc import Iterable
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import TYPE_CHECKING, Annotated, Literal
 
 from pydantic import BeforeValidator
 
@@ -32,6 +32,9 @@ from appliance.options import (
 )
 from engine.config import EngineConfig
 from engine.sampling_params import PRIORITIES
+
+if TYPE_CHECKING:
+    from appliance.generation_defaults import GenerationDefaults
 
 EngineSettings = optional_settings(EngineConfig, "EngineSettings")
 """Every EngineConfig setting, optional: None = not pinned (the planner or the engine decides)."""
@@ -127,6 +130,13 @@ class ServeSettings(EngineSettings):
     tool_parser: str | None = field(default=None, metadata={"metavar": "FAMILY"})
     """How tool calls are read from the model's output (hermes, llama3_json, mistral); None =
     chosen from the model's chat template and type."""
+    generation_config: str = field(default="auto", metadata={"metavar": "none|auto|PATH"})
+    """Defaults for the temperature, top_p, top_k, repetition_penalty and max_tokens a request
+    omits: auto = the model's generation_config.json (a .gguf: its general.sampling.* metadata),
+    PATH = that file, a folder holding one, or a .gguf file, none = the server's own."""
+    override_generation_config: str | None = field(default=None, metadata={"metavar": "JSON"})
+    """Defaults that win over the model's, a JSON object of generation_config.json fields, e.g.
+    '{"temperature": 0.6, "max_new_tokens": 512}'; a request's own values still win."""
     api_workers: int = 1
     """HTTP front-end processes sharing the port and the one engine (more when one event loop
     is the limit)."""
@@ -142,6 +152,8 @@ class ServeSettings(EngineSettings):
     """The parsed keys of --api-key, --api-key-file and [keys.NAME] (derived, not a flag)."""
     anonymous_limits: KeyLimits = field(init=False, repr=False, default_factory=KeyLimits)
     """The limits of requests without a key: default_priority and default_limits (derived)."""
+    generation_overrides: dict = field(init=False, repr=False, default_factory=dict)
+    """--override-generation-config, checked, under request field names (derived)."""
 
     def __post_init__(self) -> None:
         for option in serve_options().values():
@@ -181,6 +193,10 @@ class ServeSettings(EngineSettings):
         if "priority" in {w.partition("=")[0] for w in words}:
             raise SettingsError("--default-limits: set the priority with --default-priority")
         self.anonymous_limits = replace(limits, priority=self.default_priority)
+        from appliance.generation_defaults import check_source, parse_overrides
+
+        check_source(self.generation_config)
+        self.generation_overrides = parse_overrides(self.override_generation_config)
 
     def _load_keys(self) -> list[ApiKey]:
         keys = [
@@ -198,6 +214,16 @@ class ServeSettings(EngineSettings):
                     keys.append(_parse_key(line, None, f"{path} line {lineno}"))
         keys = [replace(k, name=k.name or f"key{i + 1}") for i, k in enumerate(keys)]
         return _with_tables(keys, self.keys)
+
+    @functools.cached_property
+    def generation_defaults(self) -> GenerationDefaults:
+        """Requests' defaults for omitted sampling fields, read once (the model's file and the
+        overrides); raises SettingsError when the file cannot be read."""
+        from appliance.generation_defaults import load_generation_defaults
+
+        return load_generation_defaults(
+            self.generation_config, self.model, self.generation_overrides
+        )
 
     @property
     def tui_log_path(self) -> Path:

@@ -1,5 +1,5 @@
-"""serve(): the process life cycle on a fake engine: HTTPS, the URL line, SIGTERM drain -> 0,
-and a failed engine load -> exit 1."""
+"""serve(): the process life cycle on a fake engine: HTTPS, the URL line, SIGTERM drain -> 0
+(/health/ready says draining meanwhile), and a failed engine load -> exit 1."""
 
 from __future__ import annotations
 
@@ -62,6 +62,9 @@ async def test_https_then_sigterm_drains_and_returns_0(tmp_path, capsys):
         await asyncio.sleep(0.05)
         refused = await session.post(f"{url}/v1/completions", json=body, ssl=client_ctx)
         assert refused.status == 503
+        ready = await session.get(f"{url}/health/ready", ssl=client_ctx)
+        assert ready.status == 503 and (await ready.json())["reason"] == "draining"
+        assert (await session.get(f"{url}/health/live", ssl=client_ctx)).status == 200
         done = await inflight
         assert done.status == 200
         assert (await done.json())["choices"][0]["finish_reason"] == "length"
@@ -90,5 +93,7 @@ async def test_engine_process_death_fails_streams_and_exits_1(capsys, caplog):
         assert '"error"' in rest and rest.rstrip().endswith("data: [DONE]")
         refused = await session.post(f"{url}/v1/completions", json={"prompt": "w1"})
         assert refused.status == 503
+        live = await session.get(f"{url}/health/live")
+        assert live.status == 503 and (await live.json())["reason"] == "engine core gone"
     assert await asyncio.wait_for(task, 10) == 1
     assert "exiting so that it can be restarted" in caplog.text

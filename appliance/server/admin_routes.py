@@ -1,5 +1,5 @@
-"""Operational routes: /health, /metrics, /tokenize, /detokenize, /v1/stats (+ SSE stream),
-/v1/requests/{id} and /openapi.json."""
+"""Operational routes: /health, /health/live, /health/ready, /metrics, /tokenize, /detokenize,
+/v1/stats (+ SSE stream), /v1/requests/{id} and /openapi.json."""
 
 from __future__ import annotations
 
@@ -15,7 +15,12 @@ from appliance.server.openai_routes import SSE_HEADERS, check_model, offload
 from appliance.server.openapi import openapi_spec
 from appliance.server.protocol import parse_detokenize, parse_tokenize, read_json
 from appliance.server.responses import dumps, send_event
-from appliance.server.schema.responses import DetokenizeResponse, HealthResponse, TokenizeResponse
+from appliance.server.schema.responses import (
+    DetokenizeResponse,
+    HealthResponse,
+    ProbeResponse,
+    TokenizeResponse,
+)
 from appliance.server.state import Phase
 
 routes = web.RouteTableDef()
@@ -33,6 +38,29 @@ async def health(request: web.Request) -> web.Response:
     body = HealthResponse(status=status, error=error or None)
     return web.json_response(
         body.model_dump(exclude_none=True), status=200 if status == "ok" else 503
+    )
+
+
+@routes.get("/health/live")
+async def health_live(request: web.Request) -> web.Response:
+    """Liveness: 200 while this process runs its event loop (this answer is the proof) and
+    its engine core is alive or still loading; 503 once the core is gone or failed to load, so
+    that an orchestrator restarts the server. Loading and draining are alive."""
+    return _probe(request.app[STATE].liveness())
+
+
+@routes.get("/health/ready")
+async def health_ready(request: web.Request) -> web.Response:
+    """Readiness: 200 only when the engine is loaded and warmed up and the server is not
+    draining; 503 with the reason ("loading", "warming up", "draining", "engine core gone",
+    "engine failed to load") otherwise."""
+    return _probe(request.app[STATE].readiness())
+
+
+def _probe(reason: str | None) -> web.Response:
+    body = ProbeResponse(status="ok" if reason is None else "unavailable", reason=reason)
+    return web.json_response(
+        body.model_dump(exclude_none=True), status=200 if reason is None else 503
     )
 
 

@@ -35,7 +35,7 @@ from appliance.server.request_log import RequestLog
 from appliance.server.state import Phase, ServerState
 from appliance.server.stats import StatsTracker
 from appliance.settings import ServeSettings
-from engine.core.process import CoreStartError, start_core
+from engine.core.process import PHASE_WARMING_UP, CoreStartError, start_core
 
 logger = logging.getLogger("appliance.server")
 _REQUEST_ID = re.compile(r"^[A-Za-z0-9._:~-]{1,128}$")
@@ -130,7 +130,8 @@ def create_app(
             make_auth_middleware(config.api_keys),
         ],
     )
-    state = ServerState(config)
+    state = ServerState(config, defaults=config.generation_defaults)
+    logger.info("%s", state.defaults.describe())
     app[STATE] = state
     app[TRACKER] = StatsTracker()
     app[METRICS] = Metrics(state)
@@ -201,7 +202,11 @@ async def _load(state: ServerState, source: Any, progress: Progress) -> None:
     settings = state.settings
 
     def on_phase(name: str) -> None:
-        loop.call_soon_threadsafe(progress.phase, name)
+        loop.call_soon_threadsafe(_on_phase, name)
+
+    def _on_phase(name: str) -> None:
+        state.is_warming_up = name == PHASE_WARMING_UP
+        progress.phase(name)
 
     cancel = threading.Event()
     start = partial(
@@ -220,6 +225,7 @@ async def _load(state: ServerState, source: Any, progress: Progress) -> None:
             raise
         await state.attach(core.info, core.address, core)
         if settings.warmup:
+            state.is_warming_up = True
             try:  # the first render compiles the template: do it now, not on a client's request
                 core.info.apply_chat_template([{"role": "user", "content": "Hello"}])
             except ValueError:

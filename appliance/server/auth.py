@@ -1,7 +1,8 @@
 """API-key authentication: `Authorization: Bearer KEY` (or `X-Api-Key`), constant-time compare.
 
-Open without a key: /health (for probes and load balancers) and /openapi.json. Keys are never
-logged; the matching key's name is stored on the request for logs and traces.
+Open without a key: /health, /health/live and /health/ready (for probes and load balancers)
+and /openapi.json. Keys are never logged; the matching key's name is stored on the request for
+logs and traces.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from appliance.server.errors import APIError
 from appliance.server.request_keys import KEY_NAME
 from appliance.settings import ApiKey
 
-PUBLIC_PATHS = frozenset({"/health", "/openapi.json"})
+PUBLIC_PATHS = frozenset({"/health", "/health/live", "/health/ready", "/openapi.json"})
 
 
 def match_key(presented: str, keys: list[ApiKey]) -> ApiKey | None:

@@ -14,7 +14,14 @@ from appliance.server.errors import APIError, bad_request
 from appliance.server.generation import Choice, Generation
 from appliance.server.keys import EXECUTOR, LIMITER, METRICS, STATE, TRACKER
 from appliance.server.limits import Refusal, capped_max_tokens
-from appliance.server.protocol import GenerateRequest, parse_chat, parse_completion, read_json
+from appliance.server.protocol import (
+    GenerateRequest,
+    apply_defaults,
+    effective_params,
+    parse_chat,
+    parse_completion,
+    read_json,
+)
 from appliance.server.records import ChoiceRecord, RequestRecord
 from appliance.server.request_keys import KEY_NAME, RATE_LIMIT_HEADERS, RECEIVED_AT, REQUEST_ID
 from appliance.server.responses import Formatter, dumps, send_event, usage
@@ -172,14 +179,20 @@ def refused(refusal: Refusal) -> APIError:
 def resolve_max_tokens(
     req: GenerateRequest, prompt_len: int, limit: int, caps: KeyLimits | None = None
 ) -> int:
-    """The request's max_tokens (chat default: the rest of the context, within the key's caps),
-    checked against the key's caps and the context."""
+    """The request's own max_tokens, checked against the key's caps and the context; else a
+    default cut to the key's caps: the override's or the model's (also cut to the rest of the
+    context), 16 for completions, the rest of the context for chat."""
+    room = max(1, limit - prompt_len)
+    own = req.max_tokens if req.sources.get("max_tokens", "request") == "request" else None
     try:
-        wanted = capped_max_tokens(caps or KeyLimits(), req.max_tokens, prompt_len)
+        wanted = capped_max_tokens(caps or KeyLimits(), own, prompt_len)
     except Refusal as refusal:
         raise refused(refusal) from None
-    if wanted is None:
-        wanted = max(1, limit - prompt_len)
+    if own is None:
+        default = room if req.max_tokens is None else req.max_tokens
+        if req.sources.get("max_tokens") in ("model", "override"):
+            default = min(default, room)
+        wanted = default if wanted is None else min(wanted, default)
     if prompt_len + wanted > limit:
         raise bad_request(
             f"This model's maximum context length is {limit} tokens; the request asks for "
@@ -202,6 +215,7 @@ async def serve_generation(request: web.Request, req: GenerateRequest) -> web.St
     except Refusal as refusal:
         count_rejected(request)
         raise refused(refusal) from None
+    apply_defaults(req, state.defaults)
     prompts = await _prompt_ids(app, state, req)
     output = chat_output(state, req, prompts[0]) if req.messages is not None else None
     constraint = await constrain(state, req, output)
@@ -235,6 +249,7 @@ async def serve_generation(request: web.Request, req: GenerateRequest) -> web.St
         received_at=request[RECEIVED_AT],
     )
     record.choices = [c.record for c in choices]
+    record.sampling = effective_params(choices[0].params, req.sources, max_tokens)
     record.tools = bool(req.tools)
     if constraint is not None:
         record.structured, record.grammar_compile_s = constraint

@@ -27,6 +27,7 @@ from appliance.server.schema.responses import (
     HealthResponse,
     ModelCard,
     ModelList,
+    ProbeResponse,
     TokenizeResponse,
 )
 
@@ -66,6 +67,14 @@ ROUTES: dict[tuple[str, str], Route] = {
     ),
     ("/health", "get"): Route(
         "200 when serving; 503 while loading, draining or failed", response=HealthResponse
+    ),
+    ("/health/live", "get"): Route(
+        "Liveness: 200 while the process and its engine core run; 503 once the core is gone",
+        response=ProbeResponse,
+    ),
+    ("/health/ready", "get"): Route(
+        "Readiness: 200 when loaded, warmed up and not draining; 503 with the reason otherwise",
+        response=ProbeResponse,
     ),
     ("/metrics", "get"): Route("Prometheus metrics (vLLM names)", media="text/plain"),
     ("/tokenize", "post"): Route(

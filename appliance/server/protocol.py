@@ -12,6 +12,7 @@ from dataclasses import dataclass, field, fields
 
 from aiohttp import web
 
+from appliance.generation_defaults import DEFAULTED, GenerationDefaults, server_defaults
 from appliance.server.errors import bad_request
 from appliance.server.schema.requests import (
     ChatCompletionRequest,
@@ -31,6 +32,8 @@ SAMPLING_FIELDS = tuple(
     if f.name in SamplingRequest.model_fields and f.name != "seed"
 )
 """Request fields handed to SamplingParams as they are (seed is offset per choice)."""
+TRACED = ("min_p", "presence_penalty", "frequency_penalty", "seed")
+"""Sampling fields shown in traces besides DEFAULTED (seed: choice 0's)."""
 TOOL_NAME = re.compile(r"^[A-Za-z0-9_.-]+$")
 
 
@@ -86,6 +89,9 @@ class GenerateRequest:
     """Top-n alternatives to return; None = no logprobs."""
     seed: int | None = None
     sampling: dict = field(default_factory=dict)
+    """SamplingParams fields; a defaulted field (DEFAULTED) is absent until apply_defaults."""
+    sources: dict[str, str] = field(default_factory=dict)
+    """Where each DEFAULTED field's value came from (SOURCES): set by apply_defaults."""
 
     def params(
         self, choice: int, max_tokens: int, priority: str = PRIORITIES[0], client: str | None = None
@@ -109,6 +115,9 @@ class GenerateRequest:
 
 def _common(body: SamplingRequest, endpoint: str) -> GenerateRequest:
     sampling = {name: getattr(body, name) for name in SAMPLING_FIELDS}
+    for name in DEFAULTED:  # None = omitted: apply_defaults fills it
+        if sampling.get(name, 0) is None:
+            del sampling[name]
     stop = sampling["stop"]
     sampling["stop"] = [] if stop is None else [stop] if isinstance(stop, str) else stop
     sampling["stop_token_ids"] = sampling["stop_token_ids"] or []
@@ -123,6 +132,37 @@ def _common(body: SamplingRequest, endpoint: str) -> GenerateRequest:
         sampling=sampling,
         structured=structured_output(body),
     )
+
+
+def apply_defaults(req: GenerateRequest, defaults: GenerationDefaults) -> None:
+    """Fill the DEFAULTED fields the body omitted: the overrides', else the model's, else the
+    server's (SamplingParams'; max_tokens: 16 for completions, the rest of the context for chat,
+    left None here); record in req.sources where each value came from."""
+    ours = server_defaults()
+    for name in DEFAULTED:
+        given = req.max_tokens if name == "max_tokens" else req.sampling.get(name)
+        if given is not None:
+            req.sources[name] = "request"
+            continue
+        value, source = defaults.values.get(name), defaults.sources.get(name, "server")
+        if name == "max_tokens":
+            if value is None and req.endpoint == "completions":
+                value = ours[name]
+            req.max_tokens = value
+        else:
+            req.sampling[name] = ours[name] if value is None else value
+        req.sources[name] = source
+
+
+def effective_params(
+    params: SamplingParams, sources: dict[str, str], max_tokens: list[int]
+) -> dict:
+    """The sampling values a request ran with, for its trace and log line: the DEFAULTED fields
+    with where each came from, and the other sampling fields a request may set."""
+    out = {name: getattr(params, name) for name in (*DEFAULTED, *TRACED) if name != "max_tokens"}
+    out["max_tokens"] = max_tokens[0] if len(set(max_tokens)) == 1 else max_tokens
+    out["sources"] = dict(sources)
+    return out
 
 
 def structured_output(body: SamplingRequest) -> StructuredOutput | None:

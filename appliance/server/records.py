@@ -94,6 +94,9 @@ class RequestRecord:
     """The request sent tools."""
     grammar_compile_s: float | None = None
     """How long the front end's check of the request's grammar took (a compile)."""
+    sampling: dict | None = None
+    """The effective sampling values (after the model's defaults and the overrides) and where
+    each defaulted one came from (appliance.server.protocol.effective_params)."""
 
     def event(self, name: str, **detail) -> None:
         self.events.append(
@@ -174,6 +177,7 @@ class RequestRecord:
             **self.summary(),
             "key_name": self.key_name,
             "stream": self.stream,
+            "sampling": self.sampling,
             "choices": [
                 {
                     "index": c.index,

@@ -35,6 +35,7 @@ class RequestLog:
             "model": record.model,
             "key_name": record.key_name,
             "stream": record.stream,
+            "sampling": record.sampling,
         }
         try:
             self._queue.put_nowait(line)

@@ -11,6 +11,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from appliance.generation_defaults import GenerationDefaults
 from appliance.server.errors import APIError
 from appliance.server.structured import GrammarCheck
 from appliance.settings import ServeSettings
@@ -53,6 +54,10 @@ class ServerState:
     """Set when the engine core died while serving: the front end should exit non-zero."""
     grammar_check: GrammarCheck | None = None
     """Compiles requests' grammars (None for a model without a tokenizer)."""
+    defaults: GenerationDefaults = field(default_factory=GenerationDefaults)
+    """What a request's omitted sampling fields become (the model's, the overrides)."""
+    is_warming_up: bool = False
+    """While loading: the engine is built and runs its warm-up (the core reported the phase)."""
 
     def __post_init__(self) -> None:
         self._idle.set()
@@ -82,6 +87,28 @@ class ServerState:
 
     def ready(self) -> None:
         self.phase = Phase.READY
+
+    def readiness(self) -> str | None:
+        """Why this server should get no traffic now ("loading", "warming up", "draining",
+        "engine core gone", "engine failed to load"), or None when it serves."""
+        if self.core_gone.is_set():
+            return "engine core gone"
+        if self.phase is Phase.LOADING:
+            return "warming up" if self.is_warming_up else "loading"
+        if self.phase is Phase.DRAINING:
+            return "draining"
+        if self.phase is Phase.FAILED:
+            return "engine failed to load"
+        return None if self.core is not None and self.core.is_running else "engine core gone"
+
+    def liveness(self) -> str | None:
+        """Why this server should be restarted ("engine core gone" or "engine failed to load"),
+        or None: loading, warming up, serving and draining are all alive."""
+        if self.core_gone.is_set():
+            return "engine core gone"
+        if self.phase is Phase.FAILED:
+            return "engine failed to load"
+        return None
 
     @property
     def model_name(self) -> str:

@@ -180,6 +180,7 @@ class StatsTracker:
                     "stall": settings.stall_timeout,
                     "drain": settings.drain_timeout,
                 },
+                "generation_defaults": state.defaults.as_dict(),
             },
             "engine": {**estats, "kv_usage_perc": 100.0 * used / total if total else 0.0},
             "kv": {

@@ -35,6 +35,9 @@ logger = logging.getLogger("engine.core")
 PRELOAD = ["engine.core.process", "engine.llm_engine"]
 """Modules the forkserver imports once, so each core process starts from them."""
 WARMUP_LIMIT_S = 120
+PHASE_LOADING = "loading the model"
+PHASE_WARMING_UP = "warming up"
+"""The start-up phases a core reports, in order (the front end's progress and readiness)."""
 
 
 def prestart() -> None:
@@ -146,11 +149,11 @@ def _main(source, address, conn, warmup, parent_pid, log_level, log_file) -> Non
         level=log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s", **target
     )
     try:
-        conn.send(("phase", "loading the model"))
+        conn.send(("phase", PHASE_LOADING))
         is_engine = hasattr(source, "step") and not isinstance(source, type)
         engine = source if is_engine else source()
         if warmup:
-            conn.send(("phase", "warming up"))
+            conn.send(("phase", PHASE_WARMING_UP))
             _warm_up(engine)
         ctx = zmq.Context()
         sock = ctx.socket(zmq.ROUTER)

@@ -12,7 +12,7 @@ from typing import Annotated, Any, Literal
 from pydantic import Field
 
 from appliance.server.schema.base import Allowed, Part, RequestModel, unsupported
-from engine.sampling_params import MAX_CACHE_SALT
+from engine.sampling_params import MAX_CACHE_SALT, SamplingParams
 
 Role = Literal["system", "developer", "user", "assistant", "tool"]
 MAX_N = 128
@@ -21,6 +21,13 @@ MAX_LOGPROBS = 20
 MAX_SEED = (1 << 63) - 1
 MAX_TOP_K = 1 << 20
 MAX_TOOLS = 128
+MODEL_DEFAULT = "Omitted = the model's default (generation_config.json), else"
+
+
+def _ours(name: str) -> str:
+    """The server's own default of a SamplingParams field, for a description."""
+    return f"{MODEL_DEFAULT} {getattr(SamplingParams, name):g}."
+
 
 NonEmptyStr = Annotated[str, Field(min_length=1)]
 TokenId = Annotated[int, Field(ge=0)]
@@ -133,10 +140,17 @@ class SamplingRequest(RequestModel):
     stop_token_ids: Annotated[list[TokenId], Allowed("a list of token ids")] | None = Field(
         None, description="(extension) Token ids that end the output, besides end-of-sequence."
     )
-    temperature: float = Field(1.0, ge=0.0, le=2.0, description="0 = greedy.")
-    top_p: float = Field(1.0, gt=0.0, le=1.0, description="Nucleus sampling mass.")
-    top_k: int = Field(
-        -1, ge=-1, le=MAX_TOP_K, description="(extension) Keep the k likeliest tokens; -1 = all."
+    temperature: float | None = Field(
+        None, ge=0.0, le=2.0, description=f"0 = greedy. {_ours('temperature')}"
+    )
+    top_p: float | None = Field(
+        None, gt=0.0, le=1.0, description=f"Nucleus sampling mass. {_ours('top_p')}"
+    )
+    top_k: int | None = Field(
+        None,
+        ge=-1,
+        le=MAX_TOP_K,
+        description=f"(extension) Keep the k likeliest tokens; -1 = all. {_ours('top_k')}",
     )
     min_p: float = Field(
         0.0,
@@ -144,11 +158,12 @@ class SamplingRequest(RequestModel):
         le=1.0,
         description="(extension) Drop tokens below min_p x the likeliest token's probability.",
     )
-    repetition_penalty: float = Field(
-        1.0,
+    repetition_penalty: float | None = Field(
+        None,
         gt=0.0,
         le=2.0,
-        description="(extension) > 1 discourages tokens already in the prompt or the output.",
+        description="(extension) > 1 discourages tokens already in the prompt or the output. "
+        + _ours("repetition_penalty"),
     )
     presence_penalty: float = Field(0.0, ge=-2.0, le=2.0)
     frequency_penalty: float = Field(0.0, ge=-2.0, le=2.0)
@@ -197,7 +212,9 @@ class CompletionRequest(SamplingRequest):
     """POST /v1/completions."""
 
     prompt: Prompt = Field(description="Each prompt gets n choices.")
-    max_tokens: int = Field(16, ge=1, description="Most tokens to generate per choice.")
+    max_tokens: int | None = Field(
+        None, ge=1, description=f"Most tokens to generate per choice. {_ours('max_tokens')}"
+    )
     logprobs: int | None = Field(
         None, ge=0, le=MAX_LOGPROBS, description="Return this many top alternatives per token."
     )
@@ -211,7 +228,9 @@ class ChatCompletionRequest(SamplingRequest):
 
     messages: Messages
     max_tokens: int | None = Field(
-        None, ge=1, description="Most tokens per choice; omitted = the rest of the context."
+        None,
+        ge=1,
+        description=f"Most tokens per choice. {MODEL_DEFAULT} the rest of the context.",
     )
     max_completion_tokens: int | None = Field(None, ge=1, description="Overrides max_tokens.")
     logprobs: bool = Field(False, description="Return each output token's logprob.")

@@ -202,6 +202,17 @@ class DetokenizeResponse(ResponseModel):
     prompt: str
 
 
+class ProbeResponse(ResponseModel):
+    """GET /health/live and /health/ready."""
+
+    status: Literal["ok", "unavailable"]
+    reason: str | None = Field(
+        None,
+        description='Why not ok: "loading", "warming up", "draining", "engine core gone" or '
+        '"engine failed to load".',
+    )
+
+
 class HealthResponse(ResponseModel):
     status: Literal["ok", "loading", "draining", "error"]
     error: str | None = Field(None, description="Why loading failed (status error).")
