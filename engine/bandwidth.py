@@ -6,7 +6,9 @@ token, both from the plan (engine.planner's weight_bytes and kv_bytes_per_token,
 all layers). Like the project's decode floor, the weights count in full, an untied input
 embedding included (a step gathers only its sequences' rows of that table), so the share is
 floor time / step time. Steps that carry prefill tokens read the same bytes but are bound by
-compute: they are left out of the figure and only counted ("mixed_steps").
+compute: they are left out of the figure and only counted ("mixed_steps"), and so is the
+decode step right after one: its time would hold the end of that step's prefill, whose end the
+host does not see where the step samples nothing (a prompt chunk is not waited for).
 
 A step's time is the wall time from its end back to the later of its own start (scheduling
 included) and the previous step's end. Without overlap that is the whole step. With overlapped
@@ -50,10 +52,11 @@ class BandwidthMeter:
         """Forget every step (the engine's counters reset after warm-up)."""
         self._launched: dict[int, tuple[float, int | None]] = {}
         self._last_end: float | None = None
+        self._last_mixed = False
         self._decodes: deque[tuple[float, int, float]] = deque()
         """(end, bytes read, seconds) of each decode step in the window."""
         self._mixed: deque[float] = deque()
-        """End of each step with prefill tokens in the window."""
+        """End of each step with prefill tokens, or right after one, in the window."""
         self._bytes = 0
         self._seconds = 0.0
 
@@ -77,7 +80,8 @@ class BandwidthMeter:
         end = self.clock()
         begin = start if self._last_end is None else max(start, self._last_end)
         self._last_end = end
-        if nbytes is None:
+        after_mixed, self._last_mixed = self._last_mixed, nbytes is None
+        if nbytes is None or after_mixed:
             self._mixed.append(end)
         elif end > begin:
             self._decodes.append((end, nbytes, end - begin))

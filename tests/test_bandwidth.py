@@ -58,7 +58,7 @@ def test_steps_without_overlap_time_from_their_own_start():
     assert r["peak_source"] == "nominal (test)"
 
 
-def test_overlapped_steps_time_from_the_previous_end_and_mixed_steps_are_left_out():
+def test_overlapped_steps_time_from_the_previous_end_and_prefill_steps_are_left_out():
     clock = Clock()
     m = meter(clock)
     a, b, c = object(), object(), object()
@@ -68,13 +68,13 @@ def test_overlapped_steps_time_from_the_previous_end_and_mixed_steps_are_left_ou
     m.completed(a)
     m.launched(c, 1.1, [100])
     clock.now = 2.0
-    m.completed(b)  # 1.0 s: from a's end, not from its own start
+    m.completed(b)  # right after a prefill step: left out
     clock.now = 4.0
-    m.completed(c)
+    m.completed(c)  # 2.0 s: from b's end, not from its own start
     r = m.report()
-    assert r["mixed_steps"] == 1 and r["decode_steps"] == 2
-    assert r["step_s"] == pytest.approx(1.5)
-    assert r["achieved_gbs"] == pytest.approx(2 * 2000 / 3.0 / 1e9)
+    assert r["mixed_steps"] == 2 and r["decode_steps"] == 1
+    assert r["step_s"] == pytest.approx(2.0)
+    assert r["achieved_gbs"] == pytest.approx(2000 / 2.0 / 1e9)
 
 
 def test_the_window_forgets_old_steps_and_an_unknown_peak_gives_no_share():
@@ -96,9 +96,10 @@ def test_stats_report_the_decode_bandwidth_after_cpu_steps(tiny_engine):
     while engine.has_unfinished():
         engine.step()
     r = engine.stats()["bandwidth"]
-    # one prefill step, then decodes over contexts of 9, 10 and 11 tokens
-    assert r["mixed_steps"] == 1 and r["decode_steps"] == 3
-    assert r["bytes_per_step"] == TINY_WEIGHT_BYTES + 10 * TINY_KV_BYTES_PER_TOKEN
+    # a prefill step, then decodes over contexts of 9 (left out: right after the prefill), 10
+    # and 11 tokens
+    assert r["mixed_steps"] == 2 and r["decode_steps"] == 2
+    assert r["bytes_per_step"] == TINY_WEIGHT_BYTES + 10.5 * TINY_KV_BYTES_PER_TOKEN
     assert r["achieved_gbs"] > 0 and r["step_s"] > 0
     assert r["peak_gbs"] == 50  # profiles/gpus/cpu.toml
     assert "cpu.toml" in r["peak_source"] and r["peak_source"].startswith("nominal")
