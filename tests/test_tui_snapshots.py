@@ -6,7 +6,9 @@ TUI_SNAPSHOT_UPDATE=1 rewrites them."""
 
 from __future__ import annotations
 
+import html
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -75,3 +77,29 @@ async def test_snapshot(screen: str, size: tuple[int, int], tmp_path: Path):
         check(SNAPSHOTS / f"{name}.svg", svg, tmp_path)
     marks = {"main": "SmolLM2-135M-Instruct", "trace": "req-done-e", "keys": "batch-etl"}
     assert marks[screen] in svg
+
+
+def joined_words(svg: str) -> list[str]:
+    """Places where a styled run starts with a space right after a run ending in a letter or
+    digit: read run by run (as the SVG's <text> elements are), the two words run together."""
+    runs = re.findall(r'<text class="[^"]*" x="([\d.]+)" y="([\d.]+)"[^>]*>([^<]*)</text>', svg)
+    lines: dict[float, list[tuple[float, str]]] = {}
+    for x, y, text in runs:
+        lines.setdefault(float(y), []).append((float(x), html.unescape(text)))
+    found = []
+    for parts in lines.values():
+        parts.sort()
+        for (_, before), (_, after) in zip(parts, parts[1:]):
+            if before[-1:].isalnum() and after[:1] in (" ", "\xa0") and after.strip():
+                found.append(f"{before.strip()[-20:]}|{after.strip()[:20]}")
+    return found
+
+
+@pytest.mark.parametrize("size", [(80, 24), (160, 48)], ids=["80x24", "160x48"])
+def test_no_styled_run_joins_two_words(size: tuple[int, int]):
+    svg = (SNAPSHOTS / f"main_{size[0]}x{size[1]}.svg").read_text()
+    assert joined_words(svg) == []
+    pair = (
+        '<text class="a" x="0" y="20">Instruct</text><text class="b" x="9" y="20">&#160;on</text>'
+    )
+    assert joined_words(pair) == ["Instruct|on"]  # what the 160x48 header was
