@@ -333,9 +333,10 @@ class LLMEngine:
         batch = self.scheduler.schedule()
         if batch.is_empty:
             return None, []
-        decode_only = batch.num_decodes == len(batch.requests)
-        contexts = [r.num_computed_tokens + n for r, n in zip(batch.requests, batch.num_new_tokens)]
-        self.bandwidth.launched(batch, start, contexts if decode_only else None)
+        contexts = None  # a step with prompt tokens: left out of the bandwidth figure
+        if batch.num_decodes == len(batch.requests):
+            contexts = [r.num_computed_tokens + 1 for r in batch.requests]
+        self.bandwidth.launched(batch, start, contexts)
         self.prompt_tokens_total += sum(
             max(0, min(r.num_computed_tokens + n, r.num_prompt_tokens) - r.num_computed_tokens)
             for r, n in zip(batch.requests, batch.num_new_tokens)
