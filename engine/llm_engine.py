@@ -12,6 +12,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from engine import compile_count
+from engine.bandwidth import BandwidthMeter
 from engine.block_manager import BlockManager
 from engine.config import EngineConfig
 from engine.detokenizer import IncrementalDetokenizer
@@ -90,6 +91,10 @@ class LLMEngine:
         """A forward queued behind a constrained step's sample, to sample next call."""
         self.grammars = self._grammar_pool()
         self._overlap = self.config.overlap_steps and self.device.type == "cuda"
+        p = self.plan
+        self.bandwidth = BandwidthMeter(
+            p.weight_bytes, p.kv_bytes_per_token, p.bandwidth_gbs, p.bandwidth_source
+        )
         with timer.phase("kv_alloc"):
             self.runner.allocate_kv_cache(self.config.num_kv_blocks, self.kv_dtype)
             self._new_scheduler(self.config.num_kv_blocks)
@@ -130,6 +135,7 @@ class LLMEngine:
         self.num_steps = self.prompt_tokens_total = self.generation_tokens_total = 0
         self.scheduler.num_preemptions = 0
         self.scheduler.prefix_queries = self.scheduler.prefix_hits = 0
+        self.bandwidth.reset()
 
     def plan_report(self) -> dict:
         """The plan, the memory check after warm-up (None on the CPU) and the seconds each
@@ -323,9 +329,14 @@ class LLMEngine:
         """Schedule a batch, queue its forward (reading the pending step's tokens on the
         device) and advance it: (the forward, [(row, grammar) of its constrained rows]), or
         (None, []) when nothing is scheduled."""
+        start = self.bandwidth.clock()
         batch = self.scheduler.schedule()
         if batch.is_empty:
             return None, []
+        contexts = None  # a step with prompt tokens: left out of the bandwidth figure
+        if batch.num_decodes == len(batch.requests):
+            contexts = [r.num_computed_tokens + 1 for r in batch.requests]
+        self.bandwidth.launched(batch, start, contexts)
         self.prompt_tokens_total += sum(
             max(0, min(r.num_computed_tokens + n, r.num_prompt_tokens) - r.num_computed_tokens)
             for r, n in zip(batch.requests, batch.num_new_tokens)
@@ -346,6 +357,7 @@ class LLMEngine:
         """Read the pending step's tokens back and apply them."""
         pending, self._pending = self._pending, None
         sampled = pending.collect()
+        self.bandwidth.completed(pending.batch)
         self.generation_tokens_total += len(sampled)
         return self.scheduler.resolve(pending.batch, sampled)
 
@@ -400,4 +412,5 @@ class LLMEngine:
             "generation_tokens_total": self.generation_tokens_total,
             "num_steps": self.num_steps,
             "compiles_after_warmup": self.compiles.count(),
+            "bandwidth": self.bandwidth.report(),
         }

@@ -142,6 +142,15 @@ def test_stats_and_metrics_from_the_real_engine(server):
     assert float(total.group(1)) > 0
 
 
+def test_stats_report_the_decode_bandwidth(server):
+    server.client.completions.create(model=MODEL, prompt="One, two,", max_tokens=8, temperature=0)
+    _, stats = server.call("GET", "/v1/stats")
+    bw = stats["engine"]["bandwidth"]  # as of the engine's last step: this request's decodes
+    assert bw["decode_steps"] > 0 and bw["achieved_gbs"] > 0 and bw["bytes_per_step"] > 0
+    assert bw["peak_gbs"] > 0 and bw["peak_source"].startswith("nominal")
+    assert bw["share_perc"] == pytest.approx(100 * bw["achieved_gbs"] / bw["peak_gbs"])
+
+
 def prefix_counters(server) -> tuple[float, float]:
     """(vllm:prefix_cache_queries_total, vllm:prefix_cache_hits_total) from /metrics."""
     _, text = server.call("GET", "/metrics")

@@ -1,11 +1,14 @@
-"""Snapshots of the main screen and a trace screen at 80x24 and 160x48, from fixed documents
-and a fixed clock. Each is an SVG (Textual's screenshot) plus its plain text; the text is always
-compared, the SVG when the installed Textual is the one that recorded it (its rendering details
-change between releases). TUI_SNAPSHOT_UPDATE=1 rewrites them."""
+"""Snapshots of the main screen and a trace screen at 80x24 and 160x48, and of the per-key
+table swapped in at 80x24 (`k`), from fixed documents and a fixed clock. Each is an SVG
+(Textual's screenshot) plus its plain text; the text is always compared, the SVG when the
+installed Textual is the one that recorded it (its rendering details change between releases).
+TUI_SNAPSHOT_UPDATE=1 rewrites them."""
 
 from __future__ import annotations
 
+import html
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -27,6 +30,8 @@ async def capture(size: tuple[int, int], screen: str) -> tuple[str, str]:
     async with app.run_test(size=size) as pilot:
         last = 3723.0 + NUM_DOCS - 1
         await wait_for(pilot, lambda: app.view is not None and app.view.doc["uptime_s"] == last)
+        if screen == "keys":
+            await pilot.press("k")
         if screen == "trace":
             app.open_trace("req-done-e")
             await wait_for(
@@ -50,8 +55,17 @@ def check(path: Path, actual: str, tmp_path: Path) -> None:
         pytest.fail(f"{path.name} differs from the snapshot: see {got} (TUI_SNAPSHOT_UPDATE=1)")
 
 
-@pytest.mark.parametrize("size", [(80, 24), (160, 48)], ids=["80x24", "160x48"])
-@pytest.mark.parametrize("screen", ["main", "trace"])
+@pytest.mark.parametrize(
+    "screen, size",
+    [
+        ("main", (80, 24)),
+        ("main", (160, 48)),
+        ("trace", (80, 24)),
+        ("trace", (160, 48)),
+        ("keys", (80, 24)),
+    ],
+    ids=["main-80x24", "main-160x48", "trace-80x24", "trace-160x48", "keys-80x24"],
+)
 async def test_snapshot(screen: str, size: tuple[int, int], tmp_path: Path):
     svg, text = await capture(size, screen)
     name = f"{screen}_{size[0]}x{size[1]}"
@@ -61,4 +75,31 @@ async def test_snapshot(screen: str, size: tuple[int, int], tmp_path: Path):
     recorded = VERSION_FILE.read_text().strip() if VERSION_FILE.exists() else None
     if UPDATE or recorded == textual.__version__:
         check(SNAPSHOTS / f"{name}.svg", svg, tmp_path)
-    assert ("SmolLM2-135M-Instruct" if screen == "main" else "req-done-e") in svg
+    marks = {"main": "SmolLM2-135M-Instruct", "trace": "req-done-e", "keys": "batch-etl"}
+    assert marks[screen] in svg
+
+
+def joined_words(svg: str) -> list[str]:
+    """Places where a styled run starts with a space right after a run ending in a letter or
+    digit: read run by run (as the SVG's <text> elements are), the two words run together."""
+    runs = re.findall(r'<text class="[^"]*" x="([\d.]+)" y="([\d.]+)"[^>]*>([^<]*)</text>', svg)
+    lines: dict[float, list[tuple[float, str]]] = {}
+    for x, y, text in runs:
+        lines.setdefault(float(y), []).append((float(x), html.unescape(text)))
+    found = []
+    for parts in lines.values():
+        parts.sort()
+        for (_, before), (_, after) in zip(parts, parts[1:]):
+            if before[-1:].isalnum() and after[:1] in (" ", "\xa0") and after.strip():
+                found.append(f"{before.strip()[-20:]}|{after.strip()[:20]}")
+    return found
+
+
+@pytest.mark.parametrize("size", [(80, 24), (160, 48)], ids=["80x24", "160x48"])
+def test_no_styled_run_joins_two_words(size: tuple[int, int]):
+    svg = (SNAPSHOTS / f"main_{size[0]}x{size[1]}.svg").read_text()
+    assert joined_words(svg) == []
+    pair = (
+        '<text class="a" x="0" y="20">Instruct</text><text class="b" x="9" y="20">&#160;on</text>'
+    )
+    assert joined_words(pair) == ["Instruct|on"]  # what the 160x48 header was

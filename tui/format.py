@@ -93,3 +93,23 @@ def gauge(fraction: float, width: int) -> str:
 
 def short_id(request_id: str, width: int) -> str:
     return request_id if len(request_id) <= width else request_id[: width - 1] + "…"
+
+
+def count(value: object) -> str:
+    """A token or request count in at most six characters: 987, 12.3k, 480k, 1.23M."""
+    v = num(value)
+    if v is None:
+        return NA
+    if v < 10_000:
+        return str(int(v))
+    if v < 1_000_000:
+        return f"{v / 1000:.1f}k" if v < 100_000 else f"{v / 1000:.0f}k"
+    return f"{v / 1e6:.2f}M"
+
+
+def bandwidth(gbs: object) -> str:
+    """Memory bandwidth: 950 GB/s, 3.94 TB/s."""
+    v = num(gbs)
+    if v is None:
+        return NA
+    return f"{v / 1000:.2f} TB/s" if v >= 1000 else f"{v:.0f} GB/s" if v >= 10 else f"{v:.1f} GB/s"

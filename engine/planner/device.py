@@ -111,6 +111,8 @@ class Device:
     """Largest max_num_seqs to plan."""
     max_num_batched_tokens: int = 2048
     bandwidth_gbs: float | None = None
+    bandwidth_source: str | None = None
+    """Where bandwidth_gbs comes from: the GPU class profile's nominal figure, or a reading."""
     bf16_tflops: float | None = None
     max_kv_bytes: int | None = None
     """Largest KV pool to plan (the CPU's: see the planner); None = as much as fits."""
@@ -164,6 +166,7 @@ def device_for(readings: DeviceReadings, profiles: dict[str, GpuProfile] | None 
             max_num_seqs=prof.max_num_seqs if prof else 16,
             max_num_batched_tokens=prof.max_num_batched_tokens if prof else 2048,
             bandwidth_gbs=prof.bandwidth_gbs if prof else None,
+            bandwidth_source=_nominal(prof),
             bf16_tflops=None,
             max_kv_bytes=int(prof.max_kv_gib * GIB) if prof and prof.max_kv_gib else None,
             profile=prof.key if prof else None,
@@ -194,9 +197,15 @@ def device_for(readings: DeviceReadings, profiles: dict[str, GpuProfile] | None 
         max_num_seqs=prof.max_num_seqs if prof else 256,
         max_num_batched_tokens=prof.max_num_batched_tokens if prof else 2048,
         bandwidth_gbs=r.bandwidth_gbs or (prof.bandwidth_gbs if prof else None),
+        bandwidth_source="probe reading" if r.bandwidth_gbs else _nominal(prof),
         bf16_tflops=(prof.bf16_tflops or None) if prof else None,
         profile=prof.key if prof else None,
     )
+
+
+def _nominal(prof: GpuProfile | None) -> str | None:
+    """How a profile's bandwidth figure is named: nominal, and the class it is the figure of."""
+    return f"nominal ({prof.name}, profiles/gpus/{prof.key}.toml)" if prof else None
 
 
 def read_device(

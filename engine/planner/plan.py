@@ -327,4 +327,6 @@ def _finish(d: _Draft) -> Plan:
         concurrency_at_typical_len=d.blocks // -(-d.typical // d.bs),
         target_met=d.target_met,
         reasons=why,
+        bandwidth_gbs=d.dev.bandwidth_gbs,
+        bandwidth_source=d.dev.bandwidth_source,
     )

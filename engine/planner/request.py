@@ -139,6 +139,10 @@ class Plan:
     target_met: bool
     reasons: dict[str, str] = field(default_factory=dict)
     """Setting name -> one line saying why it has its value."""
+    bandwidth_gbs: float | None = None
+    """The device's peak memory bandwidth, GB/s (the decode floor's divisor); None = unknown."""
+    bandwidth_source: str | None = None
+    """Where bandwidth_gbs comes from (engine.planner.device: nominal from a class profile)."""
 
     def engine_kwargs(self) -> dict:
         """The planned settings as EngineConfig keyword arguments."""

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 
 import torch
 
+from engine.bandwidth import BandwidthMeter
 from engine.config import EngineConfig
 from engine.request import Logprob, RequestMetrics, RequestOutput, TraceEvent
 from engine.sampling_params import SamplingParams
@@ -136,6 +137,8 @@ class FakeEngine:
         self._totals = {"prompt": 0, "gen": 0, "steps": 0, "queries": 0, "hits": 0}
         self._cached: OrderedDict[int, None] = OrderedDict()
         """Keys of the cached full blocks, least recently used first."""
+        self.bandwidth = BandwidthMeter(2**20, 1024, 50.0, "nominal (fake)")
+        """Fed with every step as a decode of each running request (1 MiB of weights)."""
 
     def apply_chat_template(
         self,
@@ -189,6 +192,7 @@ class FakeEngine:
             "prefix_cache_queries_total": self._totals["queries"],
             "prefix_cache_hits_total": self._totals["hits"],
             "kv_blocks_cached": len(self._cached),
+            "bandwidth": self.bandwidth.report(),
         }
 
     def step(self) -> list[RequestOutput]:
@@ -199,7 +203,11 @@ class FakeEngine:
         if self.crash_next_step:
             raise RuntimeError("simulated engine crash")
         if self._running:
+            step = object()
+            contexts = [len(r.prompt) + len(r.out) for r in self._running]
+            self.bandwidth.launched(step, self.bandwidth.clock(), contexts)
             time.sleep(self.step_time)
+            self.bandwidth.completed(step)
             self._totals["steps"] += 1
         for req in list(self._running):
             if self.markers and STALL_MARK in req.prompt and req.out:

@@ -57,6 +57,15 @@ ROWS = [
     ("req-done-h", "finished", 220, 208, 90, 0.002, 0.052, 0.0105, 0, 0, "stop", None, True),
 ]
 """req-done-e's trace (make_trace) starts from a 256-token cached prefix."""
+KEYS = {
+    "alice": ("interactive", 42, 0, 2, 18_400, 6_100, 0.84),
+    "batch-etl": ("batch", 512, 37, 1, 486_000, 61_500, 312.5),
+    "anonymous": ("interactive", 6, 0, 0, 1_900, 640, 0.05),
+}
+"""Per key: priority, requests, 429s, running, prompt tokens, generated tokens, queue seconds
+(summed); /v1/stats "keys" grows with each document as make_doc shows."""
+BANDWIDTH = {"peak_gbs": 4800.0, "bytes_per_step": 290_000_000}
+"""The GPU panel's decode bandwidth: an H200's nominal peak, the embedded model's bytes a step."""
 GRAMMAR_COMPILE_S = 0.0012
 """The front end's compile time of every structured fake request."""
 
@@ -90,6 +99,36 @@ def _row(spec: tuple, step: int) -> dict:
 
 def _pct(p50: float, p90: float, p95: float, p99: float) -> dict:
     return {"p50": p50, "p90": p90, "p95": p95, "p99": p99, "mean": p50, "count": 40}
+
+
+def _keys(step: int) -> dict:
+    out = {}
+    for name, (priority, reqs, rejected, running, prompt, gen, queue_s) in KEYS.items():
+        out[name] = {
+            "priority": priority,
+            "requests_total": reqs + step,
+            "rejected_total": rejected,
+            "running": running,
+            "prompt_tokens_total": prompt + 100 * step,
+            "generation_tokens_total": gen + 10 * step,
+            "queue_seconds_total": queue_s,
+        }
+    return out
+
+
+def _bandwidth(step: int) -> dict:
+    achieved = 3940.0 + step
+    return {
+        "achieved_gbs": achieved,
+        "peak_gbs": BANDWIDTH["peak_gbs"],
+        "peak_source": "nominal (NVIDIA H200, profiles/gpus/h200.toml)",
+        "share_perc": 100 * achieved / BANDWIDTH["peak_gbs"],
+        "decode_steps": 4000,
+        "bytes_per_step": BANDWIDTH["bytes_per_step"],
+        "step_s": BANDWIDTH["bytes_per_step"] / (achieved * 1e9),
+        "mixed_steps": 120,
+        "window_s": 5.0,
+    }
 
 
 def make_doc(step: int = 0, gpu: bool = True) -> dict:
@@ -135,6 +174,7 @@ def make_doc(step: int = 0, gpu: bool = True) -> dict:
             "prefix_cache_queries_total": 20_000 + 100 * step,
             "prefix_cache_hits_total": 9000 + 60 * step,
             "kv_blocks_cached": 96 + step,
+            "bandwidth": _bandwidth(step),
             "last_step_s": 0.011,
             "num_unfinished": 4,
             "kv_usage_perc": 100 * used / 512,
@@ -179,6 +219,7 @@ def make_doc(step: int = 0, gpu: bool = True) -> dict:
         "latency": latency,
         "requests": [_row(spec, step) for spec in ROWS],
         "traces": [],
+        "keys": _keys(step),
     }
 
 

@@ -14,9 +14,10 @@ from tui import model
 KEYS = (
     ("q", "quit"),
     ("p", "pause / resume updates"),
-    ("/", "filter requests by state, id or out mark (Enter keeps, Esc clears)"),
+    ("/", "filter requests by state, id or out mark; keys by name or class"),
     ("s / S", "next sort column / reverse the order"),
     ("Enter", "open the selected request's trace"),
+    ("k", "per-key table: in place of the requests (small screens), or hide it"),
     ("Tab", "next panel"),
     ("c", "engine configuration and plan"),
     ("o", "show / hide the server log (serve --tui)"),

@@ -1,5 +1,6 @@
 """MainScreen: the dashboard: header, the four gauge panels (KV cache, queue, throughput,
-GPU), the request table and, when the server runs in this process, its log."""
+GPU), the request table, the per-key table and, when the server runs in this process, its
+log."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from textual.widgets import Footer
 from tui.model import Connection, View
 from tui.widgets.gpu import GpuPanel
 from tui.widgets.header import HeaderBar
+from tui.widgets.keys import KeysPanel
 from tui.widgets.kv import KVPanel
 from tui.widgets.logpanel import LogPanel
 from tui.widgets.queue import QueuePanel
@@ -25,7 +27,8 @@ from tui.widgets.throughput import ThroughputPanel
 
 class MainScreen(Screen):
     """Panels in a 2x2 grid below 160 columns, in one row from 160 columns on; from 30 rows on
-    they are a line taller (the KV panel's largest holders by id)."""
+    they are a line taller (the KV panel's largest holders by id) and the per-key table sits
+    below the requests; `k` swaps it with the request table below 30 rows, hides it from 30."""
 
     HORIZONTAL_BREAKPOINTS = [(0, "-narrow"), (160, "-wide")]
     VERTICAL_BREAKPOINTS = [(0, "-short"), (30, "-tall")]
@@ -33,6 +36,7 @@ class MainScreen(Screen):
         Binding("slash", "filter", "Filter"),
         Binding("s", "sort", "Sort"),
         Binding("S", "reverse", "Reverse", show=False),
+        Binding("k", "keys", "Keys"),
         Binding("o", "toggle_log", "Log", show=False),
     ]
 
@@ -55,6 +59,7 @@ class MainScreen(Screen):
             yield ThroughputPanel(id="throughput").data_bind(MainScreen.view)
             yield GpuPanel(id="gpu").data_bind(MainScreen.view)
         yield RequestsPanel(id="requests").data_bind(MainScreen.view)
+        yield KeysPanel(id="keys").data_bind(MainScreen.view)
         if self.log_panel is not None:
             yield self.log_panel
         yield Footer()
@@ -66,8 +71,22 @@ class MainScreen(Screen):
     def requests(self) -> RequestsPanel:
         return self.query_one(RequestsPanel)
 
+    @property
+    def keys(self) -> KeysPanel:
+        return self.query_one(KeysPanel)
+
     def action_filter(self) -> None:
-        self.requests.open_filter()
+        if self.keys.has_focus_within:
+            self.keys.open_filter()
+        else:
+            self.requests.open_filter()
+
+    def action_keys(self) -> None:
+        """Swap the per-key table in (or out): in place of the requests below 30 rows, hidden
+        or shown from 30 rows on."""
+        self.toggle_class("-swap")
+        shown = self.has_class("-short") == self.has_class("-swap")
+        self.query_one("#keys-table" if shown else "#requests-table").focus()
 
     def action_sort(self) -> None:
         self.requests.next_sort()

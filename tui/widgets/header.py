@@ -65,8 +65,10 @@ class HeaderBar(Static):
             health = HEALTH.get(status, status.upper() or "…")
             top.append(f" {health} ", "bold" if status == "ok" else "bold reverse")
         top.append(" ")
-        top.append(str(doc.get("model") or "no model yet"), "bold")
-        top.append(f" on {doc.get('device') or fmt.NA}")
+        # The bold run ends with the space: a run that starts with one reads as joined to the
+        # word before it where runs are taken apart (the SVG snapshots' <text> elements).
+        top.append(str(doc.get("model") or "no model yet") + " ", "bold")
+        top.append(f"on {doc.get('device') or fmt.NA}")
         top.append(f" · weights {weight_format(config) if config else fmt.NA}")
         top.append(f" · KV {config.get('kv_cache_dtype') or fmt.NA}")
         self.update(Text("\n").join([top, self._second_line(doc, config)]))

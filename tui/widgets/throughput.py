@@ -28,8 +28,9 @@ def render(view: View) -> Text:
     prompt = view.get("throughput", "prompt_tokens_per_s")
     gen = view.get("throughput", "generation_tokens_per_s")
     lines = [
+        # Bold runs end with the spaces after them (see tui.widgets.header).
         Text.assemble(
-            "tok/s prompt ", (fmt.rate(prompt), "bold"), "  gen ", (fmt.rate(gen), "bold")
+            "tok/s prompt ", (fmt.rate(prompt) + "  ", "bold"), "gen ", (fmt.rate(gen), "bold")
         ),
         Text(f"{'':5}{'p50':>8}{'p95':>8}{'p99':>8}", "dim"),
     ]
