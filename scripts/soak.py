@@ -77,19 +77,20 @@ async def get_json(session: aiohttp.ClientSession, url: str, headers: dict) -> d
 
 
 async def metrics_inflight(session: aiohttp.ClientSession, url: str, headers: dict) -> int | None:
-    """Running plus waiting requests as /metrics has them (None when it has neither)."""
     async with session.get(f"{url}/metrics", headers=headers) as resp:
-        if resp.status != 200:
-            return None
-        text = await resp.text()
+        return held_in_metrics(await resp.text()) if resp.status == 200 else None
+
+
+def held_in_metrics(text: str) -> int | None:
+    """Requests held as a /metrics page has them: the larger of the server's in-flight gauge
+    and the engine's running plus waiting (None when it has none of them)."""
+    values = {
+        s.name: s.value for family in text_string_to_metric_families(text) for s in family.samples
+    }
     names = ("vllm:num_requests_running", "vllm:num_requests_waiting")
-    values = [
-        s.value
-        for family in text_string_to_metric_families(text)
-        for s in family.samples
-        if s.name in names
-    ]
-    return int(sum(values)) if values else None
+    engine = sum(values[n] for n in names if n in values) if names[0] in values else None
+    held = [v for v in (values.get("appliance:requests_in_flight"), engine) if v is not None]
+    return int(max(held)) if held else None
 
 
 def rss_bytes(pid: int | None) -> int | None:

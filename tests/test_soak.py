@@ -13,6 +13,7 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
+from scripts.soak import held_in_metrics
 from scripts.soak_load import Client, LoadConfig, Recorder
 from scripts.soak_report import write_report
 from scripts.soak_rules import (
@@ -253,3 +254,14 @@ async def test_abort_storm_ends_every_request_as_aborted():
         await server.close()
     assert rec.ledger.sent == {"abort": 5} and rec.ledger.ended == {"abort": {"aborted": 5}}
     assert rec.ledger.lost() == {}
+
+
+def test_requests_held_are_read_from_metrics():
+    page = (
+        'vllm:num_requests_running{model_name="m"} 2.0\n'
+        'vllm:num_requests_waiting{model_name="m"} 1.0\n'
+        "appliance:requests_in_flight 1.0\n"
+    )
+    assert held_in_metrics(page) == 3
+    assert held_in_metrics("appliance:requests_in_flight 4.0\n") == 4
+    assert held_in_metrics("other_metric 1.0\n") is None
