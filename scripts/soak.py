@@ -48,6 +48,18 @@ STORM_MARGIN = 8
 """Requests a 429 storm sends past the server's running slots plus its queue."""
 
 
+def span(text: str) -> tuple[int, int]:
+    """'LO-HI' (or one number) as a pair of positive integers."""
+    low, _, high = text.partition("-")
+    try:
+        pair = (int(low), int(high or low))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"bad range {text!r}: use LO-HI, e.g. 16-64") from None
+    if not 1 <= pair[0] <= pair[1]:
+        raise argparse.ArgumentTypeError(f"bad range {text!r}: need 1 <= LO <= HI")
+    return pair
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     where = p.add_mutually_exclusive_group(required=True)
@@ -59,6 +71,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--interval", type=parse_duration, default=parse_duration("60s"))
     p.add_argument("--warmup", type=parse_duration, default=parse_duration("60s"))
     p.add_argument("--concurrency", type=int, default=8)
+    p.add_argument("--max-tokens", type=span, default=(16, 64), help="LO-HI output tokens")
+    p.add_argument("--long-words", type=span, default=(150, 300), help="LO-HI long prompt words")
     p.add_argument("--storm-size", type=int, help="default: running slots + queue + 8")
     p.add_argument("--idle-timeout", type=parse_duration, default=parse_duration("15s"))
     p.add_argument("--request-timeout", type=parse_duration, default=parse_duration("120s"))
@@ -150,7 +164,16 @@ async def soak(args: argparse.Namespace, url: str, pid: int | None) -> int:
         max_num_seqs = (doc.get("config") or {}).get("max_num_seqs") or 0
         max_queue = (doc.get("server") or {}).get("max_queue") or 0
         storm = args.storm_size or max_num_seqs + max_queue + STORM_MARGIN
-        cfg = LoadConfig(url, keys, args.concurrency, storm, args.model, args.request_timeout)
+        cfg = LoadConfig(
+            url,
+            keys,
+            args.concurrency,
+            storm,
+            args.model,
+            args.request_timeout,
+            long_words=args.long_words,
+            max_tokens=args.max_tokens,
+        )
         rec = Recorder()
         client = Client(session, cfg, rec)
         print(

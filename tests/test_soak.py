@@ -4,6 +4,7 @@ the report is written (JSON and PNGs)."""
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import json
 import random
@@ -13,7 +14,7 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
-from scripts.soak import held_in_metrics
+from scripts.soak import held_in_metrics, span
 from scripts.soak_load import Client, LoadConfig, Recorder
 from scripts.soak_report import write_report
 from scripts.soak_rules import (
@@ -265,3 +266,10 @@ def test_requests_held_are_read_from_metrics():
     assert held_in_metrics(page) == 3
     assert held_in_metrics("appliance:requests_in_flight 4.0\n") == 4
     assert held_in_metrics("other_metric 1.0\n") is None
+
+
+def test_ranges_on_the_command_line():
+    assert span("16-64") == (16, 64) and span("8") == (8, 8)
+    for bad in ("64-16", "0-4", "a-b"):
+        with pytest.raises(argparse.ArgumentTypeError, match="bad range"):
+            span(bad)
