@@ -1,5 +1,5 @@
-"""A bounded soak of a running appliance: a mixed load for a set duration, and at the end of
-each interval a pause until the server is idle, then a reading of its memory and KV blocks.
+"""A bounded soak of a running appliance: a mixed load in --duration / --interval intervals,
+each followed by a pause until the server is idle and a reading of its memory and KV blocks.
 
     python scripts/soak.py --serve "--device cpu --max-model-len 1024" --duration 30m --out DIR
     python scripts/soak.py --url http://127.0.0.1:8000 --api-key K1 --api-key K2 --duration 30m
@@ -177,19 +177,20 @@ async def soak(args: argparse.Namespace, url: str, pid: int | None) -> int:
         rec = Recorder()
         client = Client(session, cfg, rec)
         print(
-            f"soak of {url} ({doc.get('model')}, {doc.get('device')}): {args.duration:g} s in "
-            f"{args.interval:g} s intervals, concurrency {args.concurrency}, storms of {storm} "
+            f"soak of {url} ({doc.get('model')}, {doc.get('device')}): "
+            f"{round(args.duration / args.interval)} intervals of {args.interval:g} s load, "
+            f"concurrency {args.concurrency}, storms of {storm} "
             f"(max_num_seqs {max_num_seqs} + max_queue {max_queue}), keys {len(keys)}, "
             f"RSS {'of pid ' + str(pid) if pid else 'not readable'}",
             flush=True,
         )
         rows: list[dict] = []
         t0 = time.perf_counter()
-        while time.perf_counter() - t0 < args.duration:
+        # Whole intervals only: a short last one would compare few latencies with many.
+        for index in range(max(1, round(args.duration / args.interval))):
             start = time.perf_counter() - t0
-            rec.interval = Interval(len(rows), start, start)
-            seconds = min(args.interval, args.duration - start)
-            await run_load(client, rng, seconds)
+            rec.interval = Interval(index, start, start)
+            await run_load(client, rng, args.interval)
             readings = await read_idle(client, pid, args.idle_timeout)
             for name, value in readings.items():
                 setattr(rec.interval, name, value)

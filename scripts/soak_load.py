@@ -57,6 +57,8 @@ class Recorder:
 
     ledger: Ledger = field(default_factory=Ledger)
     interval: Interval | None = None
+    num_storms: int = 0
+    """429 storms begun or ended so far: odd while one runs."""
 
     def end(self, kind: str, ending: str) -> None:
         self.ledger.end(kind, ending)
@@ -127,7 +129,7 @@ class Client:
         return ("/v1/completions", "/v1/chat/completions")[self._next_key % 2]
 
     async def _exchange(self, kind: str, path: str, data: bytes, headers: dict) -> str:
-        sent = time.perf_counter()
+        sent, storms = time.perf_counter(), self.rec.num_storms
         async with self.session.post(self.cfg.url + path, data=data, headers=headers) as resp:
             if resp.status != 200:
                 await resp.read()
@@ -135,15 +137,20 @@ class Client:
             if not resp.headers.get("Content-Type", "").startswith("text/event-stream"):
                 doc = json.loads(await resp.read())
                 return "completed" if doc.get("choices") else "truncated"
-            return await self._stream(kind, resp, sent)
+            return await self._stream(kind, resp, sent, storms)
 
-    async def _stream(self, kind: str, resp: aiohttp.ClientResponse, sent: float) -> str:
-        """Read a stream to [DONE], timing it; a disconnect closes it after a few chunks."""
+    async def _stream(
+        self, kind: str, resp: aiohttp.ClientResponse, sent: float, storms: int
+    ) -> str:
+        """Read a stream to [DONE]; a disconnect closes it after a few chunks. Its TTFT and
+        TPOT count when no 429 storm ran while it did: a storm's admitted requests fill the
+        queue on purpose, and whether a stream waited behind them is chance, not drift."""
         parser, first, last, num_chunks, num_tokens = SSEParser(), None, None, 0, None
         async for raw in resp.content.iter_any():
             for data in parser.feed(raw):
                 if data == DONE:
-                    if first is not None and num_tokens and num_tokens > 1:
+                    calm = storms == self.rec.num_storms and storms % 2 == 0
+                    if calm and first is not None and num_tokens and num_tokens > 1:
                         self.rec.interval.ttft_s.append(first - sent)
                         self.rec.interval.tpot_s.append((last - first) / (num_tokens - 1))
                     return "completed"
@@ -182,7 +189,11 @@ class Client:
         bodies = [body_for(self.cfg, "completion", rng) for _ in range(self.cfg.storm_size)]
         for body in bodies:
             body["max_tokens"] = 2
-        await asyncio.gather(*(self.send("storm", b, key) for b in bodies))
+        self.rec.num_storms += 1
+        try:
+            await asyncio.gather(*(self.send("storm", b, key) for b in bodies))
+        finally:
+            self.rec.num_storms += 1
 
 
 def _has_text(choice: dict) -> bool:

@@ -273,3 +273,26 @@ def test_ranges_on_the_command_line():
     for bad in ("64-16", "0-4", "a-b"):
         with pytest.raises(argparse.ArgumentTypeError, match="bad range"):
             span(bad)
+
+
+@pytest.mark.parametrize("num_storms", [0, 1, 2])
+async def test_a_stream_that_overlaps_a_429_storm_is_not_timed(num_storms):
+    async def handler(request: web.Request) -> web.StreamResponse:
+        await request.read()
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        await resp.write(sse(TOKEN, TOKEN))
+        rec.num_storms += num_storms == 2  # a storm began while the stream ran
+        await resp.write(sse(TOKEN, USAGE, "[DONE]"))
+        return resp
+
+    server = await fake_server(handler)
+    rec = Recorder(interval=Interval(0, 0.0, 0.0), num_storms=min(num_storms, 1))
+    try:
+        async with aiohttp.ClientSession() as session:
+            cfg = LoadConfig(str(server.make_url("")).rstrip("/"), [None], 1, 4)
+            await Client(session, cfg, rec).send("chat_stream", {"prompt": "hi", "stream": True})
+    finally:
+        await server.close()
+    assert rec.ledger.ended == {"chat_stream": {"completed": 1}}
+    assert len(rec.interval.ttft_s) == len(rec.interval.tpot_s) == int(num_storms == 0)
