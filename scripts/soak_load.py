@@ -21,6 +21,8 @@ ORDINARY = ("chat_stream", "chat", "completion_stream", "completion")
 DISCONNECT_SHARE = 0.1
 """Of the workers' requests, the share that are streams closed after DISCONNECT_AFTER chunks."""
 DISCONNECT_AFTER = 3
+REJECTED_PAUSE_S = 0.5
+"""How long a worker waits after a 429 before its next request (no busy loop of 429s)."""
 LONG_SHARE = 0.25
 """Of the ordinary requests, the share with a long prompt."""
 MALFORMED_BODIES = (
@@ -105,9 +107,9 @@ class Client:
         headers = {"Content-Type": "application/json"}
         return headers | ({"Authorization": f"Bearer {key}"} if key else {})
 
-    async def send(self, kind: str, body: dict | bytes, key: str | None = None) -> None:
+    async def send(self, kind: str, body: dict | bytes, key: str | None = None) -> str:
         """One request, entered in the ledger when sent and when it ends (cancellation ends
-        it as aborted); never raises otherwise."""
+        it as aborted); returns how it ended and never raises otherwise."""
         path = "/v1/chat/completions" if isinstance(body, dict) and "messages" in body else None
         path = path or ("/v1/completions" if isinstance(body, dict) else self._malformed_path())
         data = body if isinstance(body, bytes) else json.dumps(body).encode()
@@ -123,6 +125,7 @@ class Client:
         except aiohttp.ClientError:
             ending = "connection"
         self.rec.end(kind, ending)
+        return ending
 
     def _malformed_path(self) -> str:
         self._next_key += 1
@@ -209,7 +212,8 @@ async def run_load(client: Client, rng: random.Random, seconds: float) -> None:
     async def worker() -> None:
         while time.perf_counter() < stop_at:
             kind = "disconnect" if rng.random() < DISCONNECT_SHARE else rng.choice(ORDINARY)
-            await client.send(kind, body_for(client.cfg, kind, rng))
+            if await client.send(kind, body_for(client.cfg, kind, rng)) == "rejected":
+                await asyncio.sleep(REJECTED_PAUSE_S)  # as a client told to retry later would
 
     async def chaos() -> None:
         events = (
