@@ -25,6 +25,7 @@ import argparse
 import asyncio
 import random
 import shlex
+import signal
 import subprocess
 import sys
 import time
@@ -217,6 +218,9 @@ def main(argv: list[str] | None = None) -> int:
         return asyncio.run(soak(args, args.url.rstrip("/"), None))
     flags = shlex.split(args.serve) + [f for k in args.api_key for f in ("--api-key", k)]
     proc, url = launch_serve(flags)
+    # SIGTERM and SIGINT (ignored by default in a background job) stop the server started here.
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda num, _: sys.exit(128 + num))
     try:
         return asyncio.run(soak(args, url, proc.pid))
     finally:
