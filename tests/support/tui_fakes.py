@@ -159,6 +159,13 @@ def make_doc(step: int = 0, gpu: bool = True) -> dict:
             "max_queue": 128,
             "auth": False,
             "timeouts_s": {"request": 600.0, "ttft": 300.0, "stall": 60.0, "drain": 30.0},
+            "generation_defaults": {
+                "temperature": {"value": 1.0, "source": "server"},
+                "top_p": {"value": 1.0, "source": "server"},
+                "top_k": {"value": -1, "source": "server"},
+                "repetition_penalty": {"value": 1.0, "source": "server"},
+                "max_tokens": {"value": None, "source": "server"},
+            },
         },
         "engine": {
             "num_running": 3,
@@ -283,7 +290,22 @@ def make_trace(request_id: str = "req-done-e") -> dict:
         "grammar": grammar,
     }
     summary.pop("kv_blocks")  # a /v1/stats row's, not a trace's
-    return {**summary, "key_name": None, "stream": True, "choices": [choice], "events": out}
+    sampling = {
+        "temperature": 0.7,
+        "top_p": 1.0,
+        "top_k": -1,
+        "repetition_penalty": 1.0,
+        "max_tokens": 256,
+        "sources": {"temperature": "request", "max_tokens": "request"},
+    }
+    return {
+        **summary,
+        "key_name": None,
+        "stream": True,
+        "sampling": sampling,
+        "choices": [choice],
+        "events": out,
+    }
 
 
 class FakeStatsServer:
