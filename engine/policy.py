@@ -17,8 +17,9 @@ Rank of a waiting request (`SchedulingPolicy.rank`, lower first):
 
 The bound aging gives: once a request is aged, only aged requests that arrived before it rank
 ahead of it, and no request arriving later ever does. Admission never passes an aged request
-that does not fit the KV pool (see `Scheduler.schedule`); running requests end (their output
-is bounded by max_tokens), so their blocks come back. A request therefore waits at most
+(see `Scheduler._admit_waiting`): not when it does not fit the KV pool, and the long-prompt
+share does not hold it back; running requests end (their output is bounded by max_tokens), so
+their blocks and seats come back. A request therefore waits at most
 `queue_aging_s` plus the time to serve the requests that arrived before it; no mix of later
 classes, clients or lengths can hold it longer.
 
