@@ -82,16 +82,20 @@ class SchedulingPolicy:
     def is_aged(self, req: Request, now: float) -> bool:
         return now - req.metrics.arrival_time >= self.config.queue_aging_s
 
-    def rank(self, req: Request, now: float, budget: int) -> tuple:
-        """Sort key of a waiting request in a step of this token budget, lower first."""
+    def rank(
+        self, req: Request, now: float, budget: int, usage: dict[str | None, float] | None = None
+    ) -> tuple:
+        """Sort key of a waiting request in a step of this token budget, lower first. usage:
+        clients' fair-share usage at `now`, where already computed."""
         if self.is_aged(req, now):
             return (0, req.metrics.arrival_time)
-        params = req.params
+        client = req.params.client
+        served = usage[client] if usage is not None else self.fair_share.usage(client, now)
         return (
             1,
-            CLASS_RANK[params.priority],
+            CLASS_RANK[req.params.priority],
             req.metrics.num_preemptions == 0,
-            self.fair_share.usage(params.client, now),
+            served,
             self.is_long(req, budget),
         )
 
@@ -99,7 +103,9 @@ class SchedulingPolicy:
         """The waiting requests in admission order for a step of this token budget (a stable
         sort: ties keep the queue's order)."""
         now = self.clock()
-        return sorted(waiting, key=lambda r: self.rank(r, now, budget))
+        waiting = list(waiting)
+        usage = {c: self.fair_share.usage(c, now) for c in {r.params.client for r in waiting}}
+        return sorted(waiting, key=lambda r: self.rank(r, now, budget, usage))
 
     def charge(self, req: Request, num_tokens: int) -> None:
         """Count tokens scheduled for req against its client's fair share."""

@@ -148,6 +148,8 @@ class Scheduler:
         blocks come free); a later one needing as many tokens as a failed one is not tried. An
         aged request is not held back by the long-prompt share either: once aged, no request
         that arrived after it is admitted before it."""
+        if budget == 0 or len(self.running) >= self.config.max_num_seqs or not self.waiting:
+            return
         now = self.policy.clock()
         smallest_failed = None
         for req in self.policy.order(self.waiting, step_budget):
@@ -163,9 +165,10 @@ class Scheduler:
                     break
                 smallest_failed = num_new
                 continue
-            num_new = min(
-                req.num_tokens - req.num_computed_tokens, num_new
-            )  # after a cached prefix
+            # a cached prefix may leave fewer tokens to compute
+            num_new = min(req.num_tokens - req.num_computed_tokens, num_new)
+            if is_aged:
+                req.record("aged", waited_s=round(now - req.metrics.arrival_time, 3))
             self.waiting.remove(req)
             req.status = RequestStatus.RUNNING
             self.running.append(req)

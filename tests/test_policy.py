@@ -202,6 +202,9 @@ def test_a_request_that_does_not_fit_is_passed_by_a_smaller_one_unless_aged():
     clock2.now += 10  # big is aged (small too, but arrived after it): nobody passes big
     assert _plan(_step(s2)) == [("hog", 1)]
     assert list(s2.waiting) == [big, small]
+    while big in s2.waiting:  # hog finishes: big goes first, its trace says it was aged
+        _step(s2)
+    assert [e.event for e in big.trace].count("aged") == 1
 
 
 def test_kv_pressure_preempts_the_batch_request_not_the_interactive_one():
