@@ -25,10 +25,10 @@ classes, clients or lengths can hold it longer.
 
 Long prompts: a prompt is long when more than `long_prompt_tokens` of its tokens remain to
 compute (unset: more than `long_prompt_share` of the step's token budget, i.e. a chunk the cap
-below would cut). While a short request waits, the chunks of long prompts together take at
-most `long_prompt_share` of the step's budget, so a short request is admitted beside them in
-the next step instead of after them. With no short request waiting, a long prompt takes the
-whole budget (no throughput is lost when it is alone).
+below would cut). While a short request waits and a seat is free for it, the chunks of long
+prompts together take at most `long_prompt_share` of the step's budget, so the short request
+is admitted beside them in the next step instead of after them. With no short request
+waiting, a long prompt takes the whole budget (no throughput is lost when it is alone).
 
 Preemption under KV pressure takes the batch class first, then the most recently admitted; a
 request never preempts one of a higher class (it preempts itself instead).

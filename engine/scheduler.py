@@ -108,7 +108,9 @@ class Scheduler:
     def schedule(self) -> ScheduledBatch:
         batch = ScheduledBatch()
         budget = step_budget = self.token_budget()
-        long_left = self.policy.long_allowance(step_budget, self.waiting)
+        long_left = None  # a short request waiting for a seat gains nothing from the cap
+        if len(self.running) < self.config.max_num_seqs:
+            long_left = self.policy.long_allowance(step_budget, self.waiting)
         decodes = [
             r
             for r in self.running

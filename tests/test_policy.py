@@ -234,3 +234,11 @@ def test_scheduled_tokens_count_against_the_client():
     _step(s)
     share = s.policy.fair_share
     assert share.usage("alice", clock.now) == 10 and share.usage("bob", clock.now) == 20
+
+
+def test_no_long_share_while_the_waiting_short_request_has_no_seat():
+    s, clock = _scheduler(max_num_batched_tokens=16, max_num_seqs=1)
+    s.add(_request("long", 64, clock))
+    _step(s)
+    s.add(_request("short", 4, clock))
+    assert _plan(_step(s)) == [("long", 16)]  # no seat for short: the long prompt runs on
