@@ -19,9 +19,9 @@ The bound aging gives: once a request is aged, only aged requests that arrived b
 ahead of it, and no request arriving later ever does. Admission never passes an aged request
 (see `Scheduler._admit_waiting`): not when it does not fit the KV pool, and the long-prompt
 share does not hold it back; running requests end (their output is bounded by max_tokens), so
-their blocks and seats come back. A request therefore waits at most
-`queue_aging_s` plus the time to serve the requests that arrived before it; no mix of later
-classes, clients or lengths can hold it longer.
+their blocks and seats come back. A request therefore waits at most `queue_aging_s` plus the
+time to serve the requests that arrived before it and those running when it aged; no mix of
+later classes, clients or lengths can hold it longer.
 
 Long prompts: a prompt is long when more than `long_prompt_tokens` of its tokens remain to
 compute (unset: more than `long_prompt_share` of the step's token budget, i.e. a chunk the cap
