@@ -22,7 +22,15 @@ ROUNDS = 5
 
 @pytest.fixture(scope="module")
 def engine():
-    llm = LLM(device="cpu", max_model_len=LONG + 16, max_num_batched_tokens=BUDGET, max_num_seqs=8)
+    # Aging is off for this bounded run (tests/test_scheduler_fairness.py tests it): on a
+    # loaded CPU a step can take seconds, and flood requests aged past 30 s would rank first.
+    llm = LLM(
+        device="cpu",
+        max_model_len=LONG + 16,
+        max_num_batched_tokens=BUDGET,
+        max_num_seqs=8,
+        queue_aging_s=3600.0,
+    )
     return llm.engine
 
 
