@@ -65,6 +65,17 @@ class EngineConfig:
     max_num_seqs requests (admit at full speed)."""
     min_num_batched_tokens: int = 512
     """The step's token budget with an empty queue when adaptive_batching is on."""
+    long_prompt_share: float = 0.5
+    """While a short request waits, the share of a step's token budget that long prompts'
+    chunks may take together (0 < share <= 1; engine.policy). Alone, a long prompt takes it all."""
+    long_prompt_tokens: int | None = None
+    """A prompt is long when more than this many of its tokens remain to compute; unset (None) =
+    more than long_prompt_share of the step's token budget."""
+    queue_aging_s: float = 30.0
+    """A request waiting this long (seconds since arrival) ranks ahead of every request that is
+    not, in arrival order, whatever its class, client or length: the bound on starvation."""
+    fair_share_window_s: float = 60.0
+    """Time constant of the decay of each client's served tokens (the fair-share order)."""
     load_format: str = "auto"
     """auto = the checkpoint's weights; random = random weights in the config's shapes
     (benchmarks: only config.json is needed, prompts are token ids)."""
@@ -81,6 +92,14 @@ class EngineConfig:
         positive("num_kv_blocks", self.num_kv_blocks)
         positive("min_num_batched_tokens", self.min_num_batched_tokens)
         positive("quant_block_size", self.quant_block_size)
+        positive("long_prompt_tokens", self.long_prompt_tokens)
+        if not 0.0 < self.long_prompt_share <= 1.0:
+            raise ValueError(f"long_prompt_share must be in (0, 1], got {self.long_prompt_share}")
+        for name in ("queue_aging_s", "fair_share_window_s"):
+            if not getattr(self, name) > 0:
+                raise ValueError(
+                    f"{name} must be a positive number of seconds, got {getattr(self, name)!r}"
+                )
         if self.quant_block_size % 2:
             raise ValueError(f"quant_block_size must be even, got {self.quant_block_size}")
         util = self.gpu_memory_utilization

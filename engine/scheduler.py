@@ -1,23 +1,29 @@
-"""Scheduler: continuous batching policy. Who runs this step, how many tokens each, who is
-preempted.
+"""Scheduler: continuous batching. Who runs this step, how many tokens each, who is preempted;
+the order and the shares come from engine.policy.
 
 Each step has a token budget (`max_num_batched_tokens`) and a sequence cap (`max_num_seqs`).
 Running decodes are scheduled first, then running prefills (chunked: a long prompt is split
-across steps), then new requests from the waiting queue. When KV blocks run out, the most
-recently admitted running request is preempted by recompute: its blocks are freed and it goes
-back to the head of the queue; later it re-prefills prompt + output so far and continues with
-exactly the tokens it would have produced.
+across steps), then new requests from the waiting queue in the policy's rank (class, fair
+share, short first, aging). While a short request waits, long prompts' chunks take at most the
+policy's share of the budget. A waiting request that does not fit the KV pool may be passed by
+a later one that does, unless it is aged: then admission stops until it fits. When KV blocks run
+out, a running request is preempted by recompute (the batch class first, then the most recently
+admitted): its blocks are freed and it goes back to the queue, ahead of the requests of its
+class never admitted; later it re-prefills prompt + output so far and continues with exactly
+the tokens it would have produced.
 """
 
 from __future__ import annotations
 
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import cached_property
 
 from engine.block_manager import BlockManager
 from engine.config import EngineConfig
+from engine.policy import SchedulingPolicy
 from engine.request import Request, RequestStatus
 
 
@@ -49,9 +55,15 @@ class ScheduledBatch:
 
 
 class Scheduler:
-    def __init__(self, config: EngineConfig, block_manager: BlockManager) -> None:
+    def __init__(
+        self,
+        config: EngineConfig,
+        block_manager: BlockManager,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
         self.config = config
         self.block_manager = block_manager
+        self.policy = SchedulingPolicy(config, clock)
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.num_preemptions = 0
@@ -95,7 +107,10 @@ class Scheduler:
 
     def schedule(self) -> ScheduledBatch:
         batch = ScheduledBatch()
-        budget = self.token_budget()
+        budget = step_budget = self.token_budget()
+        long_left = None  # a short request waiting for a seat gains nothing from the cap
+        if len(self.running) < self.config.max_num_seqs:
+            long_left = self.policy.long_allowance(step_budget, self.waiting)
         decodes = [
             r
             for r in self.running
@@ -107,32 +122,72 @@ class Scheduler:
                 break
             if req.status is not RequestStatus.RUNNING:  # preempted earlier in this step
                 continue
-            num_new = min(req.num_tokens - req.num_computed_tokens, budget)
-            if self._allocate_or_preempt(req, num_new, batch):
+            num_new, is_long = self._chunk(req, budget, step_budget, long_left)
+            if num_new and self._allocate_or_preempt(req, num_new, batch):
                 self._add_to_batch(batch, req, num_new)
                 budget -= num_new
+                if is_long:
+                    long_left -= num_new
         if not batch.preempted:
-            while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
-                req = self.waiting[0]
-                if not self._admit(req, budget):
-                    break
-                num_new = min(req.num_tokens - req.num_computed_tokens, budget)
-                self.waiting.popleft()
-                req.status = RequestStatus.RUNNING
-                self.running.append(req)
-                self._add_to_batch(batch, req, num_new)
-                budget -= num_new
+            self._admit_waiting(batch, budget, step_budget, long_left)
         return batch
 
-    def _admit(self, req: Request, budget: int) -> bool:
+    def _chunk(
+        self, req: Request, budget: int, step_budget: int, long_left: int | None
+    ) -> tuple[int, bool]:
+        """Tokens req may compute with budget left of step_budget, and whether they count
+        against long_left (None: long prompts are not limited this step)."""
+        num_new = min(req.num_tokens - req.num_computed_tokens, budget)
+        if long_left is None or not self.policy.is_long(req, step_budget):
+            return num_new, False
+        return min(num_new, long_left), True
+
+    def _admit_waiting(
+        self, batch: ScheduledBatch, budget: int, step_budget: int, long_left: int | None
+    ) -> None:
+        """Admit waiting requests in the policy's order while budget and seats last. One that
+        does not fit is passed by later ones, unless it is aged (then admission stops, so its
+        blocks come free); a later one needing as many tokens as a failed one is not tried. An
+        aged request is not held back by the long-prompt share either: once aged, no request
+        that arrived after it is admitted before it."""
+        if budget == 0 or len(self.running) >= self.config.max_num_seqs or not self.waiting:
+            return
+        now = self.policy.clock()
+        smallest_failed = None
+        for req in self.policy.order(self.waiting, step_budget):
+            if budget == 0 or len(self.running) >= self.config.max_num_seqs:
+                break
+            is_aged = self.policy.is_aged(req, now)
+            # an aged request is not held back by the long share: nothing passes it
+            num_new, is_long = self._chunk(req, budget, step_budget, None if is_aged else long_left)
+            if num_new == 0 or (smallest_failed is not None and num_new >= smallest_failed):
+                continue
+            if not self._admit(req, num_new):
+                if is_aged:
+                    break
+                smallest_failed = num_new
+                continue
+            # a cached prefix may leave fewer tokens to compute
+            num_new = min(req.num_tokens - req.num_computed_tokens, num_new)
+            if is_aged:
+                req.record("aged", waited_s=round(now - req.metrics.arrival_time, 3))
+            self.waiting.remove(req)
+            req.status = RequestStatus.RUNNING
+            self.running.append(req)
+            self._add_to_batch(batch, req, num_new)
+            budget -= num_new
+            if is_long:
+                long_left -= num_new
+
+    def _admit(self, req: Request, max_new: int) -> bool:
         """Give a waiting request its blocks: the longest cached prefix of its known tokens
-        (all but the last: its logits must be computed), then room for this step's tokens.
-        False, changing nothing, when they do not fit."""
+        (all but the last: its logits must be computed), then room for this step's tokens (at
+        most max_new). False, changing nothing, when they do not fit."""
         bm = self.block_manager
         known = req.num_tokens - req.num_pending
         cached = bm.match_prefix(req, known - 1)
         start = len(cached) * bm.block_size
-        if not bm.allocate_with_prefix(req, cached, start + min(req.num_tokens - start, budget)):
+        if not bm.allocate_with_prefix(req, cached, start + min(req.num_tokens - start, max_new)):
             req.block_keys = []
             return False
         req.num_computed_tokens = start
@@ -146,15 +201,14 @@ class Scheduler:
         return True
 
     def _allocate_or_preempt(self, req: Request, num_new: int, batch: ScheduledBatch) -> bool:
-        """Allocate blocks for req, preempting the newest unscheduled running requests (or req
-        itself) until it fits. Returns whether req stays scheduled."""
+        """Allocate blocks for req, preempting unscheduled running requests in the policy's
+        order (or req itself) until it fits. Returns whether req stays scheduled."""
         while True:
             if self.block_manager.allocate(req, req.num_computed_tokens + num_new):
                 return True
             scheduled = set(map(id, batch.requests))
-            victim = next(
-                (r for r in reversed(self.running) if r is not req and id(r) not in scheduled),
-                req,
+            victim = self.policy.victim(
+                req, [r for r in self.running if r is not req and id(r) not in scheduled]
             )
             self._preempt(victim, batch)
             if victim is req:
@@ -177,6 +231,7 @@ class Scheduler:
         batch.preempted.append(req)
 
     def _add_to_batch(self, batch: ScheduledBatch, req: Request, num_new: int) -> None:
+        self.policy.charge(req, num_new)
         bm = self.block_manager
         if bm.caching and (req.num_computed_tokens + num_new) // bm.block_size > len(
             req.block_keys
