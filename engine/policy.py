@@ -4,8 +4,10 @@ SamplingParams (priority, client), nothing of HTTP.
 
 Rank of a waiting request (`SchedulingPolicy.rank`, lower first):
 
-1. Aged requests first, in arrival order. A request is aged once it has waited
-   `queue_aging_s` seconds since it arrived.
+1. The oldest aged request first: the one that arrived first among those that have waited
+   `queue_aging_s` seconds (its "anchor" turn). One at a time: other aged requests keep their
+   rank below until they are the oldest, so a batch flood that has waited longer than
+   `queue_aging_s` lets one request at a time ahead of interactive ones, not all of them.
 2. Then the others, by
    a. priority class, in PRIORITIES order (interactive before batch);
    b. a request preempted by recompute before one never admitted (it held a place once);
@@ -15,12 +17,12 @@ Rank of a waiting request (`SchedulingPolicy.rank`, lower first):
       are not stuck behind long ones; among short (or long) ones, arrival order.
    Ties keep the queue's order (arrival; preempted requests at its head).
 
-The bound aging gives: once a request is aged, only aged requests that arrived before it rank
-ahead of it, and no request arriving later ever does. Admission never passes an aged request
+The bound aging gives: once a request is the oldest aged one, no request is admitted before it
 (see `Scheduler._admit_waiting`): not when it does not fit the KV pool, and the long-prompt
 share does not hold it back; running requests end (their output is bounded by max_tokens), so
-their blocks and seats come back. A request therefore waits at most `queue_aging_s` plus the
-time to serve the requests that arrived before it and those running when it aged; no mix of
+their blocks and seats come back. A request becomes the oldest aged one once it has waited
+`queue_aging_s` and every request that arrived before it has been admitted, so it waits at most
+`queue_aging_s` plus the time to serve those and the requests running meanwhile; no mix of
 later classes, clients or lengths can hold it longer.
 
 Long prompts: a prompt is long when more than `long_prompt_tokens` of its tokens remain to
@@ -82,12 +84,23 @@ class SchedulingPolicy:
     def is_aged(self, req: Request, now: float) -> bool:
         return now - req.metrics.arrival_time >= self.config.queue_aging_s
 
+    def oldest_aged(self, waiting: Iterable[Request], now: float) -> Request | None:
+        """The request whose anchor turn it is: the first to arrive of those aged, or None."""
+        aged = [r for r in waiting if self.is_aged(r, now)]
+        return min(aged, key=lambda r: r.metrics.arrival_time) if aged else None
+
     def rank(
-        self, req: Request, now: float, budget: int, usage: dict[str | None, float] | None = None
+        self,
+        req: Request,
+        now: float,
+        budget: int,
+        usage: dict[str | None, float] | None = None,
+        anchor: Request | None = None,
     ) -> tuple:
         """Sort key of a waiting request in a step of this token budget, lower first. usage:
-        clients' fair-share usage at `now`, where already computed."""
-        if self.is_aged(req, now):
+        clients' fair-share usage at `now`, where already computed; anchor: the oldest aged
+        request (see oldest_aged), which goes first."""
+        if req is anchor:
             return (0, req.metrics.arrival_time)
         client = req.params.client
         served = usage[client] if usage is not None else self.fair_share.usage(client, now)
@@ -105,7 +118,8 @@ class SchedulingPolicy:
         now = self.clock()
         waiting = list(waiting)
         usage = {c: self.fair_share.usage(c, now) for c in {r.params.client for r in waiting}}
-        return sorted(waiting, key=lambda r: self.rank(r, now, budget, usage))
+        anchor = self.oldest_aged(waiting, now)
+        return sorted(waiting, key=lambda r: self.rank(r, now, budget, usage, anchor))
 
     def charge(self, req: Request, num_tokens: int) -> None:
         """Count tokens scheduled for req against its client's fair share."""

@@ -146,18 +146,19 @@ class Scheduler:
         self, batch: ScheduledBatch, budget: int, step_budget: int, long_left: int | None
     ) -> None:
         """Admit waiting requests in the policy's order while budget and seats last. One that
-        does not fit is passed by later ones, unless it is aged (then admission stops, so its
-        blocks come free); a later one needing as many tokens as a failed one is not tried. An
-        aged request is not held back by the long-prompt share either: once aged, no request
-        that arrived after it is admitted before it."""
+        does not fit is passed by later ones, unless it is the oldest aged one (then admission
+        stops, so its blocks come free); a later one needing as many tokens as a failed one is
+        not tried. The oldest aged request is not held back by the long-prompt share either:
+        no request is admitted before it."""
         if budget == 0 or len(self.running) >= self.config.max_num_seqs or not self.waiting:
             return
         now = self.policy.clock()
         smallest_failed = None
+        anchor = self.policy.oldest_aged(self.waiting, now)
         for req in self.policy.order(self.waiting, step_budget):
             if budget == 0 or len(self.running) >= self.config.max_num_seqs:
                 break
-            is_aged = self.policy.is_aged(req, now)
+            is_aged = req is anchor
             # an aged request is not held back by the long share: nothing passes it
             num_new, is_long = self._chunk(req, budget, step_budget, None if is_aged else long_left)
             if num_new == 0 or (smallest_failed is not None and num_new >= smallest_failed):

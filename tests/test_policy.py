@@ -101,7 +101,7 @@ def test_a_preempted_request_ranks_first_in_its_class_but_not_above_a_higher_cla
     assert _names(policy.order([back_batch, fresh], budget=64)) == ["fresh", "back_batch"]
 
 
-def test_aging_puts_a_request_that_waited_queue_aging_s_ahead_of_everything_younger():
+def test_aging_puts_the_oldest_aged_request_ahead_of_everything_younger_one_at_a_time():
     policy, clock = _policy(queue_aging_s=10.0)
     old = _request("old_batch_long", 500, clock, priority="batch", client="heavy")
     policy.charge(old, 10_000)
@@ -116,12 +116,13 @@ def test_aging_puts_a_request_that_waited_queue_aging_s_ahead_of_everything_youn
         "young",
         "second",
     ]
-    clock.now += 5  # both aged: arrival order
+    clock.now += 5  # both aged: only the oldest goes ahead of the young interactive one
     assert _names(policy.order([young, older_aged, old], budget=64)) == [
         "old_batch_long",
-        "second",
         "young",
+        "second",
     ]
+    assert _names(policy.order([young, older_aged], budget=64)) == ["second", "young"]
 
 
 # --- preemption ----------------------------------------------------------------------------------
