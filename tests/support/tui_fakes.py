@@ -34,6 +34,10 @@ CONFIG = {
     "quant_block_size": 64,
     "quantize_embeddings": False,
     "prefix_caching": True,
+    "long_prompt_share": 0.5,
+    "long_prompt_tokens": None,
+    "queue_aging_s": 30.0,
+    "fair_share_window_s": 60.0,
 }
 GPU = {
     "name": "NVIDIA H200",
