@@ -39,7 +39,7 @@ from appliance import model_presets  # noqa: E402
 from engine import LLM  # noqa: E402
 from scripts.bench_presets import random_prompts  # noqa: E402
 from scripts.bench_serve_offline import closed_loop, summary  # noqa: E402
-from tests.support.serve_process import launch_serve  # noqa: E402
+from tests.support.serve_process import launch_serve, stop_server  # noqa: E402
 
 WARMUP_TOKENS = 4
 PLAN_KEYS = ("max_num_seqs", "max_num_batched_tokens", "max_model_len", "num_kv_blocks", "dtype")
@@ -171,11 +171,7 @@ def run_served(args, model: str | None, prompts: dict) -> tuple[dict, dict | Non
             rows[c] = served_summary(doc)
             print(f"served  {c:>4}: {rows[c]['out_tok_s']:.1f} out tok/s", flush=True)
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        stop_server(proc)
     return rows, config
 
 

@@ -26,7 +26,6 @@ import asyncio
 import random
 import shlex
 import signal
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -42,7 +41,7 @@ from appliance.loadgen.report import parse_duration  # noqa: E402
 from scripts.soak_load import Client, LoadConfig, Recorder, run_load  # noqa: E402
 from scripts.soak_report import write_report  # noqa: E402
 from scripts.soak_rules import Interval, summary_table, verdict  # noqa: E402
-from tests.support.serve_process import launch_serve  # noqa: E402
+from tests.support.serve_process import launch_serve, stop_server  # noqa: E402
 
 IDLE_POLL_S = 0.2
 STORM_MARGIN = 8
@@ -224,11 +223,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return asyncio.run(soak(args, url, proc.pid))
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        stop_server(proc)
 
 
 if __name__ == "__main__":

@@ -35,6 +35,15 @@ def launch_serve(flags: list[str], timeout_s: float = 300, env: dict | None = No
     return proc, url
 
 
+def stop_server(proc: subprocess.Popen, timeout_s: float = 60) -> None:
+    """SIGTERM a server from launch_serve and wait for it to drain; kill it past `timeout_s`."""
+    proc.terminate()
+    try:
+        proc.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+
+
 async def wait_for_url(capsys, task, timeout_s: float = 20.0) -> str:
     """The base URL from the serving line an in-process serve() task prints (captured by
     pytest's capsys); fails when the task ends first or no line comes within `timeout_s`."""
