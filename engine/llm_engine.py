@@ -8,7 +8,6 @@ from __future__ import annotations
 import logging
 import random
 from collections.abc import Callable
-from dataclasses import replace
 from pathlib import Path
 
 from engine import compile_count
@@ -27,11 +26,11 @@ from engine.request import Request, RequestOutput, RequestStatus
 from engine.sampling_params import SamplingParams
 from engine.scheduler import Scheduler
 from engine.startup import StartupTimer, startup_line
-from engine.structured.llguidance_backend import LLGuidanceBackend
+from engine.structured.llguidance_backend import llguidance_pool
 from engine.structured.pool import GrammarPool
 from engine.structured.state import start_tokens
 from engine.tokenizer import apply_chat_template, encode_prompt, eos_token_ids, load_tokenizer
-from engine.warmup import EVERY_FEATURE, WarmUp
+from engine.warmup import WarmUp, run_peak_step
 
 logger = logging.getLogger(__name__)
 
@@ -89,7 +88,15 @@ class LLMEngine:
         self._pending: PendingStep | None = None
         self._next: tuple[Forward, list] | None = None
         """A forward queued behind a constrained step's sample, to sample next call."""
-        self.grammars = self._grammar_pool()
+        self.grammars = None  # without a tokenizer (token-id benchmarks): no structured outputs
+        if self.tokenizer is not None:
+            self.grammars = llguidance_pool(
+                self.tokenizer,
+                self.model_config.vocab_size,
+                self.eos_token_ids,
+                self.config.max_num_seqs,
+                self.device,
+            )
         self._overlap = self.config.overlap_steps and self.device.type == "cuda"
         p = self.plan
         self.bandwidth = BandwidthMeter(
@@ -112,18 +119,6 @@ class LLMEngine:
         self.startup_s = timer.report()
         """Seconds per start-up phase, in order, then "total" (plain floats: it pickles)."""
         logger.info(startup_line(self.startup_s))
-
-    def _grammar_pool(self) -> GrammarPool | None:
-        """Where requests' grammars compile (None without a tokenizer: token-id benchmarks)."""
-        if self.tokenizer is None:
-            return None
-        tokenizer, vocab, eos = self.tokenizer, self.model_config.vocab_size, self.eos_token_ids
-        return GrammarPool(
-            lambda: LLGuidanceBackend(tokenizer, vocab, eos),
-            self.config.max_num_seqs,
-            vocab,
-            self.device,
-        )
 
     def _new_scheduler(self, num_blocks: int) -> None:
         cfg = self.config
@@ -154,19 +149,8 @@ class LLMEngine:
         self._reset_counters()
 
     def run_peak_step(self) -> None:
-        """The heaviest steps serving can meet: max_num_seqs sequences at once, the long ones
-        filling the step's token budget (several where max_model_len is shorter than it), every
-        one sampled with every sampling feature (penalties, top-k/top-p/min-p, logprobs), so the
-        logits and sampler temporaries peak."""
-        cfg = self.config
-        vocab = self.model_config.vocab_size
-        gen = random.Random(1)
-        params = replace(EVERY_FEATURE, max_tokens=2)
-        longs = cfg.budget_prompt_lengths(params.max_tokens) or [1]
-        for i in range(cfg.max_num_seqs - len(longs)):
-            self.add_request(f"__peak-{i}", [gen.randrange(vocab)], params)
-        for i, n in enumerate(longs):
-            self.add_request(f"__peak-long-{i}", [gen.randrange(vocab) for _ in range(n)], params)
+        """The heaviest steps serving can meet (engine/warmup.py, run_peak_step)."""
+        run_peak_step(self)
         self._run_to_completion()
 
     def _warm_up_to_peak(self) -> None:

@@ -107,3 +107,19 @@ class WarmUp:
         if chunked > cfg.max_num_batched_tokens:
             self.add(chunked, EVERY_FEATURE, 2)
             self.finish()
+
+
+def run_peak_step(engine) -> None:
+    """Queue the heaviest steps serving can meet: max_num_seqs sequences at once, the long ones
+    filling the step's token budget (several where max_model_len is shorter than it), every one
+    sampled with every sampling feature (penalties, top-k/top-p/min-p, logprobs), so the logits
+    and sampler temporaries peak. The caller steps them to completion."""
+    cfg = engine.config
+    vocab = engine.model_config.vocab_size
+    gen = random.Random(1)
+    params = replace(EVERY_FEATURE, max_tokens=2)
+    longs = cfg.budget_prompt_lengths(params.max_tokens) or [1]
+    for i in range(cfg.max_num_seqs - len(longs)):
+        engine.add_request(f"__peak-{i}", [gen.randrange(vocab)], params)
+    for i, n in enumerate(longs):
+        engine.add_request(f"__peak-long-{i}", [gen.randrange(vocab) for _ in range(n)], params)

@@ -14,6 +14,7 @@ import torch
 from llguidance.torch import fill_next_token_bitmask
 
 from engine.structured.backend import GrammarBackend, GrammarError, Matcher
+from engine.structured.pool import GrammarPool
 from engine.structured.spec import StructuredOutput
 
 JSON_OPTIONS = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
@@ -112,3 +113,15 @@ class LLGuidanceBackend(GrammarBackend):
         # scripts/bench_structured.py's schema).
         for m, row in rows:
             fill_next_token_bitmask(m.inner, bitmask, row)
+
+
+def llguidance_pool(
+    tokenizer, vocab_size: int, eos_token_ids, max_rows: int, device
+) -> GrammarPool:
+    """The engine's grammar pool on llguidance (the backend reads the tokenizer on the pool)."""
+    return GrammarPool(
+        lambda: LLGuidanceBackend(tokenizer, vocab_size, eos_token_ids),
+        max_rows,
+        vocab_size,
+        device,
+    )
