@@ -1,5 +1,6 @@
-"""KeyLimits: what one API key (or the anonymous class) may use, and the two ways to write it:
-`key=value` words (a key file's line, --default-limits) and a TOML table (`[keys.NAME]`).
+"""API keys and KeyLimits: what one API key (or the anonymous class) may use, and the two ways
+to write it: `key=value` words (a key file's line, --default-limits) and a TOML table
+(`[keys.NAME]`); ApiKey, parsed from a flag, a key file's line or a table.
 
 Every limit is optional (None = unlimited); the priority class is one of engine's PRIORITIES.
 A bad value is a SettingsError naming the key, the field and what is allowed.
@@ -7,7 +8,7 @@ A bad value is a SettingsError naming the key, the field and what is allowed.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields, replace
 
 from appliance.options import SettingsError
 from engine.sampling_params import PRIORITIES
@@ -89,3 +90,67 @@ def is_limit_word(word: str) -> bool:
     """Whether `word` reads as `name=value` with a limit's name (not as a key)."""
     name, sep, _ = word.partition("=")
     return bool(sep) and name.replace("-", "_") in LIMIT_NAMES
+
+
+@dataclass(frozen=True)
+class ApiKey:
+    """One accepted API key; `name` appears in logs, the key never does."""
+
+    name: str
+    key: str = field(repr=False)
+    limits: KeyLimits = field(default_factory=KeyLimits)
+    """What the key may use (appliance.key_limits); unlimited by default."""
+
+
+def parse_key(entry: str, sep: str | None, where: str) -> ApiKey:
+    """`[NAME:]KEY` (sep ":") or a key file's line `KEY`, `NAME KEY` or `NAME KEY limits...`."""
+    words: list[str] = []
+    if sep:
+        parts = entry.strip().split(sep, 1)
+    else:
+        parts, words = entry.split()[:2], entry.split()[2:]
+        if len(parts) == 2 and is_limit_word(parts[1]):
+            raise SettingsError(
+                f"API key at {where}: a key with limits needs a name: NAME KEY name=value ..."
+            )
+    name, key = (parts[0].strip(), parts[1].strip()) if len(parts) == 2 else ("", parts[0])
+    if len(key) < 8 or any(c.isspace() for c in key):
+        raise SettingsError(f"API key at {where} must be at least 8 characters without spaces")
+    return ApiKey(name, key, parse_words(words, name, where))
+
+
+def with_tables(keys: list[ApiKey], tables: dict[str, dict]) -> list[ApiKey]:
+    """`keys` with the config file's [keys.NAME] tables applied: a table with `key` adds that
+    key, one without gives its limits to the key already named NAME."""
+    by_name = {k.name: i for i, k in enumerate(keys)}
+    if len(by_name) < len(keys):
+        twice = sorted({k.name for k in keys if sum(j.name == k.name for j in keys) > 1})
+        raise SettingsError(f"API key names must be unique; given more than once: {twice}")
+    for name, table in tables.items():
+        where = f"config file [keys.{name}]"
+        if name == ANONYMOUS:
+            raise SettingsError(
+                f"{where}: {ANONYMOUS!r} names requests without a key; set their limits with "
+                "default-limits and default-priority"
+            )
+        if not isinstance(table, dict):
+            raise SettingsError(f'{where} must be a table of key = "..." and limits')
+        values = dict(table)
+        secret = values.pop("key", None)
+        limits = limits_from(values, name, where)
+        if secret is None:
+            if name not in by_name:
+                raise SettingsError(
+                    f'{where} has no key = "..." and no --api-key or --api-key-file key is '
+                    f"named {name!r}; known names: {sorted(by_name) or 'none'}"
+                )
+            keys[by_name[name]] = replace(keys[by_name[name]], limits=limits)
+            continue
+        if name in by_name:
+            raise SettingsError(f"{where}: a key named {name!r} is already given elsewhere")
+        if not isinstance(secret, str):
+            raise SettingsError(f"{where}: key must be a string")
+        key = parse_key(f"{name}:{secret}", ":", where)
+        by_name[name] = len(keys)
+        keys.append(replace(key, limits=limits))
+    return keys

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Annotated, Literal
 
 from pydantic import BeforeValidator
 
-from appliance.key_limits import ANONYMOUS, KeyLimits, is_limit_word, limits_from, parse_words
+from appliance.key_limits import ANONYMOUS, ApiKey, KeyLimits, parse_key, parse_words, with_tables
 from appliance.options import (
     ENV_PREFIX,
     Option,
@@ -49,16 +49,6 @@ TUNABLE = (
 )
 """Engine settings `appliance tune --sweep` may vary; the values a tuned profile chose for them
 apply under `serve --profile` wherever no flag, variable or config file sets them."""
-
-
-@dataclass(frozen=True)
-class ApiKey:
-    """One accepted API key; `name` appears in logs, the key never does."""
-
-    name: str
-    key: str = field(repr=False)
-    limits: KeyLimits = field(default_factory=KeyLimits)
-    """What the key may use (appliance.key_limits); unlimited by default."""
 
 
 def _lower(value):
@@ -199,9 +189,7 @@ class ServeSettings(EngineSettings):
         self.generation_overrides = parse_overrides(self.override_generation_config)
 
     def _load_keys(self) -> list[ApiKey]:
-        keys = [
-            _parse_key(entry, ":", f"--api-key #{i}") for i, entry in enumerate(self.api_key, 1)
-        ]
+        keys = [parse_key(entry, ":", f"--api-key #{i}") for i, entry in enumerate(self.api_key, 1)]
         if self.api_key_file:
             path = Path(self.api_key_file)
             try:
@@ -211,9 +199,9 @@ class ServeSettings(EngineSettings):
             for lineno, line in enumerate(lines, 1):
                 line = line.split("#", 1)[0].strip()
                 if line:
-                    keys.append(_parse_key(line, None, f"{path} line {lineno}"))
+                    keys.append(parse_key(line, None, f"{path} line {lineno}"))
         keys = [replace(k, name=k.name or f"key{i + 1}") for i, k in enumerate(keys)]
-        return _with_tables(keys, self.keys)
+        return with_tables(keys, self.keys)
 
     @functools.cached_property
     def generation_defaults(self) -> GenerationDefaults:
@@ -256,60 +244,6 @@ class ServeSettings(EngineSettings):
         """Engine settings the user pinned (None = let the planner or the engine decide)."""
         kwargs = {f.name: getattr(self, f.name) for f in fields(EngineSettings)}
         return {k: v for k, v in kwargs.items() if v is not None}
-
-
-def _parse_key(entry: str, sep: str | None, where: str) -> ApiKey:
-    """`[NAME:]KEY` (sep ":") or a key file's line `KEY`, `NAME KEY` or `NAME KEY limits...`."""
-    words: list[str] = []
-    if sep:
-        parts = entry.strip().split(sep, 1)
-    else:
-        parts, words = entry.split()[:2], entry.split()[2:]
-        if len(parts) == 2 and is_limit_word(parts[1]):
-            raise SettingsError(
-                f"API key at {where}: a key with limits needs a name: NAME KEY name=value ..."
-            )
-    name, key = (parts[0].strip(), parts[1].strip()) if len(parts) == 2 else ("", parts[0])
-    if len(key) < 8 or any(c.isspace() for c in key):
-        raise SettingsError(f"API key at {where} must be at least 8 characters without spaces")
-    return ApiKey(name, key, parse_words(words, name, where))
-
-
-def _with_tables(keys: list[ApiKey], tables: dict[str, dict]) -> list[ApiKey]:
-    """`keys` with the config file's [keys.NAME] tables applied: a table with `key` adds that
-    key, one without gives its limits to the key already named NAME."""
-    by_name = {k.name: i for i, k in enumerate(keys)}
-    if len(by_name) < len(keys):
-        twice = sorted({k.name for k in keys if sum(j.name == k.name for j in keys) > 1})
-        raise SettingsError(f"API key names must be unique; given more than once: {twice}")
-    for name, table in tables.items():
-        where = f"config file [keys.{name}]"
-        if name == ANONYMOUS:
-            raise SettingsError(
-                f"{where}: {ANONYMOUS!r} names requests without a key; set their limits with "
-                "default-limits and default-priority"
-            )
-        if not isinstance(table, dict):
-            raise SettingsError(f'{where} must be a table of key = "..." and limits')
-        values = dict(table)
-        secret = values.pop("key", None)
-        limits = limits_from(values, name, where)
-        if secret is None:
-            if name not in by_name:
-                raise SettingsError(
-                    f'{where} has no key = "..." and no --api-key or --api-key-file key is '
-                    f"named {name!r}; known names: {sorted(by_name) or 'none'}"
-                )
-            keys[by_name[name]] = replace(keys[by_name[name]], limits=limits)
-            continue
-        if name in by_name:
-            raise SettingsError(f"{where}: a key named {name!r} is already given elsewhere")
-        if not isinstance(secret, str):
-            raise SettingsError(f"{where}: key must be a string")
-        key = _parse_key(f"{name}:{secret}", ":", where)
-        by_name[name] = len(keys)
-        keys.append(replace(key, limits=limits))
-    return keys
 
 
 # --- the description's other forms: flags, environment, TOML ---------------------------------
