@@ -7,13 +7,8 @@ from __future__ import annotations
 import pytest
 from textual.widgets import DataTable
 
-from tests.support.tui_fakes import (
-    T0,
-    FakeStatsServer,
-    make_doc,
-    screen_text,
-    wait_for,
-)
+from tests.support.tui_fakes import T0, FakeStatsServer, make_doc
+from tests.support.tui_screen import screen_text, wait_for
 from tui import create_app
 from tui.screens.help import HelpScreen
 from tui.screens.plan import PlanScreen

@@ -13,7 +13,7 @@ import pytest
 from textual.widgets import DataTable
 
 from tests.support.serve_process import start_server
-from tests.support.tui_fakes import screen_text, wait_for
+from tests.support.tui_screen import screen_text, wait_for
 from tui import create_app
 from tui.screens.trace import TraceScreen
 

@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 import textual
 
-from tests.support.tui_fakes import T0, ReplaySource, make_doc, screen_text, wait_for
+from tests.support.tui_fakes import T0, ReplaySource, make_doc
+from tests.support.tui_screen import screen_text, wait_for
 from tui import DashboardApp
 from tui.screens.trace import TraceScreen
 

@@ -1,13 +1,12 @@
 """Fakes for the dashboard tests: recorded-style /v1/stats documents with fixed values, a small
 aiohttp server that streams them (and can be stopped and restarted on the same port), an
-in-memory source for the snapshots, and screen helpers. tests/test_tui_fakes.py keeps the fakes
-honest against the server."""
+in-memory source for the snapshots (screen helpers: tests/support/tui_screen.py).
+tests/test_tui_fakes.py keeps the fakes honest against the server."""
 
 from __future__ import annotations
 
 import asyncio
 import copy
-import io
 import json
 from collections.abc import AsyncIterator
 
@@ -387,29 +386,3 @@ class ReplaySource:
 
     async def close(self) -> None:
         pass
-
-
-def screen_text(app) -> str:
-    """The current screen as plain text, the way a terminal without colour shows it."""
-    from rich.console import Console
-
-    width, height = app.size
-    console = Console(
-        width=width,
-        height=height,
-        record=True,
-        color_system=None,
-        file=io.StringIO(),
-        legacy_windows=False,
-    )
-    console.print(app.screen._compositor.render_update(full=True))
-    return console.export_text()
-
-
-async def wait_for(pilot, predicate, timeout: float = 10.0, what: str = "") -> None:
-    """Let the app run until predicate() holds (or fail after `timeout` seconds)."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while not predicate():
-        assert loop.time() < deadline, f"timed out waiting for {what or predicate}"
-        await pilot.pause(0.02)
