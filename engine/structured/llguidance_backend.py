@@ -11,7 +11,6 @@ from collections import OrderedDict
 
 import llguidance
 import torch
-from llguidance.torch import fill_next_token_bitmask
 
 from engine.structured.backend import GrammarBackend, GrammarError, Matcher
 from engine.structured.pool import GrammarPool
@@ -111,8 +110,13 @@ class LLGuidanceBackend(GrammarBackend):
         # 4.6 ms a step, against 8.9 ms on llguidance's threads (fill_next_token_bitmask_par)
         # and 5.9-7.1 ms on 4-12 Python threads (64 matchers on random valid paths of
         # scripts/bench_structured.py's schema).
+        # The matcher writes each row in place (llguidance.torch's fill_next_token_bitmask does
+        # the same; importing that module runs torch.compile's set-up, which the engine avoids).
+        if bitmask.dtype != torch.int32 or not bitmask.is_cpu or not bitmask.is_contiguous():
+            raise ValueError("the bitmask must be a contiguous int32 tensor on the CPU")
+        row_bytes = bitmask.shape[1] * bitmask.element_size()
         for m, row in rows:
-            fill_next_token_bitmask(m.inner, bitmask, row)
+            m.inner.unsafe_compute_mask_ptr(bitmask[row].data_ptr(), row_bytes)
 
 
 def llguidance_pool(
