@@ -1,22 +1,65 @@
-"""ModelConfig: the parts of a Hugging Face config.json our Llama-family model needs."""
+"""ModelConfig: the parts of a Hugging Face config.json our models need, with each layer's
+attention described by data (LayerAttention) and the parameter counts the planner reads."""
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
-SUPPORTED_ARCHITECTURES = (
-    "LlamaForCausalLM",
-    "MistralForCausalLM",
-    "Qwen2ForCausalLM",
-    "Qwen3ForCausalLM",
-)
+from engine.models.registry import ARCHITECTURES, supported_names
+
+SLIDING, FULL = "sliding_attention", "full_attention"
+"""Layer types, by config.json's `layer_types` names."""
 
 KV_ELEMENT_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "int8": 1}
 """Bytes per KV-cache element, by kv_cache_dtype name."""
 KV_SCALE_BYTES = {"int8": 2}
 """Scale bytes per token, per KV head, for K and for V: an int8 cache keeps one fp16 scale."""
+
+
+@dataclass(frozen=True)
+class LayerAttention:
+    """One layer's attention: the model builds the layer from it, the kernels read its window,
+    sinks and soft-cap."""
+
+    head_dim: int
+    rope_theta: float
+    rope_scaling: dict | None = field(default=None, hash=False)
+    sliding_window: int | None = None
+    """A query sees the last sliding_window tokens, itself included; None: every token."""
+    partial_rotary_factor: float = 1.0
+    """The share of head_dim that RoPE rotates (the first dims); the rest pass unrotated."""
+    sinks: bool = False
+    """A learned per-head logit joins each softmax's denominator (gpt-oss)."""
+    softcap: float | None = None
+    """Logits become softcap * tanh(logits / softcap) before the softmax."""
+    kv_shared_from: int | None = None
+    """Reads the K/V of this earlier layer and holds no cache of its own."""
+
+
+@dataclass(frozen=True)
+class ParamCounts:
+    """A model's parameters by kind (the planner's weight bytes and speed floor read these)."""
+
+    linear: int
+    """Every quantizable projection's weights (attention, MLP or experts); all experts."""
+    linear_rows: int
+    """Output rows of those projections (int8 keeps one scale per row)."""
+    embed: int
+    """Embedding table plus LM head (one table when tied)."""
+    other: int
+    """Norms, routers, biases and sinks: kept in the activation dtype."""
+    active_linear: int
+    """The projections one token reads: with experts, only num_experts_per_tok of them."""
+
+    @property
+    def total(self) -> int:
+        return self.linear + self.embed + self.other
+
+    @property
+    def active(self) -> int:
+        return self.active_linear + self.embed + self.other
 
 
 @dataclass
@@ -45,6 +88,43 @@ class ModelConfig:
     """config.json's quantization_config (a bitsandbytes-quantized checkpoint), if any."""
     model_type: str | None = None
     """config.json's model_type ("llama", "qwen3", ...)."""
+    layer_types: tuple[str, ...] | None = None
+    """SLIDING or FULL per layer; None: every layer is sliding when sliding_window is set,
+    else full."""
+    rope_local_theta: float | None = None
+    """RoPE base of the sliding layers where it differs from rope_theta (Gemma 3)."""
+    attn_logit_softcap: float | None = None
+    final_logit_softcap: float | None = None
+    attention_sinks: bool = False
+    num_experts: int = 0
+    """Experts per MoE layer; 0: a dense model."""
+    num_experts_per_tok: int = 0
+    moe_intermediate_size: int = 0
+    norm_topk_prob: bool = False
+    """Renormalise the top-k routing weights to sum to one."""
+    dense_layers: tuple[int, ...] = ()
+    """In a MoE model, the layers that keep a dense MLP."""
+
+    def layer_type(self, i: int) -> str:
+        if self.layer_types is not None:
+            return self.layer_types[i]
+        return SLIDING if self.sliding_window is not None else FULL
+
+    def layer_attention(self, i: int) -> LayerAttention:
+        """Layer i's attention, from the config's per-layer fields."""
+        sliding = self.layer_type(i) == SLIDING
+        theta = self.rope_local_theta if sliding and self.rope_local_theta else self.rope_theta
+        return LayerAttention(
+            head_dim=self.head_dim,
+            rope_theta=theta,
+            rope_scaling=None if sliding and self.rope_local_theta else self.rope_scaling,
+            sliding_window=self.sliding_window if sliding else None,
+            sinks=self.attention_sinks,
+            softcap=self.attn_logit_softcap,
+        )
+
+    def is_moe_layer(self, i: int) -> bool:
+        return self.num_experts > 0 and i not in self.dense_layers
 
     def kv_bytes_per_token(self, elem_bytes: int, scale_bytes: int = 0) -> int:
         """The KV-cache formula: 2 (K and V) x layers x KV heads (not attention heads) x
@@ -60,25 +140,53 @@ class ModelConfig:
             )
         return self.kv_bytes_per_token(KV_ELEMENT_BYTES[kv_dtype], KV_SCALE_BYTES.get(kv_dtype, 0))
 
+    def param_counts(self) -> ParamCounts:
+        """Parameters by kind: attention (per layer's head_dim; a layer sharing another's K/V
+        has no k/v projections), dense MLPs or experts (gate, up, down each), norms, routers."""
+        h, v = self.hidden_size, self.vocab_size
+        linear = rows = active = other = 0
+        for i in range(self.num_layers):
+            att = self.layer_attention(i)
+            q = self.num_heads * att.head_dim
+            kv = 0 if att.kv_shared_from is not None else self.num_kv_heads * att.head_dim
+            attn = h * (q + 2 * kv) + q * h
+            linear, rows, active = linear + attn, rows + q + 2 * kv + h, active + attn
+            other += 2 * h + (self.num_heads if att.sinks else 0)
+            if self.is_moe_layer(i):
+                e, k, mi = self.num_experts, self.num_experts_per_tok, self.moe_intermediate_size
+                linear, rows = linear + e * 3 * h * mi, rows + e * (2 * mi + h)
+                active += k * 3 * h * mi
+                other += h * e  # the router
+            else:
+                mi = self.intermediate_size
+                linear, rows, active = linear + 3 * h * mi, rows + 2 * mi + h, active + 3 * h * mi
+        embed = v * h * (1 if self.tie_word_embeddings else 2)
+        return ParamCounts(linear, rows, embed, other + h, active)
+
     @property
     def num_params(self) -> int:
-        h, i, v = self.hidden_size, self.intermediate_size, self.vocab_size
-        q, kv = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
-        per_layer = h * (q + 2 * kv) + q * h + 3 * h * i + 2 * h
-        embed = v * h * (1 if self.tie_word_embeddings else 2)
-        return self.num_layers * per_layer + embed + h
+        return self.param_counts().total
+
+    @property
+    def num_active_params(self) -> int:
+        """What one token's forward reads: every parameter but the unchosen experts'."""
+        return self.param_counts().active
 
     @classmethod
     def from_dict(cls, raw: dict) -> ModelConfig:
         archs = raw.get("architectures") or []
-        arch = next((a for a in archs if a in SUPPORTED_ARCHITECTURES), None)
+        arch = next((a for a in archs if a in ARCHITECTURES), None)
         if arch is None:
             raise ValueError(
                 f"unsupported model architecture {archs or raw.get('model_type')!r}; "
-                f"supported: {', '.join(SUPPORTED_ARCHITECTURES)}"
+                f"supported: {supported_names()}"
             )
-        if raw.get("hidden_act", "silu") != "silu":
-            raise ValueError(f"unsupported hidden_act {raw.get('hidden_act')!r}; expected 'silu'")
+        act = raw.get("hidden_act") or raw.get("hidden_activation") or "silu"
+        if act not in ARCHITECTURES[arch].hidden_acts:
+            raise ValueError(
+                f"unsupported hidden_act {act!r} for {arch}; expected one of "
+                f"{', '.join(ARCHITECTURES[arch].hidden_acts)}"
+            )
         rope = dict(raw.get("rope_parameters") or raw.get("rope_scaling") or {})
         rope_theta = float(raw.get("rope_theta") or rope.get("rope_theta") or 10000.0)
         rope_type = rope.get("rope_type", rope.get("type", "default"))

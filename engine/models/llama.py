@@ -105,6 +105,12 @@ class LlamaForCausalLM(nn.Module):
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
 
+    def init_buffers(self, device: torch.device) -> None:
+        """Build the buffers that were made on meta (the RoPE tables) on `device`, in fp32."""
+        cfg, rope = self.config, self.rope
+        fresh = RotaryEmbedding(cfg.head_dim, rope.cos.shape[0], cfg.rope_theta, cfg.rope_scaling)
+        rope.cos, rope.sin = fresh.cos.to(device), fresh.sin.to(device)
+
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         x = self.embed_tokens(input_ids)  # [num_tokens, hidden]
         residual = None

@@ -16,7 +16,7 @@ from safetensors import safe_open
 from torch import nn
 
 from engine.models.config import ModelConfig
-from engine.models.llama import LlamaForCausalLM
+from engine.models.registry import model_class
 from engine.quant.format import WeightQuant
 from engine.quant.modules import QuantLinear, quantize_model
 
@@ -83,7 +83,7 @@ def load_model(
     device: torch.device,
     random_weights: bool = False,
     quant: WeightQuant | None = None,
-) -> LlamaForCausalLM:
+) -> nn.Module:
     """Build the model on `device` in `dtype` and load its weights (or draw random ones).
 
     With `quant`, the device never holds the 16-bit model: the checkpoint is loaded on the CPU
@@ -92,7 +92,7 @@ def load_model(
     (embeddings, norms, LM head) follow. A checkpoint bitsandbytes already quantized is read
     as it is."""
     with torch.device("meta"):
-        model = LlamaForCausalLM(cfg, max_positions).to(dtype=dtype)
+        model = model_class(cfg.architecture)(cfg, max_positions).to(dtype=dtype)
     gen = torch.Generator(device=device).manual_seed(0) if random_weights else None
     if quant is None:
         model.to_empty(device=device)
@@ -122,9 +122,7 @@ def load_model(
             model.load_weights(iter_safetensors(folder), copy)
         quantize_model(model, quant, device, lambda linear: linear.to(device))
         model.to(device)
-    # Buffers (RoPE tables) were on meta: rebuild them on the device, in fp32.
-    rope = type(model.rope)(cfg.head_dim, max_positions, cfg.rope_theta, cfg.rope_scaling)
-    model.rope.cos, model.rope.sin = rope.cos.to(device), rope.sin.to(device)
+    model.init_buffers(device)  # built on meta: the RoPE tables, in fp32
     if cfg.tie_word_embeddings and isinstance(model.embed_tokens, nn.Embedding):
         model.lm_head.weight = model.embed_tokens.weight  # else both read one quantized copy
     return model.eval()

@@ -40,15 +40,6 @@ def size_text(n: float) -> str:
             return f"{n / scale:.2f} {unit}"
 
 
-def _linear_shapes(m: ModelConfig) -> tuple[int, int]:
-    """(weights, output rows) of every quantizable projection: qkv, o, gate_up, down."""
-    h, i = m.hidden_size, m.intermediate_size
-    q, kv = m.num_heads * m.head_dim, m.num_kv_heads * m.head_dim
-    weights = m.num_layers * (h * (q + 2 * kv) + q * h + 3 * h * i)
-    rows = m.num_layers * (q + 2 * kv + h + 2 * i + h)
-    return weights, rows
-
-
 def quantized_bytes(fmt: str, num_weights: int, num_rows: int, group_size: int) -> int:
     """Bytes of num_weights weights in num_rows rows: int8 one byte each plus a row scale, int4
     half a byte plus a scale per group_size weights."""
@@ -64,11 +55,10 @@ def weight_bytes(
     the LM head unless quantize_embeddings."""
     if fmt == "none":
         return m.num_params * dtype_bytes
-    linear, rows = _linear_shapes(m)
-    v, h = m.vocab_size, m.hidden_size
+    counts = m.param_counts()
+    linear, rows, embed, other = counts.linear, counts.linear_rows, counts.embed, counts.other
     tables = 1 if m.tie_word_embeddings else 2
-    embed = v * h * tables
-    other = m.num_params - linear - embed  # norms
+    v = m.vocab_size
     if quantize_embeddings:
         emb = quantized_bytes(fmt, embed, v * tables, group_size)
     else:

@@ -11,6 +11,7 @@ from transformers import (
     AutoModelForCausalLM,
     LlamaConfig,
     MistralConfig,
+    PretrainedConfig,
     PreTrainedTokenizerFast,
     Qwen2Config,
     Qwen3Config,
@@ -72,9 +73,12 @@ def byte_tokenizer() -> PreTrainedTokenizerFast:
     return fast
 
 
-def make_tiny_model(arch: str, folder: Path, seed: int = 0) -> Path:
+def make_tiny_model(arch: str | PretrainedConfig, folder: Path, seed: int = 0) -> Path:
+    """A tiny model of one of ARCHS, or of any transformers config (families with their own
+    builder in tests/support pass theirs), with the byte tokenizer, saved in `folder`."""
     torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(tiny_config(arch), torch_dtype=torch.float32)
+    config = tiny_config(arch) if isinstance(arch, str) else arch
+    model = AutoModelForCausalLM.from_config(config, torch_dtype=torch.float32)
     with torch.no_grad():  # larger weights than the default init: spread-out logits, no ties
         for name, p in model.named_parameters():
             if "norm" in name:

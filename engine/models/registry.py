@@ -1,0 +1,41 @@
+"""The architectures the engine runs: config.json's `architectures` name -> the model class
+that runs it. The one list of supported names (errors and docs read it from here).
+
+Torch-free: the planner reads configs without importing torch; a model class is imported
+only when a model is built (`model_class`)."""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Architecture:
+    name: str
+    """config.json's `architectures` entry."""
+    model_class: str
+    """"module:Class" of our implementation."""
+    hidden_acts: tuple[str, ...] = ("silu",)
+    """The MLP activations this family's implementation computes."""
+
+
+ARCHITECTURES: dict[str, Architecture] = {
+    a.name: a
+    for a in (
+        Architecture("LlamaForCausalLM", "engine.models.llama:LlamaForCausalLM"),
+        Architecture("MistralForCausalLM", "engine.models.llama:LlamaForCausalLM"),
+        Architecture("Qwen2ForCausalLM", "engine.models.llama:LlamaForCausalLM"),
+        Architecture("Qwen3ForCausalLM", "engine.models.llama:LlamaForCausalLM"),
+    )
+}
+
+
+def supported_names() -> str:
+    return ", ".join(ARCHITECTURES)
+
+
+def model_class(name: str) -> type:
+    """The model class for an architecture name from ARCHITECTURES."""
+    module, _, cls = ARCHITECTURES[name].model_class.partition(":")
+    return getattr(importlib.import_module(module), cls)
