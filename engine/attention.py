@@ -2,7 +2,10 @@
 a Triton one (CUDA). The model's attention layer calls `store_kv` then `attention`.
 
 With an int8 KV cache every method also takes `k_scales` / `v_scales`, the per-token, per-head
-scale views beside the caches (layout in engine/kernels/torch_ref.py); None otherwise."""
+scale views beside the caches (layout in engine/kernels/torch_ref.py); None otherwise.
+
+A layer's attention variant comes as keyword arguments: `window`, `softcap`, `sinks` (their
+meaning in engine/kernels/torch_ref.py); None: plain causal attention."""
 
 from __future__ import annotations
 
@@ -21,15 +24,16 @@ class AttentionBackend:
         torch_ref.store_kv_ref(k, v, k_cache, v_cache, slot_mapping, k_scales, v_scales)
 
     def decode(
-        self, q, k_cache, v_cache, meta: AttentionMetadata, scale: float, k_scales, v_scales
+        self, q, k_cache, v_cache, meta: AttentionMetadata, scale: float, k_scales, v_scales, **var
     ) -> torch.Tensor:
         n = meta.num_decodes
+        tables, lens = meta.block_tables[:n], meta.seq_lens[:n]
         return torch_ref.decode_attention_ref(
-            q, k_cache, v_cache, meta.block_tables[:n], meta.seq_lens[:n], scale, k_scales, v_scales
+            q, k_cache, v_cache, tables, lens, scale, k_scales, v_scales, **var
         )
 
     def prefill(
-        self, q, k_cache, v_cache, meta: AttentionMetadata, scale: float, k_scales, v_scales
+        self, q, k_cache, v_cache, meta: AttentionMetadata, scale: float, k_scales, v_scales, **var
     ) -> torch.Tensor:
         n = meta.num_decodes
         starts = [s - n for s in meta.query_start_loc_cpu[n:]]
@@ -43,6 +47,7 @@ class AttentionBackend:
             scale,
             k_scales,
             v_scales,
+            **var,
         )
 
     def attention(
@@ -54,17 +59,18 @@ class AttentionBackend:
         scale: float,
         k_scales=None,
         v_scales=None,
+        **var,
     ):
         # q: [num_tokens, num_heads, head_dim]; decodes first, then prefill chunks
         n = meta.num_decodes
         scales = (k_scales, v_scales)
         if n == meta.num_seqs:
-            return self.decode(q, k_cache, v_cache, meta, scale, *scales)
+            return self.decode(q, k_cache, v_cache, meta, scale, *scales, **var)
         if n == 0:
-            return self.prefill(q, k_cache, v_cache, meta, scale, *scales)
+            return self.prefill(q, k_cache, v_cache, meta, scale, *scales, **var)
         out = torch.empty_like(q)
-        out[:n] = self.decode(q[:n], k_cache, v_cache, meta, scale, *scales)
-        out[n:] = self.prefill(q[n:], k_cache, v_cache, meta, scale, *scales)
+        out[:n] = self.decode(q[:n], k_cache, v_cache, meta, scale, *scales, **var)
+        out[n:] = self.prefill(q[n:], k_cache, v_cache, meta, scale, *scales, **var)
         return out
 
 

@@ -8,6 +8,13 @@ Token t of a sequence lives in block `block_table[t // block_size]` at offset
 tensor [num_layers, 2, num_blocks, block_size, num_kv_heads, head_dim] whose views these are.
 New K/V are written into the cache first, then attention reads everything from the cache.
 
+Attention variants (per layer, keyword arguments of both attention functions):
+- `window` W: a query at position p sees keys at positions p - W + 1 .. p (W keys, itself
+  included), as transformers' sliding-window layers do; None: every earlier key.
+- `softcap` c: logits (after the scale) become c * tanh(logits / c) before the softmax.
+- `sinks` [num_heads]: a learned logit per head joins each softmax's denominator and takes
+  part of the weight (gpt-oss): p_j = exp(l_j) / (sum_i exp(l_i) + exp(sink)).
+
 INT8 KV cache (kv_cache_dtype="int8"): the caches hold int8 and two more views,
 `k_scales` / `v_scales` [num_blocks, block_size, num_kv_heads] fp16 (from one tensor
 [num_layers, 2, num_blocks, block_size, num_kv_heads]), hold one scale per token and KV head.
@@ -92,11 +99,23 @@ def decode_attention_ref(
     scale: float,
     k_scales: torch.Tensor | None = None,  # [num_blocks, block_size, num_kv_heads] (int8 cache)
     v_scales: torch.Tensor | None = None,
+    *,
+    window: int | None = None,
+    softcap: float | None = None,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:  # [num_seqs, num_heads, head_dim]
     """One query token per sequence, attending to all `seq_lens[i]` cached tokens."""
     num_seqs, num_heads, head_dim = q.shape
     if num_seqs == 0:
         return q.new_empty(q.shape)
+    if window is not None or softcap is not None or sinks is not None:
+        starts = list(range(num_seqs + 1))
+        variant = {"window": window, "softcap": softcap, "sinks": sinks}
+        lens = [int(n) for n in seq_lens.tolist()]
+        scales = (k_scales, v_scales)
+        return prefill_attention_ref(
+            q, k_cache, v_cache, block_tables, starts, lens, scale, *scales, **variant
+        )
     block_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
     max_len = int(seq_lens.max())
     num_blocks = -(-max_len // block_size)
@@ -126,9 +145,14 @@ def prefill_attention_ref(
     scale: float,
     k_scales: torch.Tensor | None = None,  # [num_blocks, block_size, num_kv_heads] (int8 cache)
     v_scales: torch.Tensor | None = None,
+    *,
+    window: int | None = None,
+    softcap: float | None = None,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:  # [num_tokens, num_heads, head_dim]
     """Chunked prefill: each sequence's queries are its last q_len tokens of seq_len; causal
-    within the chunk, full over the cached prefix."""
+    within the chunk, full over the cached prefix (within `window` when given)."""
+    variant = window is not None or softcap is not None or sinks is not None
     out = torch.empty_like(q)
     for i, seq_len in enumerate(seq_lens):
         start, end = query_start_loc[i], query_start_loc[i + 1]
@@ -137,6 +161,12 @@ def prefill_attention_ref(
         qs = q[start:end].transpose(0, 1).unsqueeze(0)
         ks = _values(k_cache, k_scales, q.dtype, _gather, block_tables[i], seq_len)
         vs = _values(v_cache, v_scales, q.dtype, _gather, block_tables[i], seq_len)
+        if variant:
+            q_pos = torch.arange(seq_len - q_len, seq_len, device=q.device)
+            out[start:end] = _attend_variant(
+                q[start:end], ks, vs, q_pos, scale, window, softcap, sinks
+            )
+            continue
         ks, vs = ks.transpose(0, 1).unsqueeze(0), vs.transpose(0, 1).unsqueeze(0)
         if q_len == seq_len:
             o = F.scaled_dot_product_attention(
@@ -151,3 +181,33 @@ def prefill_attention_ref(
             )
         out[start:end] = o[0].transpose(0, 1)  # [q_len, num_heads, head_dim]
     return out
+
+
+def _attend_variant(
+    q: torch.Tensor,  # [q_len, num_heads, head_dim]
+    k: torch.Tensor,  # [seq_len, num_kv_heads, head_dim]
+    v: torch.Tensor,
+    q_pos: torch.Tensor,  # [q_len]: each query's position
+    scale: float,
+    window: int | None,
+    softcap: float | None,
+    sinks: torch.Tensor | None,
+) -> torch.Tensor:  # [q_len, num_heads, head_dim]
+    """Attention with a window, a soft-cap and sinks, spelled out in fp32."""
+    group = q.shape[1] // k.shape[1]
+    kf = k.float().repeat_interleave(group, dim=1).transpose(0, 1)  # [heads, seq_len, dim]
+    vf = v.float().repeat_interleave(group, dim=1).transpose(0, 1)
+    logits = (q.float().transpose(0, 1) @ kf.transpose(1, 2)) * scale  # [heads, q_len, seq_len]
+    if softcap is not None:
+        logits = softcap * torch.tanh(logits / softcap)
+    k_pos = torch.arange(k.shape[0], device=q.device)
+    mask = k_pos[None, :] <= q_pos[:, None]
+    if window is not None:
+        mask &= k_pos[None, :] > q_pos[:, None] - window
+    logits = logits.masked_fill(~mask, float("-inf"))
+    if sinks is not None:
+        sink = sinks.float()[:, None, None].expand(-1, logits.shape[1], 1)
+        probs = torch.softmax(torch.cat([logits, sink], dim=-1), dim=-1)[..., :-1]
+    else:
+        probs = torch.softmax(logits, dim=-1)
+    return (probs @ vf).transpose(0, 1).to(q.dtype)

@@ -61,8 +61,14 @@ class TritonBackend(AttentionBackend):
         scale: float,
         k_scales=None,
         v_scales=None,
+        **var,
     ):
         # q: [num_tokens, num_heads, head_dim]; decodes first, then prefill chunks
+        if any(value is not None for value in var.values()):
+            raise NotImplementedError(
+                "the Triton attention kernels do not run sliding windows, soft-caps or sinks; "
+                "run this model on the CPU (--device cpu)"
+            )
         n = meta.num_decodes
         out = torch.empty_like(q)
         if n:

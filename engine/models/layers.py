@@ -151,14 +151,29 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
 
 
 class PagedAttention(nn.Module):
-    """Stores this step's K/V in the layer's cache views, then attends over the cache."""
+    """Stores this step's K/V in the layer's cache views, then attends over the cache.
 
-    def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int) -> None:
+    A layer's variant (engine/kernels/torch_ref.py says what each means): `window` (sliding
+    layers), `softcap`, and `sinks`, a [num_heads] parameter the checkpoint fills."""
+
+    def __init__(
+        self,
+        num_heads: int,
+        num_kv_heads: int,
+        head_dim: int,
+        *,
+        scale: float | None = None,
+        window: int | None = None,
+        softcap: float | None = None,
+        sinks: bool = False,
+    ) -> None:
         super().__init__()
         self.num_heads = num_heads
         self.num_kv_heads = num_kv_heads
         self.head_dim = head_dim
-        self.scale = head_dim**-0.5
+        self.scale = head_dim**-0.5 if scale is None else scale
+        self.window, self.softcap = window, softcap
+        self.sinks = nn.Parameter(torch.zeros(num_heads)) if sinks else None
         self.k_cache = torch.empty(0)
         self.v_cache = torch.empty(0)
         self.k_scales: torch.Tensor | None = None  # int8 KV cache only
@@ -180,7 +195,11 @@ class PagedAttention(nn.Module):
     def attend(self, q: torch.Tensor, meta) -> torch.Tensor:
         """Attention over the cache, this step's K/V already in it."""
         scales = (self.k_scales, self.v_scales)
-        return self.backend.attention(q, self.k_cache, self.v_cache, meta, self.scale, *scales)
+        caches = (self.k_cache, self.v_cache)
+        if self.window is None and self.softcap is None and self.sinks is None:
+            return self.backend.attention(q, *caches, meta, self.scale, *scales)
+        variant = {"window": self.window, "softcap": self.softcap, "sinks": self.sinks}
+        return self.backend.attention(q, *caches, meta, self.scale, *scales, **variant)
 
     def rope_and_store(
         self, rope: RotaryEmbedding, positions: torch.Tensor, q, k, v
