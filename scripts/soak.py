@@ -38,7 +38,13 @@ from prometheus_client.parser import text_string_to_metric_families
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from appliance.loadgen.report import parse_duration  # noqa: E402
-from scripts.soak_load import Client, LoadConfig, Recorder, run_load  # noqa: E402
+from scripts.soak_load import (  # noqa: E402
+    DISCONNECT_SHARE,
+    Client,
+    LoadConfig,
+    Recorder,
+    run_load,
+)
 from scripts.soak_report import write_report  # noqa: E402
 from scripts.soak_rules import Interval, summary_table, verdict  # noqa: E402
 from tests.support.serve_process import launch_serve, stop_server  # noqa: E402
@@ -73,6 +79,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--concurrency", type=int, default=8)
     p.add_argument("--max-tokens", type=span, default=(16, 64), help="LO-HI output tokens")
     p.add_argument("--long-words", type=span, default=(150, 300), help="LO-HI long prompt words")
+    p.add_argument(
+        "--disconnect-share",
+        type=float,
+        default=DISCONNECT_SHARE,
+        help=f"of the load, the share of streams closed mid-way (default {DISCONNECT_SHARE})",
+    )
     p.add_argument("--storm-size", type=int, help="default: running slots + queue + 8")
     p.add_argument("--idle-timeout", type=parse_duration, default=parse_duration("15s"))
     p.add_argument("--request-timeout", type=parse_duration, default=parse_duration("120s"))
@@ -81,6 +93,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if args.concurrency < 1 or args.interval <= 0 or args.duration < args.interval:
         p.error("--concurrency must be >= 1 and --duration at least one --interval")
+    if not 0.0 <= args.disconnect_share <= 1.0:
+        p.error("--disconnect-share must be between 0 and 1")
     return args
 
 
@@ -173,6 +187,7 @@ async def soak(args: argparse.Namespace, url: str, pid: int | None) -> int:
             args.request_timeout,
             long_words=args.long_words,
             max_tokens=args.max_tokens,
+            disconnect_share=args.disconnect_share,
         )
         rec = Recorder()
         client = Client(session, cfg, rec)

@@ -19,7 +19,8 @@ from tui.sse import DONE, SSEParser
 
 ORDINARY = ("chat_stream", "chat", "completion_stream", "completion")
 DISCONNECT_SHARE = 0.1
-"""Of the workers' requests, the share that are streams closed after DISCONNECT_AFTER chunks."""
+"""Of the workers' requests, the share that are streams closed after DISCONNECT_AFTER chunks
+(the default of LoadConfig.disconnect_share)."""
 DISCONNECT_AFTER = 3
 REJECTED_PAUSE_S = 0.5
 """How long a worker waits after a 429 before its next request (no busy loop of 429s)."""
@@ -51,6 +52,7 @@ class LoadConfig:
     short_words: tuple[int, int] = (8, 40)
     long_words: tuple[int, int] = (150, 300)
     max_tokens: tuple[int, int] = (16, 64)
+    disconnect_share: float = DISCONNECT_SHARE
 
 
 @dataclass
@@ -211,7 +213,8 @@ async def run_load(client: Client, rng: random.Random, seconds: float) -> None:
 
     async def worker() -> None:
         while time.perf_counter() < stop_at:
-            kind = "disconnect" if rng.random() < DISCONNECT_SHARE else rng.choice(ORDINARY)
+            cut = rng.random() < client.cfg.disconnect_share
+            kind = "disconnect" if cut else rng.choice(ORDINARY)
             if await client.send(kind, body_for(client.cfg, kind, rng)) == "rejected":
                 await asyncio.sleep(REJECTED_PAUSE_S)  # as a client told to retry later would
 
