@@ -21,6 +21,15 @@ def _na(value: object, fmt: str = "{}") -> str:
     return "n/a" if value is None else fmt.format(value)
 
 
+def params_text(model) -> str:
+    """The model's parameters for the report: total, and active where experts make them differ
+    ("30.53 B params, 3.35 B active")."""
+    text = f"{model.num_params / 1e9:.2f} B params"
+    if model.num_active_params != model.num_params:
+        text += f", {model.num_active_params / 1e9:.2f} B active"
+    return text
+
+
 def print_tables(
     name, model, found: Probe, device: Device, p: Plan, measured, notes, memory=None
 ) -> None:
@@ -65,9 +74,7 @@ def print_tables(
     in_use = p.others_bytes
     total = f"{g(p.total_bytes)} x {p.gpu_memory_utilization:.2f}"
     mem.add_row("budget", g(p.budget_bytes), f"{total} - {g(in_use)} in use by others")
-    mem.add_row(
-        "weights", g(p.weight_bytes), f"{model.num_params / 1e9:.2f} B params, {p.quantization}"
-    )
+    mem.add_row("weights", g(p.weight_bytes), f"{params_text(model)}, {p.quantization}")
     mem.add_row(
         "activation peak", g(p.activation_bytes), f"a step of {p.max_num_batched_tokens} tokens"
     )
@@ -92,13 +99,14 @@ def print_tables(
         f"{p.concurrency_at_typical_len} @ a typical {p.typical_len} tokens",
     )
     if device.bandwidth_gbs:
-        floor_s = (p.weight_bytes + p.typical_len * p.kv_bytes_per_token) / (
+        floor_s = (p.decode_weight_bytes(1) + p.typical_len * p.kv_bytes_per_token) / (
             device.bandwidth_gbs * 1e9
         )
+        read = "active weights" if p.expert_bytes else "weights"
         mem.add_row(
             "decode floor",
             f"{1 / floor_s:,.0f} tok/s",
-            f"one sequence: (weights + KV) / {device.bandwidth_gbs:.0f} GB/s",
+            f"one sequence: ({read} + KV) / {device.bandwidth_gbs:.0f} GB/s",
         )
     console.print(mem)
 

@@ -3,8 +3,10 @@
 A decode step reads every weight once plus the KV cache of every sequence's context (the
 performance model of docs/design.md): bytes = weight bytes + sum(context tokens) x KV bytes per
 token, both from the plan (engine.planner's weight_bytes and kv_bytes_per_token, which count
-all layers). Like the project's decode floor, the weights count in full, an untied input
-embedding included (a step gathers only its sequences' rows of that table), so the share is
+all layers). A mixture-of-experts model reads only the experts its batch routes to: at most
+min(num_experts, sequences x num_experts_per_tok) per layer (Plan.decode_weight_bytes). Like
+the project's decode floor, the other weights count in full, an untied input embedding
+included (a step gathers only its sequences' rows of that table), so the share is
 floor time / step time. Steps that carry prefill tokens read the same bytes but are bound by
 compute: they are left out of the figure and only counted ("mixed_steps"), and so is the
 decode step right after one: its time would hold the end of that step's prefill, whose end the
@@ -39,10 +41,14 @@ class BandwidthMeter:
         peak_source: str | None,
         window_s: float = WINDOW_S,
         clock: Callable[[], float] = time.perf_counter,
+        step_weight_bytes: Callable[[int], int] | None = None,
     ) -> None:
+        """step_weight_bytes(num_seqs): the weight bytes a decode step of num_seqs sequences
+        reads (fewer than weight_bytes where experts go unrouted); None: weight_bytes."""
         if weight_bytes <= 0 or kv_bytes_per_token <= 0:
             raise ValueError("weight_bytes and kv_bytes_per_token must be positive")
         self.weight_bytes, self.kv_bytes_per_token = weight_bytes, kv_bytes_per_token
+        self.step_weight_bytes = step_weight_bytes
         self.peak_gbs = peak_gbs if peak_gbs else None
         self.peak_source = peak_source if self.peak_gbs else None
         self.window_s, self.clock = window_s, clock
@@ -61,9 +67,13 @@ class BandwidthMeter:
         self._seconds = 0.0
 
     def read_bytes(self, context_lens: list[int]) -> int:
-        """Bytes one decode step reads: every weight once, plus each sequence's context (the
-        tokens its attention reads, the new one included) x KV bytes per token."""
-        return self.weight_bytes + sum(context_lens) * self.kv_bytes_per_token
+        """Bytes one decode step reads: every weight once (with experts, the ones the batch can
+        route to), plus each sequence's context (the tokens its attention reads, the new one
+        included) x KV bytes per token."""
+        weights = self.weight_bytes
+        if self.step_weight_bytes is not None:
+            weights = self.step_weight_bytes(len(context_lens))
+        return weights + sum(context_lens) * self.kv_bytes_per_token
 
     def launched(self, key: object, start: float, context_lens: list[int] | None) -> None:
         """A step began at `start` (the clock's time); context_lens: each sequence's context

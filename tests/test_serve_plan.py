@@ -85,6 +85,8 @@ def test_serve_runs_the_plan_on_the_cpu():
         assert config[key] == plan[key], key
     assert config["max_model_len"] == 1024 and plan["reasons"]["max_model_len"] == "pinned"
     assert config["max_num_seqs"] == 16  # planned: the engine's own default is 64
+    assert 134e6 < plan["num_params"] == plan["num_active_params"] < 135e6  # SmolLM2-135M
+    assert stats["model_params"] == {"total": plan["num_params"], "active": plan["num_params"]}
 
 
 def fake_report(shed: int) -> MemoryReport:

@@ -44,9 +44,9 @@ async def test_panels_show_the_stats_and_follow_updates(server):
         await wait_for(pilot, lambda: uptime_is(app, 3723.0), what="first document")
         await pilot.pause()
         text = screen_text(app)
-        assert "SmolLM2-135M-Instruct on cuda:0 · weights bfloat16 · KV auto" in text
+        assert "SmolLM2-135M-Instruct (135M params) on cuda:0 · weights bfloat16 · KV auto" in text
         assert "max_model_len 2048 · max_num_seqs 16 · up 1h02m03s" in text
-        assert " OK  SmolLM2-135M-Instruct on cuda:0" in text
+        assert " OK  SmolLM2-135M-Instruct (135M params) on cuda:0" in text
         assert "113/512 blocks · preempted 3" in text and "22.1%" in text
         assert "largest 3 hold 100% of used" in text and "req-run… 57%" in text
         assert "hit   40%" in text and " 96 cached" in text

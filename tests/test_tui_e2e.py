@@ -82,7 +82,7 @@ async def test_dashboard_shows_the_requests_of_a_load_run(server_url):
         assert await load == [200] * NUM_REQUESTS
         assert max(app.latest.running) >= 1 and max(app.latest.kv_perc) > 0
         text = screen_text(app)
-        assert "SmolLM2-135M-Instruct on cpu" in text and "max_num_seqs 4" in text
+        assert "SmolLM2-135M-Instruct (135M params) on cpu" in text and "max_num_seqs 4" in text
         for rid in sent:
             assert rid in text
 

@@ -198,5 +198,5 @@ async def test_serve_tui_runs_server_and_dashboard_in_one_process(tmp_path, monk
     log = tmp_path / "serve.log"
     settings = ServeSettings(port=0, tui=True, log_file=str(log), warmup=False)
     assert await serve_tui(settings, None, FakeEngine) == 0
-    assert "fake-model on cpu" in seen["text"] and f"Log · {log}" in seen["text"]
+    assert "fake-model (params n/a) on cpu" in seen["text"] and f"Log · {log}" in seen["text"]
     assert "startup: loading the model" in seen["text"]

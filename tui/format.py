@@ -74,6 +74,18 @@ def unit(value: object, suffix: str, digits: int = 0) -> str:
     return NA if v is None else f"{v:.{digits}f}{suffix}"
 
 
+def params(value: object) -> str:
+    """A parameter count in three significant digits: 135M, 3.35B, 30.5B."""
+    v = num(value)
+    if v is None:
+        return NA
+    for scale, suffix in ((1e9, "B"), (1e6, "M"), (1e3, "k")):
+        if v >= scale:
+            n = v / scale
+            return f"{n:.3g}{suffix}"
+    return f"{v:.0f}"
+
+
 def integer(value: object) -> str:
     v = num(value)
     return NA if v is None else str(int(v))

@@ -165,6 +165,7 @@ class StatsTracker:
             "time": time.time(),
             "status": state.phase.value,
             "model": state.model_name,
+            "model_params": _model_params(engine),
             "uptime_s": time.time() - state.started_at,
             "device": str(engine.device) if engine is not None else None,
             "config": dataclasses.asdict(engine.config) if engine is not None else None,
@@ -351,6 +352,15 @@ class GpuReader:
 
 def _text(value) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _model_params(engine) -> dict | None:
+    """The model's parameters from its plan: total (every expert) and active (what one token
+    reads; equal for a dense model); None without a plan."""
+    plan = _plan(engine)
+    if not plan or plan.get("num_params") is None:
+        return None
+    return {"total": plan["num_params"], "active": plan.get("num_active_params")}
 
 
 def _plan(engine) -> dict | None:

@@ -54,6 +54,10 @@ class ParamCounts:
     """Norms, routers, biases and sinks: kept in the activation dtype."""
     active_linear: int
     """The projections one token reads: with experts, only num_experts_per_tok of them."""
+    experts: int = 0
+    """The experts' projection weights, every MoE layer (part of `linear`)."""
+    expert_rows: int = 0
+    """Output rows of those (part of `linear_rows`)."""
 
     @property
     def total(self) -> int:
@@ -146,7 +150,7 @@ class ModelConfig:
         """Parameters by kind: attention (per layer's head_dim; a layer sharing another's K/V
         has no k/v projections), dense MLPs or experts (gate, up, down each), norms, routers."""
         h, v = self.hidden_size, self.vocab_size
-        linear = rows = active = other = 0
+        linear = rows = active = other = experts = expert_rows = 0
         for i in range(self.num_layers):
             att = self.layer_attention(i)
             q = self.num_heads * att.head_dim
@@ -157,13 +161,14 @@ class ModelConfig:
             if self.is_moe_layer(i):
                 e, k, mi = self.num_experts, self.num_experts_per_tok, self.moe_intermediate_size
                 linear, rows = linear + e * 3 * h * mi, rows + e * (2 * mi + h)
+                experts, expert_rows = experts + e * 3 * h * mi, expert_rows + e * (2 * mi + h)
                 active += k * 3 * h * mi
                 other += h * e  # the router
             else:
                 mi = self.intermediate_size
                 linear, rows, active = linear + 3 * h * mi, rows + 2 * mi + h, active + 3 * h * mi
         embed = v * h * (1 if self.tie_word_embeddings else 2)
-        return ParamCounts(linear, rows, embed, other + h, active)
+        return ParamCounts(linear, rows, embed, other + h, active, experts, expert_rows)
 
     @property
     def num_params(self) -> int:

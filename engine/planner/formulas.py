@@ -52,11 +52,14 @@ def weight_bytes(
     m: ModelConfig, fmt: str, dtype_bytes: int, quantize_embeddings: bool, group_size: int = 64
 ) -> int:
     """Weights in a format. Norms stay in the activation dtype, and so do the embeddings and
-    the LM head unless quantize_embeddings."""
+    the LM head unless quantize_embeddings, and the experts of MoE layers (weight
+    quantization replaces Linear projections; the experts are stacked tensors it leaves as
+    they are)."""
     if fmt == "none":
         return m.num_params * dtype_bytes
     counts = m.param_counts()
-    linear, rows, embed, other = counts.linear, counts.linear_rows, counts.embed, counts.other
+    linear, rows = counts.linear - counts.experts, counts.linear_rows - counts.expert_rows
+    embed, other = counts.embed, counts.other + counts.experts
     tables = 1 if m.tie_word_embeddings else 2
     v = m.vocab_size
     if quantize_embeddings:
@@ -66,10 +69,69 @@ def weight_bytes(
     return quantized_bytes(fmt, linear, rows, group_size) + emb + other * dtype_bytes
 
 
+def expert_bytes(m: ModelConfig, dtype_bytes: int) -> int:
+    """Every expert's weights, all MoE layers (part of weight_bytes, in the activation dtype
+    whatever the weight format); 0 for a dense model."""
+    return m.param_counts().experts * dtype_bytes
+
+
+def experts_read(num_experts: int, num_experts_per_tok: int, num_seqs: int) -> int:
+    """The most experts one decode step of num_seqs sequences reads in an MoE layer: each
+    sequence's num_experts_per_tok, min(num_experts, num_seqs x k) together (batch 1: k)."""
+    return min(num_experts, num_seqs * num_experts_per_tok)
+
+
+def decode_weight_bytes(
+    weights: int, experts: int, num_experts: int, num_experts_per_tok: int, num_seqs: int
+) -> int:
+    """The weight bytes one decode step of num_seqs sequences reads (the decode floor's): all
+    of `weights` but the experts, and of the experts (`experts` bytes, every MoE layer) the
+    share experts_read of them per layer. A dense model (experts 0) reads all of `weights`."""
+    if not experts:
+        return weights
+    read = experts_read(num_experts, num_experts_per_tok, num_seqs)
+    return weights - experts + experts * read // num_experts
+
+
 def kv_bytes_per_token(m: ModelConfig, kv_dtype: str) -> int:
     """2 x layers x KV heads x head_dim x bytes (int8 adds a 16-bit scale per token and head):
     the engine's own formula (ModelConfig.kv_cache_bytes_per_token)."""
     return m.kv_cache_bytes_per_token(kv_dtype)
+
+
+def mlp_peak_per_token(m: ModelConfig) -> int:
+    """Elements the feed-forward sub-layer holds per token at its peak, the larger over the
+    model's layers. A dense MLP: its gate_up output and SiLU-and-mul output (3 x
+    intermediate_size). An MoE layer holds what a step really routes, not intermediate_size
+    (Qwen3-30B-A3B's config names one no layer uses): num_experts_per_tok rows per token, each
+    with its gate_up output, activation and down output (3 x moe_intermediate_size + hidden),
+    plus the router's logits and their fp32 softmax (3 x num_experts 16-bit elements)."""
+    dense = 3 * _dense_intermediate(m)
+    if not m.num_experts:
+        return dense
+    routed = m.num_experts_per_tok * (3 * m.moe_intermediate_size + m.hidden_size)
+    return max(dense, routed + 3 * m.num_experts)
+
+
+def gate_up_per_token(m: ModelConfig) -> int:
+    """Elements of the largest gate_up output per token: 2 x intermediate_size in a dense
+    MLP, num_experts_per_tok x 2 x moe_intermediate_size (the routed rows) in an MoE layer."""
+    dense = 2 * _dense_intermediate(m)
+    return max(dense, m.num_experts_per_tok * 2 * m.moe_intermediate_size)
+
+
+def dequantized_bytes(m: ModelConfig, dtype_bytes: int) -> int:
+    """A quantized model's prefill holds its largest quantized projection dequantized to 16
+    bits: a dense MLP's gate_up, else (every MLP an MoE layer, experts unquantized) the
+    attention's qkv projection."""
+    q, kv = m.num_heads * m.head_dim, m.num_kv_heads * m.head_dim
+    rows = 2 * _dense_intermediate(m) or q + 2 * kv
+    return rows * m.hidden_size * dtype_bytes
+
+
+def _dense_intermediate(m: ModelConfig) -> int:
+    """intermediate_size where some layer has a dense MLP; 0 where every layer has experts."""
+    return m.intermediate_size if m.dense_layers or not m.num_experts else 0
 
 
 def activation_bytes(
@@ -82,17 +144,18 @@ def activation_bytes(
 
     Forward, per token: 4 x hidden (the loop's residual stream and layer input, the layer's
     normed input and new residual) plus the larger sub-layer: the MLP's gate_up output and
-    SiLU-and-mul output (3 x intermediate) or attention's q/k/v, rotated q/k and output. A
-    quantized model's prefill also holds gate_up's weight dequantized to 16 bits beside the
-    gate_up output. Sampling: the final hidden states plus SAMPLING_BYTES_PER_LOGIT per row
-    and vocabulary entry."""
-    h, i = m.hidden_size, m.intermediate_size
+    SiLU-and-mul output (mlp_peak_per_token: with experts, the routed rows') or attention's
+    q/k/v, rotated q/k and output. A quantized model's prefill also holds a weight dequantized
+    to 16 bits (dequantized_bytes) beside the gate_up output. Sampling: the final hidden states
+    plus SAMPLING_BYTES_PER_LOGIT per row and vocabulary entry."""
+    h = m.hidden_size
     q, kv = m.num_heads * m.head_dim, m.num_kv_heads * m.head_dim
-    sub_layer = max(3 * i, h + 3 * q + 3 * kv)
+    sub_layer = max(mlp_peak_per_token(m), h + 3 * q + 3 * kv)
     forward = num_tokens * dtype_bytes * (4 * h + sub_layer)
     if fmt != "none":
-        dequantized = 2 * i * h * dtype_bytes
-        forward = max(forward, num_tokens * dtype_bytes * (4 * h + 2 * i) + dequantized)
+        dequantized = dequantized_bytes(m, dtype_bytes)
+        gate_up = gate_up_per_token(m)
+        forward = max(forward, num_tokens * dtype_bytes * (4 * h + gate_up) + dequantized)
     return forward + sampling_bytes(m, num_tokens, num_rows, dtype_bytes)
 
 
@@ -111,12 +174,13 @@ def allocator_bytes(
     steps of other shapes. Fitted to `appliance profile --measure` and the GPU memory tests on
     the H200 (2026-12-01; Llama-3-8B and Qwen2.5-7B shapes, 24 to 256 sequences, 16 and 24 GiB
     caps and none; measured 0.58-1.79 GiB, this within -0.3 / +0.2 GiB of each): twice the
-    largest forward temporary (a full-budget step's gate_up output), half the sampling's bytes,
-    and a quantized model's dequantized gate_up weight."""
-    largest = num_tokens * 2 * m.intermediate_size * dtype_bytes
+    largest forward temporary (a full-budget step's gate_up output: with experts, its routed
+    rows', gate_up_per_token), half the sampling's bytes, and a quantized model's dequantized
+    weight."""
+    largest = num_tokens * gate_up_per_token(m) * dtype_bytes
     cached = 2 * largest + sampling_bytes(m, num_tokens, num_rows, dtype_bytes) // 2
     if fmt != "none":
-        cached += 2 * m.intermediate_size * m.hidden_size * dtype_bytes
+        cached += dequantized_bytes(m, dtype_bytes)
     return cached
 
 
@@ -132,11 +196,13 @@ def graph_pool_bytes(
     m: ModelConfig, max_num_seqs: float, dtype_bytes: int, num_graphs: int | None = None
 ) -> int:
     """Decode graphs share one pool sized by the largest graph's forward (no logits: sampling
-    runs eagerly), plus GRAPH_OVERHEAD_BYTES per captured batch size (num_graphs; default the
-    ladder up to max_num_seqs) and GRAPH_POOL_BASE_BYTES."""
-    h, i = m.hidden_size, m.intermediate_size
+    runs eagerly; with experts, the routed rows': mlp_peak_per_token), plus
+    GRAPH_OVERHEAD_BYTES per captured batch size (num_graphs; default the ladder up to
+    max_num_seqs) and GRAPH_POOL_BASE_BYTES."""
+    h = m.hidden_size
     q, kv = m.num_heads * m.head_dim, m.num_kv_heads * m.head_dim
-    largest = max_num_seqs * dtype_bytes * (4 * h + max(3 * i, h + 3 * q + 3 * kv))
+    sub_layer = max(mlp_peak_per_token(m), h + 3 * q + 3 * kv)
+    largest = max_num_seqs * dtype_bytes * (4 * h + sub_layer)
     if num_graphs is None:
         num_graphs = len(graph_batch_sizes(math.ceil(max_num_seqs)))
     return int(GRAPH_POOL_BASE_BYTES + largest + GRAPH_OVERHEAD_BYTES * num_graphs)

@@ -28,6 +28,7 @@ from engine.planner.formulas import (
     WEIGHT_FORMATS,
     activation_bytes,
     allocator_bytes,
+    expert_bytes,
     graph_batch_sizes,
     graph_pool_bytes,
     kv_bytes_per_token,
@@ -329,4 +330,9 @@ def _finish(d: _Draft) -> Plan:
         reasons=why,
         bandwidth_gbs=d.dev.bandwidth_gbs,
         bandwidth_source=d.dev.bandwidth_source,
+        num_params=d.m.num_params,
+        num_active_params=d.m.num_active_params,
+        expert_bytes=expert_bytes(d.m, d.dtype_bytes),
+        num_experts=d.m.num_experts,
+        num_experts_per_tok=d.m.num_experts_per_tok,
     )

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
-from engine.planner.formulas import ELEMENT_BYTES, WEIGHT_FORMATS
+from engine.planner.formulas import ELEMENT_BYTES, WEIGHT_FORMATS, decode_weight_bytes
 
 PINNABLE = (
     "num_kv_blocks",
@@ -143,6 +143,25 @@ class Plan:
     """The device's peak memory bandwidth, GB/s (the decode floor's divisor); None = unknown."""
     bandwidth_source: str | None = None
     """Where bandwidth_gbs comes from (engine.planner.device: nominal from a class profile)."""
+    num_params: int | None = None
+    """The model's parameters, every expert included; None = not known."""
+    num_active_params: int | None = None
+    """The parameters one token's forward reads (with experts: num_experts_per_tok of them)."""
+    expert_bytes: int = 0
+    """Every expert's weight bytes, all MoE layers (part of weight_bytes); 0 for a dense model."""
+    num_experts: int = 0
+    num_experts_per_tok: int = 0
+
+    def decode_weight_bytes(self, num_seqs: int) -> int:
+        """The weight bytes a decode step of num_seqs sequences reads: all of weight_bytes but
+        the experts the batch cannot route to (formulas.decode_weight_bytes)."""
+        return decode_weight_bytes(
+            self.weight_bytes,
+            self.expert_bytes,
+            self.num_experts,
+            self.num_experts_per_tok,
+            num_seqs,
+        )
 
     def engine_kwargs(self) -> dict:
         """The planned settings as EngineConfig keyword arguments."""

@@ -13,6 +13,7 @@ from collections.abc import AsyncIterator
 from aiohttp import web
 
 MODEL = "SmolLM2-135M-Instruct"
+MODEL_PARAMS = 134_515_008
 T0 = 1_760_000_000.0
 CONFIG = {
     "max_model_len": 2048,
@@ -152,6 +153,7 @@ def make_doc(step: int = 0, gpu: bool = True) -> dict:
         "time": T0 + 3723 + step,
         "status": "ok",
         "model": MODEL,
+        "model_params": {"total": MODEL_PARAMS, "active": MODEL_PARAMS},
         "uptime_s": 3723.0 + step,
         "device": "cuda:0",
         "config": dict(CONFIG),

@@ -15,6 +15,18 @@ from tui.model import Connection, View
 HEALTH = {"ok": "OK", "loading": "LOADING", "draining": "DRAINING", "error": "ERROR"}
 
 
+def params_text(doc: dict) -> str:
+    """The model's parameters: "30.5B params, 3.35B active" with experts, "135M params" for a
+    dense model, "params n/a" where /v1/stats has none."""
+    params = doc.get("model_params") or {}
+    total, active = fmt.params(params.get("total")), fmt.params(params.get("active"))
+    if total == fmt.NA:
+        return f"params {fmt.NA}"
+    return f"{total} params" + (
+        f", {active} active" if params.get("active") != params.get("total") else ""
+    )
+
+
 def weight_format(config: dict) -> str:
     dtype = str(config.get("dtype") or fmt.NA)
     quant = config.get("quantization")
@@ -68,7 +80,7 @@ class HeaderBar(Static):
         # The bold run ends with the space: a run that starts with one reads as joined to the
         # word before it where runs are taken apart (the SVG snapshots' <text> elements).
         top.append(str(doc.get("model") or "no model yet") + " ", "bold")
-        top.append(f"on {doc.get('device') or fmt.NA}")
+        top.append(f"({params_text(doc)}) on {doc.get('device') or fmt.NA}")
         top.append(f" · weights {weight_format(config) if config else fmt.NA}")
         top.append(f" · KV {config.get('kv_cache_dtype') or fmt.NA}")
         self.update(Text("\n").join([top, self._second_line(doc, config)]))
