@@ -21,13 +21,20 @@ TINY_DIMS = dict(
     num_key_value_heads=2,
     head_dim=16,
 )
+TINY_MOE_DIMS = dict(num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32)
+"""With TINY_DIMS, for presets with experts."""
 
 
 def load_preset(name: str, tiny: bool = False) -> dict:
     """The config.json values of a model preset, by name (profiles/models/NAME.json);
-    `tiny`: the same architecture with tiny dimensions (TINY_DIMS). The full vocabulary is
-    kept (token-id prompts need no tokenizer), unlike `appliance serve`'s preset folders."""
-    return {**model_presets.load_preset(name), **(TINY_DIMS if tiny else {})}
+    `tiny`: the same architecture with tiny dimensions (TINY_DIMS, and TINY_MOE_DIMS where it
+    has experts). The full vocabulary is kept (token-id prompts need no tokenizer), unlike
+    `appliance serve`'s preset folders."""
+    config = model_presets.load_preset(name)
+    if not tiny:
+        return config
+    moe = TINY_MOE_DIMS if config.get("num_experts") else {}
+    return {**config, **TINY_DIMS, **moe}
 
 
 def materialise_preset(name: str, parent: str | Path, tiny: bool = False) -> Path:

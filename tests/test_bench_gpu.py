@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import random
+from dataclasses import replace
 
 import pytest
 import torch
@@ -22,7 +23,7 @@ from scripts.bench_floor import (
 )
 
 H200 = Hardware(bandwidth=4.28e12, matmul_flops=784e12)  # measured on the H200
-PRESETS = ["llama-3-8b", "qwen3-0.6b", "qwen2.5-7b", "mistral-7b", "llama-2-7b"]
+PRESETS = ["llama-3-8b", "qwen3-0.6b", "qwen2.5-7b", "mistral-7b", "llama-2-7b", "qwen3-30b-a3b"]
 
 
 def shape(name: str) -> ModelShape:
@@ -49,6 +50,32 @@ def test_presets_have_the_public_shapes():
     qwen = ModelConfig.from_dict(bench_presets.load_preset("qwen3-0.6b"))
     assert qwen.tie_word_embeddings and qwen.qk_norm
     assert qwen.num_params == pytest.approx(0.596e9, rel=0.01)
+
+
+def test_moe_floors_read_the_active_weights_at_batch_1_and_the_routed_experts_beyond():
+    moe = shape("qwen3-30b-a3b")
+    assert moe.num_params == pytest.approx(30.53e9, rel=0.001)
+    assert moe.active_params == pytest.approx(3.35e9, rel=0.001)
+    expert = 3 * 2048 * 768 * 2  # one expert's bytes in one layer, bf16
+    assert moe.decode_weight_bytes(1) == moe.active_params * 2
+    assert moe.decode_weight_bytes(4) == moe.active_params * 2 + 48 * 24 * expert
+    assert moe.decode_weight_bytes(16) == moe.decode_weight_bytes(256) == moe.weight_bytes
+    # batch 1 decodes like a 3.35 B model: 4.28 TB/s / (6.7 GB + 640 x 96 KiB) ~ 630 tok/s
+    floor = batch1_decode_floor_tok_s(moe, H200, 128, 512)
+    kv = 2 * 48 * 4 * 128 * 2
+    assert floor == pytest.approx(H200.bandwidth / (moe.active_params * 2 + 384 * kv))
+    assert 600 < floor < 650
+    # a step of 256 sequences reads every expert; its FLOPs are the active parameters'
+    assert decode_step_floor_s(moe, H200, 256, 0) == pytest.approx(
+        moe.weight_bytes / H200.bandwidth
+    )
+    assert ttft_floor_s(moe, H200, 1024) == pytest.approx(
+        ttft_floor_s(replace(moe, num_params=moe.active_params, expert_params=0), H200, 1024)
+    )
+    dense = shape("llama-3-8b")  # a dense model reads all of its weights at any batch
+    assert (
+        dense.decode_weight_bytes(1) == dense.weight_bytes and dense.flop_params == dense.num_params
+    )
 
 
 def test_kv_bytes_per_token_uses_kv_heads():
@@ -115,6 +142,10 @@ def test_throughput_floor_rejects_mismatched_lengths():
         ("C-4096", 118.0, 90.0, "FAIL"),
         ("D", 10_000, 35_000, "pass"),
         ("D", None, 35_000, "n/a"),
+        ("B-moe", 480, 600, "pass"),
+        ("B-moe", 479, 600, "FAIL"),
+        ("A-moe", 6_000, 10_000, "pass"),
+        ("A-moe", 5_999, 10_000, "FAIL"),
     ],
 )
 def test_verdict_against_design_targets(workload, achieved, floor, result):
@@ -137,13 +168,17 @@ def test_tiny_run_end_to_end_on_cpu(tmp_path):
         torch.set_num_threads(threads)
     results = json.loads((tmp_path / "bench_gpu.json").read_text())
     assert rc == 0
-    assert [r["workload"] for r in results["rows"]] == ["A", "B", "C-32", "C-64", "D"]
+    workloads = ["A", "B", "C-32", "C-64", "D", "B-moe", "A-moe"]
+    assert [r["workload"] for r in results["rows"]] == workloads
     for row in results["rows"]:
         assert row["achieved"] > 0 and row["floor"] > 0, row
     a = results["rows"][0]
     assert a["detail"]["output_tokens"] == 4 * 8  # ignore_eos: every request ran to length
     assert results["hardware"]["bandwidth"] > 0
     assert results["engines"]["llama-3-8b"]["config"]["load_format"] == "random"
+    assert results["engines"]["qwen3-30b-a3b"]["num_params"] > 0  # tiny experts on the CPU
+    moe = results["rows"][5]["detail"]
+    assert 0 < moe["floor_weight_bytes"] < results["engines"]["qwen3-30b-a3b"]["num_params"] * 4
     for c in results["rows"][2:4]:  # one profiled request per C length (kernels on a GPU)
         assert c["detail"]["profile"]["wall_ms"] > 0
 
