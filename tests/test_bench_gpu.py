@@ -142,10 +142,10 @@ def test_throughput_floor_rejects_mismatched_lengths():
         ("C-4096", 118.0, 90.0, "FAIL"),
         ("D", 10_000, 35_000, "pass"),
         ("D", None, 35_000, "n/a"),
-        ("B-moe", 480, 600, "pass"),
-        ("B-moe", 479, 600, "FAIL"),
-        ("A-moe", 6_000, 10_000, "pass"),
-        ("A-moe", 5_999, 10_000, "FAIL"),
+        ("Q3MOE-B", 480, 600, "pass"),
+        ("Q3MOE-B", 479, 600, "FAIL"),
+        ("Q3MOE-A", 6_000, 10_000, "pass"),
+        ("Q3MOE-A", 5_999, 10_000, "FAIL"),
     ],
 )
 def test_verdict_against_design_targets(workload, achieved, floor, result):
@@ -168,19 +168,37 @@ def test_tiny_run_end_to_end_on_cpu(tmp_path):
         torch.set_num_threads(threads)
     results = json.loads((tmp_path / "bench_gpu.json").read_text())
     assert rc == 0
-    workloads = ["A", "B", "C-32", "C-64", "D", "B-moe", "A-moe"]
-    assert [r["workload"] for r in results["rows"]] == workloads
+    assert [r["workload"] for r in results["rows"]] == ["A", "B", "C-32", "C-64", "D"]
     for row in results["rows"]:
         assert row["achieved"] > 0 and row["floor"] > 0, row
     a = results["rows"][0]
     assert a["detail"]["output_tokens"] == 4 * 8  # ignore_eos: every request ran to length
     assert results["hardware"]["bandwidth"] > 0
     assert results["engines"]["llama-3-8b"]["config"]["load_format"] == "random"
-    assert results["engines"]["qwen3-30b-a3b"]["num_params"] > 0  # tiny experts on the CPU
-    moe = results["rows"][5]["detail"]
-    assert 0 < moe["floor_weight_bytes"] < results["engines"]["qwen3-30b-a3b"]["num_params"] * 4
     for c in results["rows"][2:4]:  # one profiled request per C length (kernels on a GPU)
         assert c["detail"]["profile"]["wall_ms"] > 0
+
+
+def test_tiny_moe_family_run_on_cpu(tmp_path):
+    """--workloads Q3MOE --tiny: Qwen3-30B-A3B's architecture with 8 tiny experts, top-2; the
+    batch-1 floor reads the active weights only."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        argv = ["--device", "cpu", "--tiny", "--workloads", "q3moe", "--out", str(tmp_path)]
+        rc = bench_gpu.main(argv)
+    finally:
+        torch.set_num_threads(threads)
+    results = json.loads((tmp_path / "bench_gpu.json").read_text())
+    assert rc == 0
+    assert [r["workload"] for r in results["rows"]] == ["Q3MOE-B", "Q3MOE-A"]
+    for row in results["rows"]:
+        assert row["achieved"] > 0 and row["floor"] > 0 and row["verdict"] == "n/a (reduced)"
+    engine = results["engines"]["qwen3-30b-a3b"]
+    cfg = ModelConfig.from_dict(bench_presets.load_preset("qwen3-30b-a3b", tiny=True))
+    assert (cfg.num_experts, cfg.num_experts_per_tok) == (8, 2) and engine["num_params"] > 0
+    # fp32 weights; batch 1 reads 2 of each layer's 8 experts
+    assert results["rows"][0]["detail"]["floor_weight_bytes"] == cfg.num_active_params * 4
 
 
 @pytest.mark.parametrize(
