@@ -4,6 +4,7 @@ both checkpoint namings of the experts load, and bad checkpoints and configs are
 
 from __future__ import annotations
 
+import copy
 import json
 
 import pytest
@@ -146,3 +147,26 @@ def test_config_without_expert_fields_is_refused(tiny):
     raw.pop("num_experts", None)
     with pytest.raises(ValueError, match="num_experts"):
         ModelConfig.from_dict(raw)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("eager", [True, False])
+def test_gpu_greedy_agrees_through_the_triton_moe_kernel(tiny, eager):
+    """On CUDA the MoE blocks run engine/kernels/moe.py's fused_moe (in decode CUDA graphs
+    unless eager), fp32, with chunked prefill."""
+    from engine.models.moe import _triton_moe
+
+    folder, hf = tiny
+    llm = LLM(
+        str(folder),
+        device="cuda",
+        dtype="float32",
+        enforce_eager=eager,
+        max_model_len=128,
+        max_num_batched_tokens=32,
+        max_num_seqs=8,
+    )
+    assert _triton_moe() is not None
+    outs = llm.generate(_prompts(), GREEDY)
+    assert max(o.metrics.num_prefill_chunks for o in outs) > 1
+    assert_greedy_agrees(copy.deepcopy(hf).cuda(), _prompts(), outs)
