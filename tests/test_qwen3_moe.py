@@ -170,3 +170,95 @@ def test_gpu_greedy_agrees_through_the_triton_moe_kernel(tiny, eager):
     outs = llm.generate(_prompts(), GREEDY)
     assert max(o.metrics.num_prefill_chunks for o in outs) > 1
     assert_greedy_agrees(copy.deepcopy(hf).cuda(), _prompts(), outs)
+
+
+def _write_tiny_qwen3moe_gguf(path) -> None:
+    """A 2-layer Qwen3-MoE GGUF in fp32 as llama.cpp lays one out: each layer's experts stacked
+    (ffn_{gate,up,down}_exps), the router as ffn_gate_inp, q/k norms. transformers 5.24 does
+    not read expert_feed_forward_length (it keeps Qwen3MoeConfig's 768), so the experts have
+    that width."""
+    import numpy as np
+    from gguf import GGUFWriter, TokenType
+
+    hidden, layers, heads, kv_heads, head_dim = 64, 2, 4, 2, 16
+    experts, used, expert_ffn = 4, 2, 768
+    tokens = [chr(c) for c in range(33, 127)] + ["ab", "<s>", "</s>"]
+    w = GGUFWriter(str(path), "qwen3moe")
+    w.add_name("tiny")
+    w.add_block_count(layers)
+    w.add_context_length(256)
+    w.add_embedding_length(hidden)
+    w.add_feed_forward_length(128)
+    w.add_expert_feed_forward_length(expert_ffn)
+    w.add_expert_count(experts)
+    w.add_expert_used_count(used)
+    w.add_head_count(heads)
+    w.add_head_count_kv(kv_heads)
+    w.add_key_length(head_dim)
+    w.add_value_length(head_dim)
+    w.add_layer_norm_rms_eps(1e-6)
+    w.add_rope_freq_base(1_000_000.0)
+    w.add_vocab_size(len(tokens))
+    w.add_tokenizer_model("gpt2")
+    w.add_token_list(tokens)
+    w.add_token_types([TokenType.NORMAL] * (len(tokens) - 2) + [TokenType.CONTROL] * 2)
+    w.add_token_merges(["a b"])
+    w.add_bos_token_id(len(tokens) - 2)
+    w.add_eos_token_id(len(tokens) - 1)
+    rng = np.random.default_rng(0)
+
+    def weight(*shape, mean=0.0, std=0.08):
+        return (mean + rng.standard_normal(shape) * std).astype(np.float32)
+
+    q, kv = heads * head_dim, kv_heads * head_dim
+    w.add_tensor("token_embd.weight", weight(len(tokens), hidden))
+    w.add_tensor("output_norm.weight", weight(hidden, mean=1.0, std=0.1))
+    w.add_tensor("output.weight", weight(len(tokens), hidden))
+    for i in range(layers):
+        for name, shape in [
+            ("attn_q", (q, hidden)),
+            ("attn_k", (kv, hidden)),
+            ("attn_v", (kv, hidden)),
+            ("attn_output", (hidden, q)),
+            ("ffn_gate_inp", (experts, hidden)),
+            ("ffn_gate_exps", (experts, expert_ffn, hidden)),
+            ("ffn_up_exps", (experts, expert_ffn, hidden)),
+            ("ffn_down_exps", (experts, hidden, expert_ffn)),
+        ]:
+            w.add_tensor(
+                f"blk.{i}.{name}.weight", weight(*shape, std=0.3 if "inp" in name else 0.08)
+            )
+        for name, size in [
+            ("attn_norm", hidden),
+            ("attn_q_norm", head_dim),
+            ("attn_k_norm", head_dim),
+            ("ffn_norm", hidden),
+        ]:
+            w.add_tensor(f"blk.{i}.{name}.weight", weight(size, mean=1.0, std=0.1))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+def test_a_qwen3moe_gguf_converts_and_agrees(tmp_path):
+    """transformers' GGUF conversion keeps its fused 3D experts; they load as they are."""
+    from safetensors import safe_open
+
+    from engine.models.gguf_loader import gguf_to_hf_folder
+
+    path = tmp_path / "tiny-qwen3moe.gguf"
+    _write_tiny_qwen3moe_gguf(path)
+    folder = gguf_to_hf_folder(path, cache_dir=tmp_path / "cache")
+    cfg = ModelConfig.from_folder(folder)
+    assert cfg.architecture == "Qwen3MoeForCausalLM" and cfg.norm_topk_prob
+    assert (cfg.num_experts, cfg.num_experts_per_tok, cfg.moe_intermediate_size) == (4, 2, 768)
+    with safe_open(str(folder / "model.safetensors"), framework="pt") as f:
+        assert "model.layers.1.mlp.experts.gate_up_proj" in f.keys()
+    reference = AutoModelForCausalLM.from_pretrained(
+        str(tmp_path), gguf_file=path.name, dtype=torch.float32
+    )
+    g = torch.Generator().manual_seed(3)
+    prompts = [torch.randint(0, 95, (n,), generator=g).tolist() for n in (9, 30)]
+    outs = LLM(str(folder), device="cpu", max_model_len=128).generate(prompts, GREEDY)
+    assert_greedy_agrees(reference, prompts, outs)
