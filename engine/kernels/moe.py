@@ -28,6 +28,7 @@ import triton.language as tl
 from engine.kernels.launch_math import cdiv
 from engine.kernels.moe_align import align_by_expert
 from engine.kernels.moe_ref import ACTIVATIONS, SWIGLU_OAI_ALPHA, SWIGLU_OAI_LIMIT
+from engine.kernels.paged_args import dot_dtype
 
 
 class MoeConfig(NamedTuple):
@@ -83,6 +84,7 @@ def _gate_up_kernel(
     LIMIT: tl.constexpr,
     ALPHA: tl.constexpr,
     HAS_BIAS: tl.constexpr,
+    DOT_DTYPE: tl.constexpr,
     PRECISION: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -110,6 +112,7 @@ def _gate_up_kernel(
         x = tl.load(x_rows + offs_k[None, :], mask=valid[:, None] & k_mask, other=0.0)
         g = tl.load(g_rows + offs_k[None, :], mask=n_mask[:, None] & k_mask, other=0.0)
         u = tl.load(u_rows + offs_k[None, :], mask=n_mask[:, None] & k_mask, other=0.0)
+        x, g, u = x.to(DOT_DTYPE), g.to(DOT_DTYPE), u.to(DOT_DTYPE)
         acc_g = tl.dot(x, tl.trans(g), acc_g, input_precision=PRECISION)
         acc_u = tl.dot(x, tl.trans(u), acc_u, input_precision=PRECISION)
     if HAS_BIAS:
@@ -134,6 +137,7 @@ def _down_kernel(
     hidden,
     inter,
     HAS_BIAS: tl.constexpr,
+    DOT_DTYPE: tl.constexpr,
     PRECISION: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -156,7 +160,7 @@ def _down_kernel(
         k_mask = offs_k[None, :] < inter
         h = tl.load(h_rows + offs_k[None, :], mask=valid[:, None] & k_mask, other=0.0)
         w = tl.load(w_rows + offs_k[None, :], mask=n_mask[:, None] & k_mask, other=0.0)
-        acc = tl.dot(h, tl.trans(w), acc, input_precision=PRECISION)
+        acc = tl.dot(h.to(DOT_DTYPE), tl.trans(w.to(DOT_DTYPE)), acc, input_precision=PRECISION)
     if HAS_BIAS:
         bias = tl.load(b_ptr + expert.to(tl.int64) * hidden + offs_n, mask=n_mask, other=0.0)
         acc += bias.to(tl.float32)[None, :]
@@ -198,7 +202,7 @@ def fused_moe(
     cfg = config or config_for(num_tokens, k, num_experts)
     sorted_pairs, tile_expert = align_by_expert(topk_ids, num_experts, cfg.block_m)
     num_rows, num_tiles, num_pairs = sorted_pairs.numel(), tile_expert.numel(), num_tokens * k
-    precision = "ieee" if x.dtype == torch.float32 else None  # fp32 inputs: no tf32 rounding
+    precision = "ieee" if x.dtype == torch.float32 else "tf32"  # fp32 inputs: no tf32 rounding
     launch = {"num_warps": cfg.num_warps, "num_stages": cfg.num_stages}
     blocks = {"BLOCK_M": cfg.block_m, "BLOCK_N": cfg.block_n, "BLOCK_K": cfg.block_k}
     h = torch.empty(num_rows, inter, dtype=x.dtype, device=x.device)  # [rows, inter]
@@ -217,6 +221,7 @@ def fused_moe(
         LIMIT=SWIGLU_OAI_LIMIT,
         ALPHA=SWIGLU_OAI_ALPHA,
         HAS_BIAS=b_gate_up is not None,
+        DOT_DTYPE=dot_dtype(x.dtype, _gate_up_kernel),
         PRECISION=precision,
         **blocks,
         **launch,
@@ -234,6 +239,7 @@ def fused_moe(
         hidden,
         inter,
         HAS_BIAS=b_down is not None,
+        DOT_DTYPE=dot_dtype(x.dtype, _down_kernel),
         PRECISION=precision,
         **blocks,
         **launch,
