@@ -42,14 +42,17 @@ class MoeConfig(NamedTuple):
 
 
 # Chosen by the mean pairs an expert (num_tokens * k / num_experts): up to 16 (decode, and
-# Qwen3-30B-A3B's 128 experts up to 256 tokens) one 16-row tile an expert, narrow N tiles so
-# the few active experts still fill the SMs; more (prefill) wide tiles for tensor-core reuse.
-DECODE = MoeConfig(16, 64, 128, 4, 3)
+# Qwen3-30B-A3B's 128 experts up to 256 tokens) one 16-row tile an expert and narrow N tiles,
+# so the few active experts still fill the SMs (a batch-1 Qwen3-30B-A3B step: 8 experts x
+# 768 / 32 = 192 gate/up programs of 60 KiB shared memory, three an SM); more (prefill) wide
+# tiles for tensor-core reuse. scripts/bench_moe.py --configs times others.
+DECODE = MoeConfig(16, 32, 128, 4, 3)
 MEDIUM = MoeConfig(64, 64, 64, 4, 3)
 PREFILL = MoeConfig(64, 128, 64, 8, 3)
 
 
 def config_for(num_tokens: int, k: int, num_experts: int) -> MoeConfig:
+    """The tile config for a call of this shape (by the mean pairs an expert)."""
     per_expert = num_tokens * k / num_experts
     return DECODE if per_expert <= 16 else MEDIUM if per_expert <= 128 else PREFILL
 
