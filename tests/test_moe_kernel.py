@@ -1,7 +1,8 @@
 """The Triton fused MoE (engine/kernels/moe.py, moe_align.py) against fused_moe_ref: small ragged
 shapes under Triton's CPU interpreter (experts with many tokens, none, one token, k = 1..8,
-every activation, biases, fp32 and bf16), the sort's layout, the wrapper's errors; on a GPU
-Qwen3-30B-A3B's layer shape and a decode step replayed from a CUDA graph."""
+every activation, biases, fp32 and bf16), the sort's layout, the wrapper's errors, an sm_90
+build of every tile config; on a GPU Qwen3-30B-A3B's layer shape and a decode step replayed
+from a CUDA graph."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import torch
 
 from engine.kernels.moe_ref import ACTIVATIONS, fused_moe_ref
 from tests.support.triton_modules import HAS_CUDA, import_kernel_modules
+from tests.support.triton_versions import each_triton, run_under_triton
 
 _align, _moe = import_kernel_modules([("moe_align", "_align_kernel"), ("moe", "_gate_up_kernel")])
 DEVICE = "cuda" if HAS_CUDA else "cpu"
@@ -182,3 +184,12 @@ def test_decode_step_replays_from_a_cuda_graph():
     torch.cuda.synchronize()
     assert torch.equal(out, _moe.fused_moe(new_x, w13, w2, new_weights, new_ids))
     _assert_close(out, fused_moe_ref(new_x, w13, w2, new_weights, new_ids), torch.bfloat16)
+
+
+@each_triton
+def test_kernels_compile_for_sm90(triton_dir):
+    """Every tile config the wrapper picks builds for the H200 (tests/support/moe_sm90_compile.py
+    in a fresh process, with the venv's Triton and with the H200's 3.6)."""
+    run = run_under_triton(triton_dir, ["-m", "tests.support.moe_sm90_compile"], timeout=600)
+    variants = int(run.stdout.split("variants: ")[-1])
+    assert variants == 9 and run.stdout.count("ok ") == variants, run.stdout

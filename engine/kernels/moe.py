@@ -44,8 +44,10 @@ class MoeConfig(NamedTuple):
 # Chosen by the mean pairs an expert (num_tokens * k / num_experts): up to 16 (decode, and
 # Qwen3-30B-A3B's 128 experts up to 256 tokens) one 16-row tile an expert and narrow N tiles,
 # so the few active experts still fill the SMs (a batch-1 Qwen3-30B-A3B step: 8 experts x
-# 768 / 32 = 192 gate/up programs of 60 KiB shared memory, three an SM); more (prefill) wide
-# tiles for tensor-core reuse. scripts/bench_moe.py --configs times others.
+# 768 / 32 = 192 gate/up programs); more (prefill) wide tiles for tensor-core reuse. Built for
+# sm_90 by Triton 3.6 (tests/support/moe_sm90_compile.py, ptxas -v) none spills: gate/up 64,
+# 128, 128 registers a thread and 40, 72, 120 KiB shared memory, down 48, 78, 64 and 24, 48,
+# 72 KiB. scripts/bench_moe.py --configs times others.
 DECODE = MoeConfig(16, 32, 128, 4, 3)
 MEDIUM = MoeConfig(64, 64, 64, 4, 3)
 PREFILL = MoeConfig(64, 128, 64, 8, 3)
