@@ -33,7 +33,12 @@ def main() -> None:
         _gate_up_kernel,
         _sum_slots_kernel,
     )
-    from engine.kernels.moe_align import _align_kernel
+    from engine.kernels.moe_align import (
+        _align_kernel,
+        _count_kernel,
+        _layout_kernel,
+        _scatter_kernel,
+    )
 
     count = 0
     for block_e in (32, 128):
@@ -42,6 +47,14 @@ def main() -> None:
         consts = dict(BLOCK_M=16, BLOCK_E=block_e, CHUNK=8192 // block_e)
         print(f"ok align {block_e} experts: {len(compile_sm90(_align_kernel, types, consts, 8))}")
         count += 1
+    types = {"ids_ptr": "*i64", "counts_ptr": "*i32", "num_pairs": "i32"}
+    print(f"ok count: {len(compile_sm90(_count_kernel, types, dict(CHUNK=1024), 4))} bytes")
+    types = {"counts_ptr": "*i32", "tile_expert_ptr": "*i32", "num_tiles": "i32"}
+    consts = dict(BLOCK_M=64, BLOCK_E=128, CHUNK=64)
+    print(f"ok layout: {len(compile_sm90(_layout_kernel, types, consts, 8))} bytes")
+    types = {"ids_ptr": "*i64", "cursor_ptr": "*i32", "sorted_ptr": "*i32", "num_pairs": "i32"}
+    print(f"ok scatter: {len(compile_sm90(_scatter_kernel, types, dict(CHUNK=1024), 4))} bytes")
+    count += 3
     common = {"sorted_ptr": "*i32", "tile_expert_ptr": "*i32", "num_pairs": "i32"}
     common |= {"hidden": "i32", "inter": "i32"}
     for config, activation, bias in ((DECODE, 0, False), (MEDIUM, 1, True), (PREFILL, 2, True)):
