@@ -1,8 +1,8 @@
 """The Triton fused MoE (engine/kernels/moe.py, moe_align.py) against fused_moe_ref: small ragged
 shapes under Triton's CPU interpreter (experts with many tokens, none, one token, k = 1..8,
-every activation, biases, fp32 and bf16), the sort's layout, the wrapper's errors, an sm_90
-build of every tile config; on a GPU Qwen3-30B-A3B's layer shape and a decode step replayed
-from a CUDA graph."""
+every activation, biases, fp32 and bf16, int8 experts), both sorts' layout, the wrapper's
+errors, an sm_90 build of every tile config; on a GPU Qwen3-30B-A3B's layer shape (bf16 and
+int8 experts) and a decode step replayed from a CUDA graph."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from engine.kernels.moe_ref import ACTIVATIONS, fused_moe_ref
+from engine.quant.reference import dequantize_to
 from tests.support.triton_modules import HAS_CUDA, import_kernel_modules
 from tests.support.triton_versions import each_triton, run_under_triton
 
@@ -90,6 +91,32 @@ def test_every_activation_with_biases(activation, dtype):
     _assert_close(got, fused_moe_ref(x, w13, w2, weights, ids, activation, b13, b2), dtype)
 
 
+def _int8_experts(experts, rows, cols, gen, dtype):
+    """(int8 weights [experts, rows, cols], fp32 row scales [experts, rows], their dequantized
+    weights in dtype) in engine/quant/format.py's int8 layout, of about 1 / sqrt(cols)."""
+    q = torch.randint(-127, 128, (experts, rows, cols), generator=gen, dtype=torch.int8)
+    scales = (0.5 + torch.rand(experts, rows, generator=gen)) * (3 / cols) ** 0.5 / 127
+    w = dequantize_to(q.view(-1, cols), scales.view(-1), None, 0, dtype).view(q.shape)
+    return q.to(DEVICE), scales.to(DEVICE), w.to(DEVICE)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("bias", [False, True], ids=["", "bias"])
+def test_int8_experts_match_the_dequantized_reference(dtype, bias):
+    """int8 weights with per-row scales against fused_moe_ref on the same weights dequantized
+    by engine/quant's reference."""
+    gen = torch.Generator().manual_seed(8 + bias)
+    tokens, hidden, inter, experts, k = 21, 48, 40, 8, 4
+    x, _, _, b13, b2 = _layer(tokens, hidden, inter, experts, dtype, gen, bias)
+    q13, s13, w13 = _int8_experts(experts, 2 * inter, hidden, gen, dtype)
+    q2, s2, w2 = _int8_experts(experts, hidden, inter, gen, dtype)
+    weights, ids = _routing(tokens, k, experts, gen, skew=True)
+    got = _moe.fused_moe(
+        x, q13, q2, weights, ids, "silu", b13, b2, gate_up_scales=s13, down_scales=s2, config=SMALL
+    )
+    _assert_close(got, fused_moe_ref(x, w13, w2, weights, ids, "silu", b13, b2), dtype)
+
+
 def test_one_bias_int32_ids_and_the_default_config():
     gen = torch.Generator().manual_seed(5)
     x, w13, w2, b13, _ = _layer(3, 32, 16, 8, torch.float32, gen, bias=True)
@@ -160,6 +187,14 @@ def test_bad_inputs_get_clear_errors():
         call(x.t().contiguous().t(), w13, w2, weights, ids)
     with pytest.raises(ValueError, match="b_gate_up is"):
         call(x, w13, w2, weights, ids, b_gate_up=b13[:, :16])
+    q13, q2 = w13.to(torch.int8), w2.to(torch.int8)
+    with pytest.raises(TypeError, match="w_gate_up is torch.int8; want torch.float32"):
+        call(x, q13, q2, weights, ids)  # int8 weights without their scales
+    with pytest.raises(ValueError, match="need both gate_up_scales and down_scales"):
+        call(x, q13, q2, weights, ids, gate_up_scales=torch.ones(4, 32, device=DEVICE))
+    with pytest.raises(ValueError, match=r"down_scales is \(4, 16\); want \(4, 32\)"):
+        ones = torch.ones(4, 32, device=DEVICE)
+        call(x, q13, q2, weights, ids, gate_up_scales=ones, down_scales=ones[:, :16])
 
 
 # ---------------------------------------------------------------- GPU, real shapes
@@ -168,13 +203,20 @@ QWEN3_30B_A3B = (2048, 768, 128, 8)  # hidden, moe_intermediate, experts, top-k
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("int8", [False, True], ids=["bf16", "int8"])
 @pytest.mark.parametrize("tokens", [1, 256])
-def test_qwen3_30b_a3b_layer_in_bf16(tokens):
+def test_qwen3_30b_a3b_layer(tokens, int8):
+    """bf16 activations, experts in bf16 or int8 (then against their dequantized weights)."""
     hidden, inter, experts, k = QWEN3_30B_A3B
     gen = torch.Generator().manual_seed(tokens)
     x, w13, w2, _, _ = _layer(tokens, hidden, inter, experts, torch.bfloat16, gen, bias=False)
     weights, ids = _routing(tokens, k, experts, gen)
-    got = _moe.fused_moe(x, w13, w2, weights, ids)
+    scales = {}
+    if int8:
+        q13, s13, w13 = _int8_experts(experts, 2 * inter, hidden, gen, torch.bfloat16)
+        q2, s2, w2 = _int8_experts(experts, hidden, inter, gen, torch.bfloat16)
+        scales = {"gate_up_scales": s13, "down_scales": s2}
+    got = _moe.fused_moe(x, q13 if int8 else w13, q2 if int8 else w2, weights, ids, **scales)
     _assert_close(got, fused_moe_ref(x, w13, w2, weights, ids), torch.bfloat16)
 
 
@@ -207,4 +249,4 @@ def test_kernels_compile_for_sm90(triton_dir):
     in a fresh process, with the venv's Triton and with the H200's 3.6)."""
     run = run_under_triton(triton_dir, ["-m", "tests.support.moe_sm90_compile"], timeout=600)
     variants = int(run.stdout.split("variants: ")[-1])
-    assert variants == 12 and run.stdout.count("ok ") == variants, run.stdout
+    assert variants == 16 and run.stdout.count("ok ") == variants, run.stdout

@@ -1,8 +1,9 @@
 """Compile the fused MoE kernels (engine/kernels/moe.py, moe_align.py) for sm_90 with Triton and
-its bundled ptxas, no GPU needed: the sort, both grouped GEMMs at every tile config the wrapper
-picks (each activation, with and without biases, bf16) and the slot sum. Run as
-`python -m tests.support.moe_sm90_compile` (tests/test_moe_kernel.py does, in a fresh process,
-under the venv's Triton and the H200's 3.6). Prints one line per variant, then the count."""
+its bundled ptxas, no GPU needed: both sorts, both grouped GEMMs at every tile config the
+wrapper picks (each activation, with and without biases, bf16 and int8 weights) and the slot
+sum. Run as `python -m tests.support.moe_sm90_compile` (tests/test_moe_kernel.py does, in a
+fresh process, under the venv's Triton and the H200's 3.6). Prints one line per variant, then
+the count."""
 
 from __future__ import annotations
 
@@ -11,11 +12,22 @@ import os
 os.environ.pop("TRITON_INTERPRET", None)  # before triton is imported
 
 import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
 
 from tests.support.sm90_compile import compile_sm90  # noqa: E402
 
 ALIGNED = ("x_ptr", "w_ptr", "h_ptr", "y_ptr", "hidden", "inter")
 """As a launch at the real shapes specializes them (Qwen3-30B-A3B: 2048 and 768)."""
+
+
+# (config, activation index, biases, int8 weights) of each GEMM pair built
+GEMMS = [
+    ("DECODE", 0, False, False),
+    ("DECODE", 0, False, True),
+    ("MEDIUM", 1, True, False),
+    ("PREFILL", 2, True, False),
+    ("PREFILL", 0, False, True),
+]
 
 
 def _compile(kernel, types: dict, consts: dict, config) -> bytes:
@@ -25,20 +37,14 @@ def _compile(kernel, types: dict, consts: dict, config) -> bytes:
 
 def main() -> None:
     print(f"triton {triton.__version__}")
-    from engine.kernels.moe import (
-        DECODE,
-        MEDIUM,
-        PREFILL,
-        _down_kernel,
-        _gate_up_kernel,
-        _sum_slots_kernel,
-    )
+    from engine.kernels.moe import _down_kernel, _gate_up_kernel, _sum_slots_kernel
     from engine.kernels.moe_align import (
         _align_kernel,
         _count_kernel,
         _layout_kernel,
         _scatter_kernel,
     )
+    from engine.kernels.moe_args import DECODE, MEDIUM, PREFILL
 
     count = 0
     for block_e in (32, 128):
@@ -57,17 +63,20 @@ def main() -> None:
     count += 3
     common = {"sorted_ptr": "*i32", "tile_expert_ptr": "*i32", "num_pairs": "i32"}
     common |= {"hidden": "i32", "inter": "i32"}
-    for config, activation, bias in ((DECODE, 0, False), (MEDIUM, 1, True), (PREFILL, 2, True)):
+    configs = {"DECODE": DECODE, "MEDIUM": MEDIUM, "PREFILL": PREFILL}
+    for name, activation, bias, int8 in GEMMS:
+        config = configs[name]
         blocks = dict(BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k)
-        gemm = dict(HAS_BIAS=bias, DOT_DTYPE=triton.language.bfloat16, PRECISION="tf32")
-        types = {"x_ptr": "*bf16", "w_ptr": "*bf16", "b_ptr": "*bf16", "h_ptr": "*bf16"}
+        gemm = dict(HAS_BIAS=bias, W_SCALED=int8, DOT_DTYPE=tl.bfloat16, PRECISION="tf32")
+        weights = {"w_ptr": "*i8" if int8 else "*bf16", "b_ptr": "*bf16", "s_ptr": "*fp32"}
+        types = {"x_ptr": "*bf16", "h_ptr": "*bf16", **weights}
         consts = dict(TOPK=8, ACTIVATION=activation, LIMIT=7.0, ALPHA=1.702, **gemm, **blocks)
         cubin = _compile(_gate_up_kernel, types | common, consts, config)
-        print(f"ok gate_up {tuple(config)} activation {activation}: {len(cubin)} bytes")
-        types = {"h_ptr": "*bf16", "w_ptr": "*bf16", "b_ptr": "*bf16", "weights_ptr": "*fp32"}
-        types["y_ptr"] = "*bf16"
+        what = f"{tuple(config)} activation {activation}{' bias' * bias}{' int8' * int8}"
+        print(f"ok gate_up {what}: {len(cubin)} bytes")
+        types = {"h_ptr": "*bf16", "weights_ptr": "*fp32", "y_ptr": "*bf16", **weights}
         cubin = _compile(_down_kernel, types | common, gemm | blocks, config)
-        print(f"ok down {tuple(config)}: {len(cubin)} bytes")
+        print(f"ok down {what}: {len(cubin)} bytes")
         count += 2
     types = {"y_ptr": "*bf16", "out_ptr": "*bf16", "hidden": "i32"}
     cubin = compile_sm90(_sum_slots_kernel, types, dict(TOPK=8, BLOCK=1024), 4)
