@@ -1,6 +1,6 @@
 """Compile the fused MoE kernels (engine/kernels/moe.py, moe_align.py) for sm_90 with Triton and
 its bundled ptxas, no GPU needed: both sorts, both grouped GEMMs at every tile config the
-wrapper picks (each activation, with and without biases, bf16 and int8 weights) and the slot
+wrapper picks (each activation, with and without biases, bf16, int8 and int4 weights) and the slot
 sum. Run as `python -m tests.support.moe_sm90_compile` (tests/test_moe_kernel.py does, in a
 fresh process, under the venv's Triton and the H200's 3.6). Prints one line per variant, then
 the count."""
@@ -20,14 +20,17 @@ ALIGNED = ("x_ptr", "w_ptr", "h_ptr", "y_ptr", "hidden", "inter")
 """As a launch at the real shapes specializes them (Qwen3-30B-A3B: 2048 and 768)."""
 
 
-# (config, activation index, biases, int8 weights) of each GEMM pair built
+# (config, activation index, biases, weights: 0 bf16, 1 int8, 2 int4) of each GEMM pair built
 GEMMS = [
-    ("DECODE", 0, False, False),
-    ("DECODE", 0, False, True),
-    ("MEDIUM", 1, True, False),
-    ("PREFILL", 2, True, False),
-    ("PREFILL", 0, False, True),
+    ("DECODE", 0, False, 0),
+    ("DECODE", 0, False, 1),
+    ("DECODE", 0, False, 2),
+    ("MEDIUM", 1, True, 0),
+    ("PREFILL", 2, True, 0),
+    ("PREFILL", 0, False, 1),
+    ("PREFILL", 0, False, 2),
 ]
+W_TYPES = ("*bf16", "*i8", "*u8")
 
 
 def _compile(kernel, types: dict, consts: dict, config) -> bytes:
@@ -64,15 +67,17 @@ def main() -> None:
     common = {"sorted_ptr": "*i32", "tile_expert_ptr": "*i32", "num_pairs": "i32"}
     common |= {"hidden": "i32", "inter": "i32"}
     configs = {"DECODE": DECODE, "MEDIUM": MEDIUM, "PREFILL": PREFILL}
-    for name, activation, bias, int8 in GEMMS:
+    for name, activation, bias, wkind in GEMMS:
         config = configs[name]
         blocks = dict(BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k)
-        gemm = dict(HAS_BIAS=bias, W_SCALED=int8, DOT_DTYPE=tl.bfloat16, PRECISION="tf32")
-        weights = {"w_ptr": "*i8" if int8 else "*bf16", "b_ptr": "*bf16", "s_ptr": "*fp32"}
+        gemm = dict(HAS_BIAS=bias, WKIND=wkind, GROUP=64 if wkind == 2 else 1)
+        gemm |= dict(DOT_DTYPE=tl.bfloat16, PRECISION="tf32")
+        weights = {"w_ptr": W_TYPES[wkind], "b_ptr": "*bf16", "s_ptr": "*fp32"}
+        weights["code_ptr"] = "*fp32"
         types = {"x_ptr": "*bf16", "h_ptr": "*bf16", **weights}
         consts = dict(TOPK=8, ACTIVATION=activation, LIMIT=7.0, ALPHA=1.702, **gemm, **blocks)
         cubin = _compile(_gate_up_kernel, types | common, consts, config)
-        what = f"{tuple(config)} activation {activation}{' bias' * bias}{' int8' * int8}"
+        what = f"{tuple(config)} activation {activation}{' bias' * bias} {W_TYPES[wkind]}"
         print(f"ok gate_up {what}: {len(cubin)} bytes")
         types = {"h_ptr": "*bf16", "weights_ptr": "*fp32", "y_ptr": "*bf16", **weights}
         cubin = _compile(_down_kernel, types | common, gemm | blocks, config)
