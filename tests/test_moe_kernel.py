@@ -246,21 +246,27 @@ QWEN3_30B_A3B = (2048, 768, 128, 8)  # hidden, moe_intermediate, experts, top-k
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("int8", [False, True], ids=["bf16", "int8"])
+@pytest.mark.parametrize("kind", ["bf16", "int8", "int4"])
 @pytest.mark.parametrize("tokens", [1, 256])
-def test_qwen3_30b_a3b_layer(tokens, int8):
-    """bf16 activations, experts in bf16 or int8 (then against their dequantized weights)."""
+def test_qwen3_30b_a3b_layer(tokens, kind):
+    """bf16 activations, experts in bf16, or int8 / int4 against their dequantized weights."""
     hidden, inter, experts, k = QWEN3_30B_A3B
     gen = torch.Generator().manual_seed(tokens)
     x, w13, w2, _, _ = _layer(tokens, hidden, inter, experts, torch.bfloat16, gen, bias=False)
     weights, ids = _routing(tokens, k, experts, gen)
-    scales = {}
-    if int8:
-        q13, s13, w13 = _int8_experts(experts, 2 * inter, hidden, gen, torch.bfloat16)
-        q2, s2, w2 = _int8_experts(experts, hidden, inter, gen, torch.bfloat16)
-        scales = {"gate_up_scales": s13, "down_scales": s2}
-    got = _moe.fused_moe(x, q13 if int8 else w13, q2 if int8 else w2, weights, ids, **scales)
-    _assert_close(got, fused_moe_ref(x, w13, w2, weights, ids), torch.bfloat16)
+    quant, dtype = {}, torch.bfloat16
+    if kind == "int8":
+        q13, s13, w13 = _int8_experts(experts, 2 * inter, hidden, gen, dtype)
+        q2, s2, w2 = _int8_experts(experts, hidden, inter, gen, dtype)
+        quant = {"gate_up_scales": s13, "down_scales": s2}
+    elif kind == "int4":
+        code = torch.randn(16, generator=gen).sort().values / 2
+        q13, s13, w13 = _int4_experts(experts, 2 * inter, hidden, 64, code, gen, dtype)
+        q2, s2, w2 = _int4_experts(experts, hidden, inter, 64, code, gen, dtype)
+        quant = {"gate_up_scales": s13, "down_scales": s2, "code": code.to(DEVICE)}
+    packed = (q13, q2) if quant else (w13, w2)
+    got = _moe.fused_moe(x, *packed, weights, ids, **quant)
+    _assert_close(got, fused_moe_ref(x, w13, w2, weights, ids), dtype)
 
 
 @pytest.mark.gpu
