@@ -12,12 +12,19 @@ from engine.models.registry import ARCHITECTURES, supported_names
 SLIDING, FULL = "sliding_attention", "full_attention"
 """Layer types, by config.json's `layer_types` names."""
 
+ROPE_TYPES = {
+    "default": (),
+    "linear": ("factor",),
+    "llama3": ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"),
+    "yarn": ("factor", "original_max_position_embeddings"),
+}
+"""The RoPE types the engine builds (engine/models/rope.py), each with the keys its scaling
+dict must hold."""
+
 KV_ELEMENT_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "int8": 1}
 """Bytes per KV-cache element, by kv_cache_dtype name."""
 KV_SCALE_BYTES = {"int8": 2}
 """Scale bytes per token, per KV head, for K and for V: an int8 cache keeps one fp16 scale."""
-USE_SLIDING_WINDOW_SWITCH = ("Qwen2ForCausalLM", "Qwen3MoeForCausalLM")
-"""Families whose sliding_window applies only when config.json's use_sliding_window is true."""
 
 
 @dataclass(frozen=True)
@@ -110,6 +117,8 @@ class ModelConfig:
     """Renormalise the top-k routing weights to sum to one."""
     dense_layers: tuple[int, ...] = ()
     """In a MoE model, the layers that keep a dense MLP."""
+    partial_rotary_factor: float = 1.0
+    """The share of head_dim that RoPE rotates (the first dims)."""
 
     def layer_type(self, i: int) -> str:
         if self.layer_types is not None:
@@ -125,6 +134,7 @@ class ModelConfig:
             rope_theta=theta,
             rope_scaling=None if sliding and self.rope_local_theta else self.rope_scaling,
             sliding_window=self.sliding_window if sliding else None,
+            partial_rotary_factor=self.partial_rotary_factor,
             sinks=self.attention_sinks,
             softcap=self.attn_logit_softcap,
         )
@@ -196,16 +206,20 @@ class ModelConfig:
             )
         rope = dict(raw.get("rope_parameters") or raw.get("rope_scaling") or {})
         rope_theta = float(raw.get("rope_theta") or rope.get("rope_theta") or 10000.0)
-        rope_type = rope.get("rope_type", rope.get("type", "default"))
-        if rope_type not in ("default", "llama3"):
-            raise ValueError(f"unsupported rope scaling {rope_type!r}; supported: default, llama3")
+        nested = any(isinstance(value, dict) for value in rope.values())  # per layer type
+        rope_scaling = None if nested else rope_scaling_from(rope)
+        partial = raw.get("partial_rotary_factor") or rope.get("partial_rotary_factor") or 1.0
         num_heads = raw["num_attention_heads"]
         head_dim = raw.get("head_dim") or raw["hidden_size"] // num_heads
         is_qwen2 = arch == "Qwen2ForCausalLM"
         attention_bias = bool(raw.get("attention_bias", False))
         sliding = raw.get("sliding_window")
-        if arch in USE_SLIDING_WINDOW_SWITCH and not raw.get("use_sliding_window", False):
-            sliding = None
+        layer_types = None
+        if is_qwen2:
+            sliding = sliding if raw.get("use_sliding_window", False) else None
+            layer_types = _qwen2_layer_types(raw) if sliding is not None else None
+        elif arch == "Qwen3MoeForCausalLM" and not raw.get("use_sliding_window", False):
+            sliding = None  # with it, every layer slides (transformers' Qwen3MoeAttention)
         eos = raw.get("eos_token_id")
         return cls(
             architecture=arch,
@@ -218,7 +232,7 @@ class ModelConfig:
             head_dim=head_dim,
             rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
             rope_theta=rope_theta,
-            rope_scaling=rope if rope_type == "llama3" else None,
+            rope_scaling=rope_scaling,
             max_position_embeddings=raw.get("max_position_embeddings", 2048),
             tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
             qkv_bias=is_qwen2 or attention_bias,
@@ -226,10 +240,12 @@ class ModelConfig:
             mlp_bias=bool(raw.get("mlp_bias", False)),
             qk_norm=arch in ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM"),
             sliding_window=sliding,
+            layer_types=layer_types,
             torch_dtype=raw.get("torch_dtype") or raw.get("dtype"),
             eos_token_id=[] if eos is None else ([eos] if isinstance(eos, int) else list(eos)),
             quantization_config=raw.get("quantization_config"),
             model_type=raw.get("model_type"),
+            partial_rotary_factor=float(partial),
             **(_qwen3_moe_fields(raw) if arch == "Qwen3MoeForCausalLM" else {}),
         )
 
@@ -242,6 +258,32 @@ class ModelConfig:
                 "model folder: config.json, *.safetensors, tokenizer files)"
             )
         return cls.from_dict(json.loads(path.read_text()))
+
+
+def rope_scaling_from(params: dict) -> dict | None:
+    """A layer's RoPE scaling from config.json's rope_parameters (or older rope_scaling) dict:
+    None for plain RoPE, else the dict with its type under `rope_type`, checked against
+    ROPE_TYPES and the keys that type needs."""
+    rope_type = params.get("rope_type", params.get("type", "default"))
+    if rope_type not in ROPE_TYPES:
+        raise ValueError(
+            f"unsupported rope scaling {rope_type!r}; supported: {', '.join(ROPE_TYPES)}"
+        )
+    if rope_type == "default":
+        return None
+    missing = [key for key in ROPE_TYPES[rope_type] if params.get(key) is None]
+    if missing:
+        raise ValueError(f"rope scaling {rope_type!r} needs {', '.join(missing)} in config.json")
+    return {**params, "rope_type": rope_type}
+
+
+def _qwen2_layer_types(raw: dict) -> tuple[str, ...]:
+    """Qwen2 with use_sliding_window: config.json's layer_types, or (as transformers builds
+    them) full attention below layer max_window_layers and sliding from there on."""
+    if raw.get("layer_types"):
+        return tuple(raw["layer_types"])
+    first = raw.get("max_window_layers", 28)  # transformers' Qwen2Config default
+    return tuple(SLIDING if i >= first else FULL for i in range(raw["num_hidden_layers"]))
 
 
 def _qwen3_moe_fields(raw: dict) -> dict:
