@@ -55,6 +55,13 @@ def _triton_moe() -> Callable | None:
     return fused_moe
 
 
+def moe_kernel(x: torch.Tensor) -> Callable:
+    """What runs the experts over `x`: the Triton fused_moe for CUDA tensors where Triton runs,
+    else fused_moe_ref (same signature)."""
+    fused_moe = _triton_moe() if x.is_cuda else None
+    return fused_moe or fused_moe_ref
+
+
 class MoEBlock(nn.Module):
     """A router (`gate`: Linear hidden -> num_experts) and num_experts gated MLPs stacked as
     `w_gate_up` [num_experts, 2 * inter, hidden] (the gate's rows first) and `w_down`
@@ -98,9 +105,7 @@ class MoEBlock(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [num_tokens, hidden]
         topk_weights, topk_ids = self.route(x)  # [num_tokens, k] each
-        fused_moe = _triton_moe() if x.is_cuda else None
-        run = fused_moe or fused_moe_ref
-        return run(
+        return moe_kernel(x)(
             x,
             self.w_gate_up,
             self.w_down,
