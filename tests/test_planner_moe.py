@@ -37,14 +37,19 @@ def test_the_preset_counts_30b_total_and_3b_active():
     assert m.num_params - m.num_active_params == LAYERS * (E - K) * EXPERT
 
 
-def test_memory_counts_every_expert_in_16_bits_whatever_the_format():
+def test_memory_counts_every_expert_in_its_format():
     m = QWEN3_MOE
-    experts = LAYERS * E * EXPERT * 2
-    assert expert_bytes(m, 2) == experts
+    experts = LAYERS * E * EXPERT
+    rows = LAYERS * E * (2 * MI + H)  # one fp32 scale per row (int8), per 64 weights (int4)
+    assert expert_bytes(m, "none", 2) == experts * 2
+    assert expert_bytes(m, "int8", 2) == experts + 4 * rows
+    assert expert_bytes(m, "int4", 2, 64) == experts // 2 + 4 * experts // 64
     assert weight_bytes(m, "none", 2, False) == m.num_params * 2
-    for fmt in ("int8", "int4"):  # quantization replaces Linears; the stacked experts stay
-        quantized = weight_bytes(m, fmt, 2, False)
-        assert experts < quantized < weight_bytes(m, "none", 2, False)
+    for fmt in ("int8", "int4"):  # the rest: attention quantized, embeddings 16-bit
+        rest = weight_bytes(m, fmt, 2, False) - expert_bytes(m, fmt, 2)
+        assert 2 * 151936 * H * 2 < rest < (m.num_params - experts) * 2
+    # at 4 bits Qwen3-30B-A3B's weights fit a 24 GB card
+    assert weight_bytes(m, "int4", 2, False) < 18 * GIB
 
 
 @pytest.mark.parametrize(
@@ -52,7 +57,7 @@ def test_memory_counts_every_expert_in_16_bits_whatever_the_format():
 )
 def test_a_decode_step_reads_the_experts_its_batch_can_route_to(num_seqs, experts_read):
     m = QWEN3_MOE
-    weights, experts = weight_bytes(m, "none", 2, False), expert_bytes(m, 2)
+    weights, experts = weight_bytes(m, "none", 2, False), expert_bytes(m, "none", 2)
     read = decode_weight_bytes(weights, experts, E, K, num_seqs)
     assert read == weights - LAYERS * (E - experts_read) * EXPERT * 2
     if num_seqs == 1:

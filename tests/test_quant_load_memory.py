@@ -64,7 +64,7 @@ def test_at_most_one_layer_is_on_the_device_in_16_bits(
             n, k // 64, dtype=torch.float32
         )
 
-    monkeypatch.setattr(loader, "LlamaForCausalLM", Recorded)
+    monkeypatch.setattr(loader, "model_class", lambda name: Recorded)
     monkeypatch.setattr(modules, "quantize_int8", quantize)
     monkeypatch.setattr(modules, "quantize_4bit", quantize)
     cfg = ModelConfig.from_folder(tiny_llama)

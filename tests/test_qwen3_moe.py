@@ -5,6 +5,7 @@ both checkpoint namings of the experts load, and bad checkpoints and configs are
 from __future__ import annotations
 
 import copy
+import importlib.util
 import json
 
 import pytest
@@ -14,6 +15,7 @@ from transformers import AutoModelForCausalLM, Qwen3MoeConfig
 
 from engine import LLM, SamplingParams
 from engine.models.config import ModelConfig
+from engine.models.moe import MoEBlock
 from tests.support.greedy_reference import assert_greedy_agrees
 from tests.support.tiny_models import EOS_ID, VOCAB, make_tiny_model
 
@@ -138,6 +140,41 @@ def test_missing_and_unexpected_experts_are_named(tiny, tmp_path):
     _copy_folder(folder, tmp_path, extra)
     with pytest.raises(ValueError, match="num_experts=8"):
         LLM(str(tmp_path), device="cpu")
+
+
+_PROJ = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+@pytest.mark.skipif(
+    importlib.util.find_spec("bitsandbytes") is None, reason="bitsandbytes is not installed"
+)
+@pytest.mark.parametrize("kind", ["int8", "int4"])
+def test_quantized_experts_generate_what_their_dequantized_weights_do(tiny, kind, tmp_path):
+    """quantization int8 / int4 quantizes the experts too (each expert's rows, as the
+    projections'); the engine then generates exactly what it generates in fp32 from the same
+    weights quantized and dequantized."""
+    from engine.quant.bnb import code_table, quantize_4bit, quantize_int8
+    from engine.quant.reference import dequantize_ref
+
+    folder, _ = tiny
+    group = 32  # divides moe_intermediate_size, the experts' down-projection input
+    tensors = _per_expert_tensors(folder)
+    for name, w in tensors.items():
+        if name.rsplit(".", 2)[-2] not in _PROJ:
+            continue  # embeddings, norms, the routers (mlp.gate): 16-bit
+        if kind == "int8":
+            q, scales = quantize_int8(w)
+            tensors[name] = dequantize_ref(q, scales, None, 0)
+        else:
+            q, scales = quantize_4bit(w, group, "nf4")
+            tensors[name] = dequantize_ref(q, scales, code_table("nf4"), group)
+    _copy_folder(folder, tmp_path, tensors)
+    quantized = LLM(str(folder), device="cpu", quantization=kind, quant_block_size=group)
+    blocks = [m for m in quantized.engine.runner.model.modules() if isinstance(m, MoEBlock)]
+    assert len(blocks) == 2 and all(b.w_gate_up.dtype in (torch.int8, torch.uint8) for b in blocks)
+    ours = quantized.generate(_prompts(), GREEDY)
+    want = LLM(str(tmp_path), device="cpu").generate(_prompts(), GREEDY)
+    assert [o.token_ids for o in ours] == [o.token_ids for o in want]
 
 
 def test_config_without_expert_fields_is_refused(tiny):

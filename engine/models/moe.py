@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 from engine.kernels.moe_ref import ACTIVATIONS, fused_moe_ref
+from engine.quant.format import WeightQuant
 
 RoutingRule = Callable[[torch.Tensor, int], tuple[torch.Tensor, torch.Tensor]]
 """(router_logits [num_tokens, num_experts], k) -> (topk_weights fp32, topk_ids), [T, k] each."""
@@ -66,7 +67,12 @@ class MoEBlock(nn.Module):
     """A router (`gate`: Linear hidden -> num_experts) and num_experts gated MLPs stacked as
     `w_gate_up` [num_experts, 2 * inter, hidden] (the gate's rows first) and `w_down`
     [num_experts, hidden, inter], with optional biases `b_gate_up` and `b_down`. Each token
-    runs through the k experts `routing` picks, weighted by their routing weights."""
+    runs through the k experts `routing` picks, weighted by their routing weights.
+
+    quantize_experts turns the experts into int8 or int4 (engine/quant/format.py's layouts,
+    each expert's rows as one weight's): `w_gate_up` and `w_down` then hold the codes,
+    `gate_up_scales` and `down_scales` the fp32 scales, `code` int4's table (buffers: a random
+    draw of the model's parameters leaves them alone)."""
 
     def __init__(
         self,
@@ -98,6 +104,8 @@ class MoEBlock(nn.Module):
             nn.Parameter(torch.empty(num_experts, 2 * intermediate_size)) if expert_bias else None
         )
         self.b_down = nn.Parameter(torch.empty(num_experts, hidden_size)) if expert_bias else None
+        self.quant: WeightQuant | None = None
+        """The experts' format once quantize_experts ran; None: in the activation dtype."""
 
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """[num_tokens, hidden] -> (topk_weights fp32, topk_ids), [num_tokens, k] each."""
@@ -105,13 +113,62 @@ class MoEBlock(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [num_tokens, hidden]
         topk_weights, topk_ids = self.route(x)  # [num_tokens, k] each
-        return moe_kernel(x)(
+        kernel = moe_kernel(x)
+        weights, quantized = (self.w_gate_up, self.w_down), {}
+        if self.quant is not None and kernel is fused_moe_ref:
+            weights = self.dequantized(x.dtype)
+        elif self.quant is not None:  # the kernel reads the codes and scales
+            quantized = dict(
+                gate_up_scales=self.gate_up_scales,
+                down_scales=self.down_scales,
+                code=self.code,
+                group_size=self.quant.group_size,
+            )
+        return kernel(
             x,
-            self.w_gate_up,
-            self.w_down,
+            *weights,
             topk_weights,
             topk_ids,
             self.activation,
             self.b_gate_up,
             self.b_down,
+            **quantized,
+        )
+
+    @torch.no_grad()
+    def quantize_experts(self, quant: WeightQuant) -> None:
+        """Quantize the experts where they are, one expert's projection at a time (the 16-bit
+        stacks are freed at the end)."""
+        from engine.quant.bnb import code_table, quantize_4bit, quantize_int8
+
+        def quantize(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            if quant.kind == "int4":
+                return quantize_4bit(w, quant.group_size, quant.quant_type)
+            return quantize_int8(w)
+
+        for name, scales in (("w_gate_up", "gate_up_scales"), ("w_down", "down_scales")):
+            stack = getattr(self, name)  # [num_experts, rows, cols]
+            parts = [quantize(stack[e]) for e in range(self.num_experts)]
+            delattr(self, name)
+            self.register_buffer(name, torch.stack([q for q, _ in parts]))
+            self.register_buffer(scales, torch.stack([s for _, s in parts]))
+        is_int4 = quant.kind == "int4"
+        code = code_table(quant.quant_type).to(self.w_down.device) if is_int4 else None
+        self.register_buffer("code", code, persistent=False)
+        self.quant = quant
+
+    def dequantized(self, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """The quantized experts back in `dtype`: (w_gate_up, w_down) in the 16-bit layout
+        (fused_moe_ref's input where the Triton kernel does not run)."""
+        from engine.quant.reference import dequantize_to
+
+        group = self.quant.group_size
+        return tuple(
+            torch.stack(
+                [dequantize_to(q, s, self.code, group, dtype) for q, s in zip(codes, scales)]
+            )
+            for codes, scales in (
+                (self.w_gate_up, self.gate_up_scales),
+                (self.w_down, self.down_scales),
+            )
         )

@@ -51,15 +51,13 @@ def quantized_bytes(fmt: str, num_weights: int, num_rows: int, group_size: int) 
 def weight_bytes(
     m: ModelConfig, fmt: str, dtype_bytes: int, quantize_embeddings: bool, group_size: int = 64
 ) -> int:
-    """Weights in a format. Norms stay in the activation dtype, and so do the embeddings and
-    the LM head unless quantize_embeddings, and the experts of MoE layers (weight
-    quantization replaces Linear projections; the experts are stacked tensors it leaves as
-    they are)."""
+    """Weights in a format: the projections and the experts quantized (rows as one weight's).
+    Norms and routers stay in the activation dtype, and so do the embeddings and the LM head
+    unless quantize_embeddings."""
     if fmt == "none":
         return m.num_params * dtype_bytes
     counts = m.param_counts()
-    linear, rows = counts.linear - counts.experts, counts.linear_rows - counts.expert_rows
-    embed, other = counts.embed, counts.other + counts.experts
+    linear, rows, embed, other = counts.linear, counts.linear_rows, counts.embed, counts.other
     tables = 1 if m.tie_word_embeddings else 2
     v = m.vocab_size
     if quantize_embeddings:
@@ -69,10 +67,13 @@ def weight_bytes(
     return quantized_bytes(fmt, linear, rows, group_size) + emb + other * dtype_bytes
 
 
-def expert_bytes(m: ModelConfig, dtype_bytes: int) -> int:
-    """Every expert's weights, all MoE layers (part of weight_bytes, in the activation dtype
-    whatever the weight format); 0 for a dense model."""
-    return m.param_counts().experts * dtype_bytes
+def expert_bytes(m: ModelConfig, fmt: str, dtype_bytes: int, group_size: int = 64) -> int:
+    """Every expert's weights in a format, all MoE layers (part of weight_bytes); 0 for a dense
+    model."""
+    counts = m.param_counts()
+    if fmt == "none" or not counts.experts:
+        return counts.experts * dtype_bytes
+    return quantized_bytes(fmt, counts.experts, counts.expert_rows, group_size)
 
 
 def experts_read(num_experts: int, num_experts_per_tok: int, num_seqs: int) -> int:
@@ -122,8 +123,8 @@ def gate_up_per_token(m: ModelConfig) -> int:
 
 def dequantized_bytes(m: ModelConfig, dtype_bytes: int) -> int:
     """A quantized model's prefill holds its largest quantized projection dequantized to 16
-    bits: a dense MLP's gate_up, else (every MLP an MoE layer, experts unquantized) the
-    attention's qkv projection."""
+    bits: a dense MLP's gate_up, else (every MLP an MoE layer: the MoE kernel reads quantized
+    experts as they are) the attention's qkv projection."""
     q, kv = m.num_heads * m.head_dim, m.num_kv_heads * m.head_dim
     rows = 2 * _dense_intermediate(m) or q + 2 * kv
     return rows * m.hidden_size * dtype_bytes

@@ -332,7 +332,7 @@ def _finish(d: _Draft) -> Plan:
         bandwidth_source=d.dev.bandwidth_source,
         num_params=d.m.num_params,
         num_active_params=d.m.num_active_params,
-        expert_bytes=expert_bytes(d.m, d.dtype_bytes),
+        expert_bytes=expert_bytes(d.m, d.fmt, d.dtype_bytes, d.req.quant_block_size),
         num_experts=d.m.num_experts,
         num_experts_per_tok=d.m.num_experts_per_tok,
     )

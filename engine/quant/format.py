@@ -100,6 +100,7 @@ class ModelShape(Protocol):
     intermediate_size: int
     num_heads: int
     head_dim: int
+    moe_intermediate_size: int
 
 
 def resolve_weight_quant(config: EngineConfig, model: ModelShape) -> WeightQuant | None:
@@ -123,7 +124,8 @@ def resolve_weight_quant(config: EngineConfig, model: ModelShape) -> WeightQuant
     else:
         return None
     if quant.kind == "int4":  # the projections' inputs: hidden, intermediate, attention output
-        widths = (model.hidden_size, model.intermediate_size, model.num_heads * model.head_dim)
+        widths = [model.hidden_size, model.intermediate_size, model.num_heads * model.head_dim]
+        widths += [model.moe_intermediate_size] if model.moe_intermediate_size else []  # w_down
         check_int4_group(quant.group_size, widths)
     if importlib.util.find_spec("bitsandbytes") is None:
         raise ValueError(f"quantization {quant.kind} needs bitsandbytes: {BNB_INSTALL}")

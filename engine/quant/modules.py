@@ -111,13 +111,15 @@ def quantize_model(
     model: nn.Module,
     quant: WeightQuant,
     device: torch.device | str,
-    prepare: Callable[[nn.Linear], nn.Linear] | None = None,
+    prepare: Callable[[nn.Module], nn.Module] | None = None,
 ) -> None:
     """Replace every projection named in QUANTIZED_LINEARS by a QuantLinear on `device`, one at
     a time: `prepare` brings the 16-bit linear onto `device` (moved there, or drawn there), it is
     quantized, and its 16-bit weight is freed before the next one comes. So `device` holds at
     most one projection in 16 bits. Without `prepare` the QuantLinears are left empty (zeros),
-    for checkpoints already quantized."""
+    for checkpoints already quantized. Mixture-of-experts blocks (modules with
+    `quantize_experts`, engine/models/moe.py) come to `device` through `prepare` too, one block
+    at a time, and quantize their stacked experts there."""
     embeddings = quant.embeddings and prepare is not None
     if embeddings and model.config.tie_word_embeddings:
         model.lm_head.weight = model.embed_tokens.weight  # the tie may not survive materialising
@@ -139,6 +141,14 @@ def quantize_model(
             layer = QuantLinear.from_linear(prepare(linear), quant)
         setattr(parent, attr, layer)
         del linear  # the last reference to the 16-bit weight
+    experts = [m for m in model.modules() if hasattr(m, "quantize_experts")]
+    if experts and prepare is None:
+        raise ValueError(
+            "a checkpoint bitsandbytes already quantized has no experts this engine reads; "
+            "load the 16-bit checkpoint with quantization int8 or int4"
+        )
+    for block in experts:
+        prepare(block).quantize_experts(quant)
     if embeddings:
         _quantize_embeddings(model, quant, prepare)
     if torch.device(device).type == "cuda":
