@@ -7,6 +7,7 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from engine.models import gemma3_config
 from engine.models.registry import ARCHITECTURES, supported_names
 
 SLIDING, FULL = "sliding_attention", "full_attention"
@@ -104,6 +105,10 @@ class ModelConfig:
     """Renormalise the top-k routing weights to sum to one."""
     dense_layers: tuple[int, ...] = ()
     """In a MoE model, the layers that keep a dense MLP."""
+    post_norms: bool = False
+    """RMSNorms after attention and after the MLP too, four per layer (Gemma)."""
+    query_pre_attn_scalar: float | None = None
+    """Attention scores scale by its -1/2 power instead of head_dim's (Gemma)."""
 
     def layer_type(self, i: int) -> str:
         if self.layer_types is not None:
@@ -142,7 +147,8 @@ class ModelConfig:
 
     def param_counts(self) -> ParamCounts:
         """Parameters by kind: attention (per layer's head_dim; a layer sharing another's K/V
-        has no k/v projections), dense MLPs or experts (gate, up, down each), norms, routers."""
+        has no k/v projections), dense MLPs or experts (gate, up, down each), norms (q/k norms
+        and post-norms included), routers."""
         h, v = self.hidden_size, self.vocab_size
         linear = rows = active = other = 0
         for i in range(self.num_layers):
@@ -151,7 +157,8 @@ class ModelConfig:
             kv = 0 if att.kv_shared_from is not None else self.num_kv_heads * att.head_dim
             attn = h * (q + 2 * kv) + q * h
             linear, rows, active = linear + attn, rows + q + 2 * kv + h, active + attn
-            other += 2 * h + (self.num_heads if att.sinks else 0)
+            other += (4 if self.post_norms else 2) * h + (self.num_heads if att.sinks else 0)
+            other += 2 * att.head_dim if self.qk_norm else 0
             if self.is_moe_layer(i):
                 e, k, mi = self.num_experts, self.num_experts_per_tok, self.moe_intermediate_size
                 linear, rows = linear + e * 3 * h * mi, rows + e * (2 * mi + h)
@@ -181,17 +188,20 @@ class ModelConfig:
                 f"unsupported model architecture {archs or raw.get('model_type')!r}; "
                 f"supported: {supported_names()}"
             )
+        family: dict = {}
+        if arch in gemma3_config.GEMMA3_ARCHS:
+            raw = gemma3_config.text_config(raw)
+            family = gemma3_config.gemma3_fields(raw)
+            rope = gemma3_config.rope_by_layer_type(raw)[0]  # the full layers'
+        else:
+            rope = dict(raw.get("rope_parameters") or raw.get("rope_scaling") or {})
         act = raw.get("hidden_act") or raw.get("hidden_activation") or "silu"
         if act not in ARCHITECTURES[arch].hidden_acts:
             raise ValueError(
                 f"unsupported hidden_act {act!r} for {arch}; expected one of "
                 f"{', '.join(ARCHITECTURES[arch].hidden_acts)}"
             )
-        rope = dict(raw.get("rope_parameters") or raw.get("rope_scaling") or {})
         rope_theta = float(raw.get("rope_theta") or rope.get("rope_theta") or 10000.0)
-        rope_type = rope.get("rope_type", rope.get("type", "default"))
-        if rope_type not in ("default", "llama3"):
-            raise ValueError(f"unsupported rope scaling {rope_type!r}; supported: default, llama3")
         num_heads = raw["num_attention_heads"]
         head_dim = raw.get("head_dim") or raw["hidden_size"] // num_heads
         is_qwen2 = arch == "Qwen2ForCausalLM"
@@ -200,7 +210,7 @@ class ModelConfig:
         if is_qwen2 and not raw.get("use_sliding_window", False):
             sliding = None
         eos = raw.get("eos_token_id")
-        return cls(
+        fields = dict(
             architecture=arch,
             vocab_size=raw["vocab_size"],
             hidden_size=raw["hidden_size"],
@@ -211,7 +221,7 @@ class ModelConfig:
             head_dim=head_dim,
             rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
             rope_theta=rope_theta,
-            rope_scaling=rope if rope_type == "llama3" else None,
+            rope_scaling=_rope_scaling(rope),
             max_position_embeddings=raw.get("max_position_embeddings", 2048),
             tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
             qkv_bias=is_qwen2 or attention_bias,
@@ -224,6 +234,7 @@ class ModelConfig:
             quantization_config=raw.get("quantization_config"),
             model_type=raw.get("model_type"),
         )
+        return cls(**{**fields, **family})
 
     @classmethod
     def from_folder(cls, folder: str | Path) -> ModelConfig:
@@ -234,3 +245,13 @@ class ModelConfig:
                 "model folder: config.json, *.safetensors, tokenizer files)"
             )
         return cls.from_dict(json.loads(path.read_text()))
+
+
+def _rope_scaling(params: dict) -> dict | None:
+    """A RoPE parameter dict (config.json's rope_scaling or rope_parameters) as
+    LayerAttention.rope_scaling: None for plain RoPE, else the dict; ValueError for a type the
+    engine does not compute."""
+    rope_type = params.get("rope_type", params.get("type", "default"))
+    if rope_type not in ("default", "llama3"):
+        raise ValueError(f"unsupported rope scaling {rope_type!r}; supported: default, llama3")
+    return None if rope_type == "default" else params

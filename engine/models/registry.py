@@ -20,6 +20,8 @@ class Architecture:
     """The MLP activations this family's implementation computes."""
 
 
+_GEMMA3 = "engine.models.gemma3:Gemma3ForCausalLM"  # text only: a multimodal checkpoint's text part
+
 ARCHITECTURES: dict[str, Architecture] = {
     a.name: a
     for a in (
@@ -27,6 +29,8 @@ ARCHITECTURES: dict[str, Architecture] = {
         Architecture("MistralForCausalLM", "engine.models.llama:LlamaForCausalLM"),
         Architecture("Qwen2ForCausalLM", "engine.models.llama:LlamaForCausalLM"),
         Architecture("Qwen3ForCausalLM", "engine.models.llama:LlamaForCausalLM"),
+        Architecture("Gemma3ForCausalLM", _GEMMA3, ("gelu_pytorch_tanh",)),
+        Architecture("Gemma3ForConditionalGeneration", _GEMMA3, ("gelu_pytorch_tanh",)),
     )
 }
 
