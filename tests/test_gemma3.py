@@ -1,0 +1,183 @@
+"""Gemma 3 (text) on the engine against transformers' own implementation, fp32 on the CPU, tiny
+random weights: a 16-token sliding window on three of four layers, prompts of 40-70 tokens,
+soft-capped logits; chunked prefill across the window edge under a KV pool that forces
+preemption; the text part of a multimodal checkpoint; the config's defaults.
+
+transformers 5.24's Gemma 3 reads attn_logit_softcapping but never applies it (Gemma3Attention
+does not pass it to its attention function; published Gemma 3 configs leave it null), so the
+attention soft-cap is checked to reach our attention layers, not against transformers."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, Gemma3Config, Gemma3TextConfig, SiglipVisionConfig
+
+from engine import LLM, SamplingParams
+from engine.models.config import FULL, SLIDING, ModelConfig
+from engine.models.gemma3 import Gemma3ForCausalLM
+from tests.support.greedy_reference import assert_greedy_agrees
+from tests.support.tiny_models import EOS_ID, VOCAB, make_tiny_model
+
+WINDOW = 16
+PROMPT_LENS = [40, 47, 55, 63, 70]
+NEW_TOKENS = 12
+LOGPROB_ATOL = 1e-4
+"""Ours against transformers' fp32 log-probabilities (as tests/test_engine_exact.py)."""
+
+
+def _text_config(**extra) -> Gemma3TextConfig:
+    return Gemma3TextConfig(
+        vocab_size=VOCAB,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=32,
+        sliding_window=WINDOW,
+        layer_types=[SLIDING, FULL, SLIDING, SLIDING],
+        rope_theta=50_000.0,
+        rope_local_base_freq=1_000.0,
+        query_pre_attn_scalar=24,
+        max_position_embeddings=1024,
+        eos_token_id=EOS_ID,
+        bos_token_id=257,
+        pad_token_id=258,
+        **extra,
+    )
+
+
+def _prompts() -> list[list[int]]:
+    g = torch.Generator().manual_seed(1)
+    return [torch.randint(0, 256, (n,), generator=g).tolist() for n in PROMPT_LENS]
+
+
+def _reference(folder):
+    # eager: transformers' sdpa path applies the sliding window too, but not the soft-cap
+    return AutoModelForCausalLM.from_pretrained(
+        folder, dtype=torch.float32, attn_implementation="eager"
+    )
+
+
+@pytest.fixture(scope="module")
+def tiny_gemma3(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("tiny-gemma3")
+    config = _text_config(final_logit_softcapping=5.0)
+    config.architectures = ["Gemma3ForCausalLM"]
+    make_tiny_model(config, folder)
+    return folder, _reference(folder)
+
+
+PARAMS = SamplingParams(max_tokens=NEW_TOKENS, temperature=0.0, ignore_eos=True, logprobs=0)
+
+
+def test_greedy_agrees_past_the_sliding_window(tiny_gemma3):
+    folder, hf = tiny_gemma3
+    outs = LLM(str(folder), device="cpu", max_model_len=128).generate(_prompts(), PARAMS)
+    assert len({tuple(o.token_ids) for o in outs}) > 1, "outputs are degenerate"
+    assert_greedy_agrees(hf, _prompts(), outs, logprob_atol=LOGPROB_ATOL)
+
+
+def test_agrees_under_preemption_and_chunks_across_the_window_edge(tiny_gemma3):
+    folder, hf = tiny_gemma3
+    # 10 blocks x 16 tokens for 5 prompts of 40-70 tokens: the pool cannot hold them all; a
+    # 12-token step budget splits each prompt into chunks, some straddling position 16.
+    llm = LLM(
+        str(folder),
+        device="cpu",
+        num_kv_blocks=10,
+        max_num_batched_tokens=12,
+        max_model_len=128,
+        max_num_seqs=5,
+    )
+    outs = llm.generate(_prompts(), PARAMS)
+    assert_greedy_agrees(hf, _prompts(), outs, logprob_atol=LOGPROB_ATOL)
+    assert sum(o.metrics.num_preemptions for o in outs) > 0
+    assert min(o.metrics.num_prefill_chunks for o in outs) > 3
+    assert llm.engine.block_manager.num_free_blocks == 10
+
+
+def test_the_window_scale_and_soft_cap_reach_the_attention_layers(tiny_gemma3):
+    folder, _ = tiny_gemma3
+    raw = json.loads((folder / "config.json").read_text())
+    cfg = ModelConfig.from_dict({**raw, "attn_logit_softcapping": 8.0})
+    with torch.device("meta"):
+        model = Gemma3ForCausalLM(cfg, max_positions=128)
+    layers = model.attention_layers()
+    assert [a.window for a in layers] == [WINDOW, None, WINDOW, WINDOW]
+    assert {a.softcap for a in layers} == {8.0} and {a.scale for a in layers} == {24**-0.5}
+    assert model.layers[1].self_attn.rope is model.ropes[FULL]
+    assert model.layers[2].self_attn.rope is model.ropes[SLIDING]
+    model.init_buffers(torch.device("cpu"))
+    local, full = model.ropes[SLIDING], model.ropes[FULL]
+    assert local.cos.shape == full.cos.shape == (128, 32)
+    assert not torch.equal(local.cos, full.cos)  # bases 1,000 and 50,000
+
+
+def test_text_part_of_a_multimodal_checkpoint(tmp_path):
+    vision = SiglipVisionConfig(
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        image_size=28,
+        patch_size=14,
+    )
+    config = Gemma3Config(text_config=_text_config(), vision_config=vision, mm_tokens_per_image=4)
+    config.architectures = ["Gemma3ForConditionalGeneration"]
+    make_tiny_model(config, tmp_path)
+    saved = json.loads((tmp_path / "config.json").read_text())
+    assert "text_config" in saved and "vocab_size" not in saved
+    hf = _reference(tmp_path)
+    outs = LLM(str(tmp_path), device="cpu", max_model_len=128).generate(_prompts()[:3], PARAMS)
+    assert_greedy_agrees(hf, _prompts()[:3], outs, logprob_atol=LOGPROB_ATOL)
+
+
+GEMMA_3_12B_IT = {  # google/gemma-3-12b-it config.json less vision_config and rope_scaling
+    "architectures": ["Gemma3ForConditionalGeneration"],
+    "eos_token_id": [1, 106],
+    "model_type": "gemma3",
+    "text_config": {
+        "hidden_size": 3840,
+        "intermediate_size": 15360,
+        "model_type": "gemma3_text",
+        "num_attention_heads": 16,
+        "num_hidden_layers": 48,
+        "num_key_value_heads": 8,
+        "sliding_window": 1024,
+    },
+    "torch_dtype": "bfloat16",
+}
+
+
+def test_a_sparse_text_config_takes_transformers_defaults():
+    cfg = ModelConfig.from_dict(GEMMA_3_12B_IT)
+    assert (cfg.vocab_size, cfg.head_dim, cfg.query_pre_attn_scalar) == (262_208, 256, 256)
+    assert cfg.eos_token_id == [1, 106] and cfg.tie_word_embeddings
+    assert cfg.torch_dtype == "bfloat16"
+    assert [cfg.layer_type(i) for i in range(6)] == [SLIDING] * 5 + [FULL]
+    assert cfg.layer_attention(0).rope_theta == 10_000.0
+    assert cfg.layer_attention(5).rope_theta == 1_000_000.0
+    assert cfg.layer_attention(5).sliding_window is None
+    assert cfg.layer_attention(0).sliding_window == 1024
+    # published: 10,759M parameters besides the embeddings (Gemma 3 technical report, table 1)
+    counts = cfg.param_counts()
+    assert counts.total - counts.embed == pytest.approx(10_759e6, rel=0.01)
+
+
+def test_configs_the_engine_cannot_run_are_refused():
+    text = dict(GEMMA_3_12B_IT["text_config"])
+    with pytest.raises(ValueError, match="sliding layers"):
+        bad = {"sliding_attention": {"rope_type": "yarn", "factor": 2.0}}
+        ModelConfig.from_dict({**GEMMA_3_12B_IT, "text_config": {**text, "rope_parameters": bad}})
+    with pytest.raises(ValueError, match="layer_types"):
+        ModelConfig.from_dict(
+            {**GEMMA_3_12B_IT, "text_config": {**text, "layer_types": [SLIDING] * 3}}
+        )
+    with pytest.raises(ValueError, match="causal"):
+        ModelConfig.from_dict(
+            {**GEMMA_3_12B_IT, "text_config": {**text, "use_bidirectional_attention": True}}
+        )
