@@ -6,7 +6,8 @@ same run.
 
 Measures copy bandwidth and bf16 matmul rate, builds random-weight engines in real shapes
 (profiles/models/), runs A (256 requests, Llama-3-8B, out tok/s), B (batch-1 decode tok/s),
-C (time to first token, 1,024 / 4,096 tokens), D (256 requests, Qwen3-0.6B, out tok/s), and
+C (time to first token, 1,024 / 4,096 tokens), D (256 requests, Qwen3-0.6B, out tok/s), a
+family's shape where --workloads names it (G3: Gemma 3 12B, batch-1 decode and A's requests), and
 prints achieved / floor / target per workload (floor model: scripts/bench_floor.py). Results go
 to DIR/bench_gpu.json, rewritten after every workload. Each workload runs under a share of
 --time-budget (SIGALRM); a failure or timeout becomes a row with its error. `--compare-hf` also
@@ -56,6 +57,9 @@ from scripts.bench_presets import (  # noqa: E402
 )
 
 BIG, SMALL = "llama-3-8b", "qwen3-0.6b"  # A, B, C run on BIG; D on SMALL
+FAMILIES = {"G3": "gemma-3-12b"}
+"""Workload code -> a family's preset: rows CODE-B (batch-1 decode, B's sizes) and CODE-A
+(workload A's requests), each against its floor; run when --workloads names the code."""
 
 
 # --- workloads ---------------------------------------------------------------------------------
@@ -98,12 +102,12 @@ class Engines:
         sz, a = self.sz, self.args
         if a.planned:
             return dict(device=a.device, load_format="random", seed=0, enforce_eager=a.eager)
-        if preset == BIG:
+        if preset == SMALL:
+            need, seqs = sz["d_prompt"][1] + sz["d_output"][1], sz["d_requests"]
+        else:  # BIG and the FAMILIES: A, B and C's lengths
             lens = (sz["a_prompt"][1] + sz["a_output"], sz["b_prompt"] + sz["b_output"])
             need = max(*lens, max(sz["c_prompts"]) + 1)
             seqs = max(sz["a_requests"], sz["hf_requests"])
-        else:
-            need, seqs = sz["d_prompt"][1] + sz["d_output"][1], sz["d_requests"]
         batched = max(a.max_num_batched_tokens, max(sz["c_prompts"]))  # C: one prefill step
         return dict(
             max_model_len=-(-need // 256) * 256,
@@ -168,14 +172,16 @@ def _timed_generate(llm: LLM, prompts, output_lens) -> tuple[float, list, dict]:
     return elapsed, outs, stats
 
 
-def bench_throughput(engines: Engines, hw: Hardware, sz: dict, name: str, full: bool) -> list:
-    """Workload A or D: many requests at t=0; output tokens / wall time."""
-    if name == "A":
-        preset, n, (lo, hi) = BIG, sz["a_requests"], sz["a_prompt"]
-        out_lens = [sz["a_output"]] * n
-    else:
+def bench_throughput(
+    engines: Engines, hw: Hardware, sz: dict, name: str, full: bool, preset: str = BIG
+) -> list:
+    """Workload A (on `preset`) or D: many requests at t=0; output tokens / wall time."""
+    if name == "D":
         preset, n, (lo, hi) = SMALL, sz["d_requests"], sz["d_prompt"]
         out_lens = random_lengths(n, *sz["d_output"], seed=11)
+    else:
+        n, (lo, hi) = sz["a_requests"], sz["a_prompt"]
+        out_lens = [sz["a_output"]] * n
     llm = engines.get(preset)
     prompts = random_prompts(n, lo, hi, llm.engine.model_config.vocab_size, seed=10)
     elapsed, outs, stats = _timed_generate(llm, prompts, out_lens)
@@ -201,13 +207,21 @@ def batch1_rates(llm: LLM, sz: dict) -> list[float]:
     return rates
 
 
-def bench_batch1(engines: Engines, hw: Hardware, sz: dict, full: bool) -> list:
-    """Workload B: batch-1 decode tok/s, median of repeats."""
-    preset = BIG
+def bench_batch1(
+    engines: Engines, hw: Hardware, sz: dict, full: bool, preset: str = BIG, name: str = "B"
+) -> list:
+    """Workload B (on `preset`): batch-1 decode tok/s, median of repeats."""
     rates = batch1_rates(engines.get(preset), sz)
     floor = batch1_decode_floor_tok_s(engines.shape(), hw, sz["b_prompt"], sz["b_output"])
     detail = dict(model=preset, runs=rates, prompt_len=sz["b_prompt"], output_len=sz["b_output"])
-    return [_row("B", "decode tok/s", statistics.median(rates), floor, full, detail)]
+    return [_row(name, "decode tok/s", statistics.median(rates), floor, full, detail)]
+
+
+def bench_family(engines: Engines, hw: Hardware, sz: dict, code: str, full: bool) -> list:
+    """A family's shape (FAMILIES[code]): batch-1 decode, then workload A's requests."""
+    preset = FAMILIES[code]
+    rows = bench_batch1(engines, hw, sz, full, preset, f"{code}-B")
+    return rows + bench_throughput(engines, hw, sz, f"{code}-A", full, preset)
 
 
 def bench_ttft(engines: Engines, hw: Hardware, sz: dict, full: bool) -> list:
@@ -267,7 +281,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--out", type=Path, default=Path("out"), help="results folder")
     ap.add_argument("--quick", action="store_true", help="smaller workloads (smoke run)")
     ap.add_argument("--compare-hf", action="store_true", help="transformers on reduced A too")
-    ap.add_argument("--workloads", default="A,B,C,D", help="comma-separated subset of A,B,C,D")
+    known = ",".join(["A", "B", "C", "D", *FAMILIES])
+    ap.add_argument("--workloads", default="A,B,C,D", help=f"comma-separated subset of {known}")
     ap.add_argument("--eager", action="store_true", help="enforce_eager (no CUDA graphs)")
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--dtype", default=None, help="bfloat16 on a GPU, float32 with --tiny")
@@ -281,8 +296,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args = ap.parse_args(argv)
     args.dtype = args.dtype or ("float32" if args.tiny else "bfloat16")
     args.workloads = [w.strip().upper() for w in args.workloads.split(",") if w.strip()]
-    if bad := sorted(set(args.workloads) - set("ABCD")):
-        ap.error(f"unknown workload(s) {bad}; choose from A,B,C,D")
+    if bad := sorted(set(args.workloads) - {*"ABCD", *FAMILIES}):
+        ap.error(f"unknown workload(s) {bad}; choose from {known}")
     return args
 
 
@@ -316,9 +331,12 @@ def main(argv: list[str] | None = None) -> int:
             "HF": lambda: compare_hf(engines, sz, args),  # scripts/bench_gpu_hf.py
             "D": lambda: bench_throughput(engines, hw, sz, "D", full),
         }
+        for code in FAMILIES:
+            jobs[code] = lambda code=code: bench_family(engines, hw, sz, code, full)
         # HF after C and before D: it reuses the big model's engine, then frees the GPU.
         order = [w for w in ("A", "B", "C") if w in args.workloads]
         order += ["HF"] * args.compare_hf + ["D"] * ("D" in args.workloads)
+        order += [code for code in FAMILIES if code in args.workloads]
         for i, name in enumerate(order):
             share = _WEIGHTS[name] / sum(_WEIGHTS[w] for w in order[i:])
             value, error = _guarded(name, jobs[name], deadline, share, engines)
@@ -334,7 +352,7 @@ def main(argv: list[str] | None = None) -> int:
     return 1 if failed or "error" in results.get("compare_hf", {}) else 0
 
 
-_WEIGHTS = {"A": 3, "B": 1, "C": 1, "HF": 2, "D": 3}  # shares of the time left
+_WEIGHTS = {"A": 3, "B": 1, "C": 1, "HF": 2, "D": 3, **dict.fromkeys(FAMILIES, 4)}  # time shares
 
 
 def _guarded(name: str, job, deadline: float, share: float, engines: Engines) -> tuple:

@@ -51,6 +51,19 @@ def test_presets_have_the_public_shapes():
     assert qwen.num_params == pytest.approx(0.596e9, rel=0.01)
 
 
+def test_gemma_3_12b_preset_has_the_public_shape():
+    raw = bench_presets.load_preset("gemma-3-12b")
+    assert raw["rope_scaling"] == {"rope_type": "linear", "factor": 8.0}
+    del raw["rope_scaling"]  # linear RoPE comes with engine/models/rope.py; the counts do not depend on it
+    gemma = ModelConfig.from_dict(raw)
+    assert (gemma.num_layers, gemma.num_kv_heads, gemma.head_dim) == (48, 8, 256)
+    assert [gemma.layer_type(i) for i in range(12)].count("full_attention") == 2
+    counts = gemma.param_counts()
+    # Gemma 3 technical report, table 1: 1,012M embedding and 10,759M other parameters
+    assert counts.total - counts.embed == pytest.approx(10_759e6, rel=0.01)
+    assert counts.embed == pytest.approx(1_012e6, rel=0.01)
+
+
 def test_kv_bytes_per_token_uses_kv_heads():
     # the KV-cache formula: Llama-3-8B 128 KiB/token (GQA), Llama-2-7B 512 KiB (MHA)
     assert shape("llama-3-8b").kv_bytes_per_token == 131072
@@ -115,6 +128,10 @@ def test_throughput_floor_rejects_mismatched_lengths():
         ("C-4096", 118.0, 90.0, "FAIL"),
         ("D", 10_000, 35_000, "pass"),
         ("D", None, 35_000, "n/a"),
+        ("G3-B", 145, 181, "pass"),
+        ("G3-B", 144, 181, "FAIL"),
+        ("G3-A", 4_620, 7_700, "pass"),
+        ("G3-A", 4_619, 7_700, "FAIL"),
     ],
 )
 def test_verdict_against_design_targets(workload, achieved, floor, result):
