@@ -54,7 +54,7 @@ def test_presets_have_the_public_shapes():
 def test_gemma_3_12b_preset_has_the_public_shape():
     raw = bench_presets.load_preset("gemma-3-12b")
     assert raw["rope_scaling"] == {"rope_type": "linear", "factor": 8.0}
-    del raw["rope_scaling"]  # linear RoPE comes with engine/models/rope.py; the counts do not depend on it
+    del raw["rope_scaling"]  # linear RoPE: engine/models/rope.py; counts do not depend on it
     gemma = ModelConfig.from_dict(raw)
     assert (gemma.num_layers, gemma.num_kv_heads, gemma.head_dim) == (48, 8, 256)
     assert [gemma.layer_type(i) for i in range(12)].count("full_attention") == 2

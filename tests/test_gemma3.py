@@ -1,7 +1,8 @@
 """Gemma 3 (text) on the engine against transformers' own implementation, fp32 on the CPU, tiny
 random weights: a 16-token sliding window on three of four layers, prompts of 40-70 tokens,
 soft-capped logits; chunked prefill across the window edge under a KV pool that forces
-preemption; the text part of a multimodal checkpoint; the config's defaults.
+preemption; the text part of a multimodal checkpoint; a GGUF file through transformers' GGUF
+conversion; the config's defaults.
 
 transformers 5.24's Gemma 3 reads attn_logit_softcapping but never applies it (Gemma3Attention
 does not pass it to its attention function; published Gemma 3 configs leave it null), so the
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 import torch
 from transformers import AutoModelForCausalLM, Gemma3Config, Gemma3TextConfig, SiglipVisionConfig
@@ -18,6 +20,7 @@ from transformers import AutoModelForCausalLM, Gemma3Config, Gemma3TextConfig, S
 from engine import LLM, SamplingParams
 from engine.models.config import FULL, SLIDING, ModelConfig
 from engine.models.gemma3 import Gemma3ForCausalLM
+from engine.models.gguf_loader import gguf_to_hf_folder
 from tests.support.greedy_reference import assert_greedy_agrees
 from tests.support.tiny_models import EOS_ID, VOCAB, make_tiny_model
 
@@ -181,3 +184,80 @@ def test_configs_the_engine_cannot_run_are_refused():
         ModelConfig.from_dict(
             {**GEMMA_3_12B_IT, "text_config": {**text, "use_bidirectional_attention": True}}
         )
+
+
+def _write_tiny_gemma3_gguf(path) -> None:
+    """A 6-layer Gemma 3 GGUF in fp32 as llama.cpp writes one: (1 + w) norm weights, every sixth
+    layer full (a GGUF has no layer types; transformers fills in Gemma 3's pattern)."""
+    from gguf import GGUFWriter, TokenType
+
+    hidden, layers, heads, kv_heads, head_dim, ffn = 64, 6, 4, 2, 32, 128
+    tokens = ["<pad>", "<eos>", "<bos>"] + [chr(c) for c in range(33, 127)] + ["ab"]
+    w = GGUFWriter(str(path), "gemma3")
+    w.add_name("tiny")
+    w.add_block_count(layers)
+    w.add_context_length(256)
+    w.add_embedding_length(hidden)
+    w.add_feed_forward_length(ffn)
+    w.add_head_count(heads)
+    w.add_head_count_kv(kv_heads)
+    w.add_key_length(head_dim)
+    w.add_value_length(head_dim)
+    w.add_layer_norm_rms_eps(1e-6)
+    w.add_rope_freq_base(50_000.0)
+    w.add_sliding_window(WINDOW)
+    w.add_tokenizer_model("llama")
+    w.add_token_list(tokens)
+    w.add_token_scores([0.0] * len(tokens))
+    w.add_token_types([TokenType.CONTROL] * 3 + [TokenType.NORMAL] * (len(tokens) - 3))
+    w.add_pad_token_id(0)
+    w.add_eos_token_id(1)
+    w.add_bos_token_id(2)
+    rng = np.random.default_rng(0)
+
+    def weight(*shape, mean=0.0, std=0.08):
+        return (mean + rng.standard_normal(shape) * std).astype(np.float32)
+
+    w.add_tensor("token_embd.weight", weight(len(tokens), hidden))
+    w.add_tensor("output_norm.weight", weight(hidden, mean=1.0, std=0.1))
+    q, kv = heads * head_dim, kv_heads * head_dim
+    for i in range(layers):
+        for name, shape in [
+            ("attn_q", (q, hidden)),
+            ("attn_k", (kv, hidden)),
+            ("attn_v", (kv, hidden)),
+            ("attn_output", (hidden, q)),
+            ("ffn_gate", (ffn, hidden)),
+            ("ffn_up", (ffn, hidden)),
+            ("ffn_down", (hidden, ffn)),
+        ]:
+            w.add_tensor(f"blk.{i}.{name}.weight", weight(*shape))
+        for name, size in [
+            ("attn_norm", hidden),
+            ("attn_q_norm", head_dim),
+            ("attn_k_norm", head_dim),
+            ("post_attention_norm", hidden),
+            ("ffn_norm", hidden),
+            ("post_ffw_norm", hidden),
+        ]:
+            w.add_tensor(f"blk.{i}.{name}.weight", weight(size, mean=1.0, std=0.1))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+def test_a_gemma3_gguf_converts_and_agrees(tmp_path):
+    path = tmp_path / "tiny-gemma3.gguf"
+    _write_tiny_gemma3_gguf(path)
+    folder = gguf_to_hf_folder(path, cache_dir=tmp_path / "cache")
+    cfg = ModelConfig.from_folder(folder)
+    assert cfg.architecture == "Gemma3ForCausalLM" and cfg.sliding_window == WINDOW
+    assert [cfg.layer_type(i) for i in range(6)] == [SLIDING] * 5 + [FULL]
+    reference = AutoModelForCausalLM.from_pretrained(
+        str(tmp_path), gguf_file=path.name, dtype=torch.float32, attn_implementation="eager"
+    )
+    g = torch.Generator().manual_seed(2)
+    prompts = [torch.randint(3, cfg.vocab_size, (n,), generator=g).tolist() for n in (30, 45)]
+    outs = LLM(str(folder), device="cpu", max_model_len=128).generate(prompts, PARAMS)
+    assert_greedy_agrees(reference, prompts, outs, logprob_atol=LOGPROB_ATOL)
