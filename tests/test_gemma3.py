@@ -261,3 +261,23 @@ def test_a_gemma3_gguf_converts_and_agrees(tmp_path):
     prompts = [torch.randint(3, cfg.vocab_size, (n,), generator=g).tolist() for n in (30, 45)]
     outs = LLM(str(folder), device="cpu", max_model_len=128).generate(prompts, PARAMS)
     assert_greedy_agrees(reference, prompts, outs, logprob_atol=LOGPROB_ATOL)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("eager", [True, False])
+def test_gpu_greedy_agrees_past_the_window(tiny_gemma3, eager):
+    """The Triton backend's sliding window, fused norms and CUDA graphs, fp32."""
+    folder, _ = tiny_gemma3
+    llm = LLM(
+        str(folder),
+        device="cuda",
+        dtype="float32",
+        enforce_eager=eager,
+        max_model_len=128,
+        max_num_batched_tokens=32,
+        max_num_seqs=8,
+    )
+    assert llm.engine.runner.backend.name == "triton"
+    outs = llm.generate(_prompts(), PARAMS)
+    assert max(o.metrics.num_prefill_chunks for o in outs) > 1
+    assert_greedy_agrees(_reference(folder).cuda(), _prompts(), outs)

@@ -103,7 +103,7 @@ class Gemma3MLP(nn.Module):
 class Gemma3DecoderLayer(nn.Module):
     def __init__(self, cfg: ModelConfig, att: LayerAttention, rope: RotaryEmbedding) -> None:
         super().__init__()
-        h, eps = cfg.hidden_size, cfg.rms_norm_eps
+        h, eps = cfg.hidden_size, cfg.rms_norm_eps  # every norm's weight holds 1 + w (load_weights)
         self.input_layernorm = RMSNorm(h, eps)
         self.self_attn = Gemma3Attention(cfg, att, rope)
         self.post_attention_layernorm = RMSNorm(h, eps)
