@@ -11,6 +11,7 @@ attention soft-cap is checked to reach our attention layers, not against transfo
 from __future__ import annotations
 
 import json
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -20,7 +21,7 @@ from transformers import AutoModelForCausalLM, Gemma3Config, Gemma3TextConfig, S
 from engine import LLM, SamplingParams
 from engine.models.config import FULL, SLIDING, ModelConfig
 from engine.models.gemma3 import Gemma3ForCausalLM
-from engine.models.gguf_loader import gguf_to_hf_folder
+from engine.models.gguf_loader import gguf_to_hf_folder, restore_gemma3_config
 from tests.support.greedy_reference import assert_greedy_agrees
 from tests.support.tiny_models import EOS_ID, VOCAB, make_tiny_model
 
@@ -261,6 +262,24 @@ def test_a_gemma3_gguf_converts_and_agrees(tmp_path):
     prompts = [torch.randint(3, cfg.vocab_size, (n,), generator=g).tolist() for n in (30, 45)]
     outs = LLM(str(folder), device="cpu", max_model_len=128).generate(prompts, PARAMS)
     assert_greedy_agrees(reference, prompts, outs, logprob_atol=LOGPROB_ATOL)
+
+
+def test_gguf_conversion_restores_linear_rope_and_the_27b_scale():
+    full = {"rope_type": "default", "rope_theta": 1e6}
+    config = SimpleNamespace(
+        rope_parameters={"full_attention": full, "sliding_attention": {"rope_type": "default"}},
+        num_hidden_layers=62,
+        hidden_size=5376,
+        num_attention_heads=32,
+        query_pre_attn_scalar=256,
+    )
+    meta = {"gemma3.rope.scaling.type": "linear", "gemma3.rope.scaling.factor": 8.0}
+    restore_gemma3_config(config, meta)
+    assert full == {"rope_type": "linear", "rope_theta": 1e6, "factor": 8.0}
+    assert config.query_pre_attn_scalar == 168  # gemma-3-27b-it's config.json value
+    config.num_hidden_layers, config.query_pre_attn_scalar = 48, 256  # 12B: head_dim's
+    restore_gemma3_config(config, {})
+    assert config.query_pre_attn_scalar == 256
 
 
 @pytest.mark.gpu
