@@ -7,8 +7,7 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from engine.models import gemma3_config
-from engine.models.registry import ARCHITECTURES, supported_names
+from engine.models.registry import ARCHITECTURES, GEMMA3_NAMES, supported_names
 
 SLIDING, FULL = "sliding_attention", "full_attention"
 """Layer types, by config.json's `layer_types` names."""
@@ -189,7 +188,9 @@ class ModelConfig:
                 f"supported: {supported_names()}"
             )
         family: dict = {}
-        if arch in gemma3_config.GEMMA3_ARCHS:
+        if arch in GEMMA3_NAMES:
+            from engine.models import gemma3_config
+
             raw = gemma3_config.text_config(raw)
             family = gemma3_config.gemma3_fields(raw)
             rope = gemma3_config.rope_by_layer_type(raw)[0]  # the full layers'

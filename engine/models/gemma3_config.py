@@ -4,7 +4,7 @@ layer types and the RoPE of each layer type. Torch-free (the planner reads it)."
 
 from __future__ import annotations
 
-GEMMA3_ARCHS = ("Gemma3ForCausalLM", "Gemma3ForConditionalGeneration")
+from engine.models.config import FULL, SLIDING
 
 TEXT_DEFAULTS = {
     "vocab_size": 262_208,
@@ -27,8 +27,6 @@ TEXT_DEFAULTS = {
 }
 """transformers' Gemma3TextConfig defaults: a published config.json sets only what differs
 (gemma-3-12b-it's text_config names 7 fields)."""
-
-SLIDING, FULL = "sliding_attention", "full_attention"  # engine.models.config's layer types
 
 
 def text_config(raw: dict) -> dict:

@@ -20,7 +20,9 @@ class Architecture:
     """The MLP activations this family's implementation computes."""
 
 
-_GEMMA3 = "engine.models.gemma3:Gemma3ForCausalLM"  # text only: a multimodal checkpoint's text part
+_GEMMA3 = "engine.models.gemma3:Gemma3ForCausalLM"
+GEMMA3_NAMES = ("Gemma3ForCausalLM", "Gemma3ForConditionalGeneration")
+"""Gemma 3's architectures: the text model; a multimodal checkpoint runs its text part."""
 
 ARCHITECTURES: dict[str, Architecture] = {
     a.name: a
@@ -29,8 +31,7 @@ ARCHITECTURES: dict[str, Architecture] = {
         Architecture("MistralForCausalLM", "engine.models.llama:LlamaForCausalLM"),
         Architecture("Qwen2ForCausalLM", "engine.models.llama:LlamaForCausalLM"),
         Architecture("Qwen3ForCausalLM", "engine.models.llama:LlamaForCausalLM"),
-        Architecture("Gemma3ForCausalLM", _GEMMA3, ("gelu_pytorch_tanh",)),
-        Architecture("Gemma3ForConditionalGeneration", _GEMMA3, ("gelu_pytorch_tanh",)),
+        *(Architecture(name, _GEMMA3, ("gelu_pytorch_tanh",)) for name in GEMMA3_NAMES),
     )
 }
 
