@@ -22,6 +22,7 @@ from engine import LLM, SamplingParams
 from engine.models.config import FULL, SLIDING, ModelConfig
 from engine.models.gemma3 import Gemma3ForCausalLM
 from engine.models.gguf_loader import gguf_to_hf_folder, restore_gemma3_config
+from engine.models.loader import iter_safetensors
 from tests.support.greedy_reference import assert_greedy_agrees
 from tests.support.tiny_models import EOS_ID, VOCAB, make_tiny_model
 
@@ -119,6 +120,22 @@ def test_the_window_scale_and_soft_cap_reach_the_attention_layers(tiny_gemma3):
     local, full = model.ropes[SLIDING], model.ropes[FULL]
     assert local.cos.shape == full.cos.shape == (128, 32)
     assert not torch.equal(local.cos, full.cos)  # bases 1,000 and 50,000
+
+
+def test_load_weights_names_missing_unexpected_and_misshapen_weights(tiny_gemma3):
+    folder, _ = tiny_gemma3
+    model = Gemma3ForCausalLM(ModelConfig.from_folder(folder), max_positions=128)
+    weights = dict(iter_safetensors(folder))
+    with pytest.raises(ValueError, match="missing weights.*post_feedforward_layernorm"):
+        name = "model.layers.2.post_feedforward_layernorm.weight"
+        model.load_weights((k, v) for k, v in weights.items() if k != name)
+    with pytest.raises(ValueError, match="unexpected weight 'layers.0.mlp.gate.weight'"):
+        model.load_weights([*weights.items(), ("model.layers.0.mlp.gate.weight", torch.ones(1))])
+    with pytest.raises(ValueError, match="q_norm.weight.*shape"):
+        model.load_weights([("model.layers.0.self_attn.q_norm.weight", torch.ones(64))])
+    model.load_weights(weights.items())
+    norm = weights["model.layers.1.pre_feedforward_layernorm.weight"]
+    assert torch.equal(model.layers[1].pre_feedforward_layernorm.weight, norm + 1)
 
 
 def test_text_part_of_a_multimodal_checkpoint(tmp_path):
