@@ -33,6 +33,9 @@ class KeyLimits:
     """Largest max_tokens a request may ask for; an omitted max_tokens is clamped to it."""
     max_context: int | None = None
     """Largest prompt + max_tokens of one request."""
+    weight: float = 1.0
+    """The key's weight in the fair share between keys of its class: a key of weight 2 gets
+    twice the tokens of a key of weight 1 when both wait."""
 
     @property
     def is_rate_limited(self) -> bool:
@@ -41,7 +44,6 @@ class KeyLimits:
 
 
 LIMIT_NAMES = tuple(f.name for f in fields(KeyLimits))
-_INT_NAMES = tuple(n for n in LIMIT_NAMES if n != "priority")
 
 
 def limits_from(values: dict, key_name: str, where: str) -> KeyLimits:
@@ -61,6 +63,9 @@ def limits_from(values: dict, key_name: str, where: str) -> KeyLimits:
                 raise SettingsError(f"{prefix} must be {' or '.join(PRIORITIES)}, got {value!r}")
             out[field_name] = value
             continue
+        if field_name == "weight":
+            out[field_name] = _weight(value, prefix)
+            continue
         number = value
         if isinstance(value, str) and value.strip().isdigit():
             number = int(value)
@@ -68,6 +73,17 @@ def limits_from(values: dict, key_name: str, where: str) -> KeyLimits:
             raise SettingsError(f"{prefix} must be a positive integer, got {value!r}")
         out[field_name] = number
     return KeyLimits(**out)
+
+
+def _weight(value, prefix: str) -> float:
+    """A fair-share weight: a positive number (text from a key file, a number from TOML)."""
+    try:
+        number = float(value) if not isinstance(value, bool) else None
+    except (TypeError, ValueError):
+        number = None
+    if number is None or not 0 < number < float("inf"):
+        raise SettingsError(f"{prefix} must be a positive number, got {value!r}")
+    return number
 
 
 def parse_words(words: list[str], key_name: str, where: str) -> KeyLimits:

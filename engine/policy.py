@@ -12,7 +12,8 @@ Rank of a waiting request (`SchedulingPolicy.rank`, lower first):
    a. priority class, in PRIORITIES order (interactive before batch);
    b. a request preempted by recompute before one never admitted (it held a place once);
    c. fair share: its client's tokens served recently (each scheduled token counts 1, decayed
-      by exp(-age / fair_share_window_s)), fewest first;
+      by exp(-age / fair_share_window_s)) over the client's weight (share_weight), fewest
+      first;
    d. short first: a short prompt before a long one (defined below), so that short requests
       are not stuck behind long ones; among short (or long) ones, arrival order.
    Ties keep the queue's order (arrival; preempted requests at its head).
@@ -108,7 +109,7 @@ class SchedulingPolicy:
             1,
             CLASS_RANK[req.params.priority],
             req.metrics.num_preemptions == 0,
-            served,
+            served / req.params.share_weight,
             self.is_long(req, budget),
         )
 

@@ -52,6 +52,9 @@ class SamplingParams:
     client: str | None = None
     """Who sent the request (an API key's name): the scheduler shares the GPU fairly between
     clients of one class. None: the anonymous client."""
+    share_weight: float = 1.0
+    """The client's weight in the fair share: a client of weight 2 is served as if it had
+    used half the tokens it did (its API key's `weight`)."""
     cache_salt: str | None = None
     """Prefix-cache namespace: the request only hits blocks cached by requests with the same
     salt (None: the shared one). Keeps one team's prompts from being probed by another's."""
@@ -87,6 +90,8 @@ class SamplingParams:
             raise ValueError(
                 f"priority must be one of {', '.join(PRIORITIES)}, got {self.priority!r}"
             )
+        if not (isinstance(self.share_weight, int | float) and self.share_weight > 0):
+            raise ValueError(f"share_weight must be a positive number, got {self.share_weight!r}")
         if self.cache_salt is not None and not (
             isinstance(self.cache_salt, str) and 0 < len(self.cache_salt) <= MAX_CACHE_SALT
         ):

@@ -20,13 +20,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine import timing
-from engine.models.layers import (
-    Linear,
-    PagedAttention,
-    RotaryEmbedding,
-    fused_kernels_enabled,
-    gemv_enabled,
-)
+from engine.models.layers import Linear, PagedAttention, fused_kernels_enabled, gemv_enabled
+from engine.models.rope import RotaryEmbedding
 from engine.quant.tuning import QuantChoices, choose_quant_linears
 
 log = logging.getLogger(__name__)
@@ -158,7 +153,8 @@ def choose_rope_store(model: nn.Module, choices: KernelChoices) -> None:
     kernels on, a 16-bit cache bound; before capturing the decode graphs) and tell each
     attention layer (PagedAttention.fuse_rope_store)."""
     layers = [m for m in model.modules() if isinstance(m, PagedAttention)]
-    rope = next((m for m in model.modules() if isinstance(m, RotaryEmbedding)), None)
+    ropes = (m for m in model.modules() if isinstance(m, RotaryEmbedding) and not m.is_partial)
+    rope = next(ropes, None)  # a partial RoPE never fuses (PagedAttention.rope_and_store)
     if not layers or rope is None or not fused_kernels_enabled():
         return
     attn = layers[0]

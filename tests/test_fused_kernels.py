@@ -12,7 +12,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine.models.layers import RMSNorm, RotaryEmbedding, silu_and_mul
+from engine.models.layers import RMSNorm, silu_and_mul
+from engine.models.rope import RotaryEmbedding
 from tests.support.triton_modules import HAS_CUDA, import_kernel_modules
 
 DEVICE = "cuda" if HAS_CUDA else "cpu"

@@ -1,8 +1,8 @@
 """Gemma 3 (text) on the engine against transformers' own implementation, fp32 on the CPU, tiny
-random weights: a 16-token sliding window on three of four layers, prompts of 40-70 tokens,
-soft-capped logits; chunked prefill across the window edge under a KV pool that forces
-preemption; the text part of a multimodal checkpoint; a GGUF file through transformers' GGUF
-conversion; the config's defaults.
+random weights: a 16-token sliding window on three of four layers, linear RoPE scaling on the
+full one, prompts of 40-70 tokens, soft-capped logits; chunked prefill across the window edge
+under a KV pool that forces preemption; the text part of a multimodal checkpoint; a GGUF file
+through transformers' GGUF conversion; the config's defaults.
 
 transformers 5.24's Gemma 3 reads attn_logit_softcapping but never applies it (Gemma3Attention
 does not pass it to its attention function; published Gemma 3 configs leave it null), so the
@@ -70,7 +70,8 @@ def _reference(folder):
 @pytest.fixture(scope="module")
 def tiny_gemma3(tmp_path_factory):
     folder = tmp_path_factory.mktemp("tiny-gemma3")
-    config = _text_config(final_logit_softcapping=5.0)
+    linear = {"rope_type": "linear", "factor": 8.0}  # the global layers' (as 4B and up)
+    config = _text_config(final_logit_softcapping=5.0, rope_scaling=linear)
     config.architectures = ["Gemma3ForCausalLM"]
     make_tiny_model(config, folder)
     return folder, _reference(folder)
@@ -120,6 +121,7 @@ def test_the_window_scale_and_soft_cap_reach_the_attention_layers(tiny_gemma3):
     local, full = model.ropes[SLIDING], model.ropes[FULL]
     assert local.cos.shape == full.cos.shape == (128, 32)
     assert not torch.equal(local.cos, full.cos)  # bases 1,000 and 50,000
+    assert full.scaling["factor"] == 8.0 and local.scaling is None
 
 
 def test_load_weights_names_missing_unexpected_and_misshapen_weights(tiny_gemma3):
@@ -157,7 +159,7 @@ def test_text_part_of_a_multimodal_checkpoint(tmp_path):
     assert_greedy_agrees(hf, _prompts()[:3], outs, logprob_atol=LOGPROB_ATOL)
 
 
-GEMMA_3_12B_IT = {  # google/gemma-3-12b-it config.json less vision_config and rope_scaling
+GEMMA_3_12B_IT = {  # google/gemma-3-12b-it's config.json less vision_config
     "architectures": ["Gemma3ForConditionalGeneration"],
     "eos_token_id": [1, 106],
     "model_type": "gemma3",
@@ -168,6 +170,7 @@ GEMMA_3_12B_IT = {  # google/gemma-3-12b-it config.json less vision_config and r
         "num_attention_heads": 16,
         "num_hidden_layers": 48,
         "num_key_value_heads": 8,
+        "rope_scaling": {"factor": 8.0, "rope_type": "linear"},
         "sliding_window": 1024,
     },
     "torch_dtype": "bfloat16",
@@ -183,6 +186,12 @@ def test_a_sparse_text_config_takes_transformers_defaults():
     assert cfg.layer_attention(0).rope_theta == 10_000.0
     assert cfg.layer_attention(5).rope_theta == 1_000_000.0
     assert cfg.layer_attention(5).sliding_window is None
+    assert cfg.layer_attention(5).rope_scaling == {
+        "rope_type": "linear",
+        "factor": 8.0,
+        "rope_theta": 1_000_000.0,
+    }
+    assert cfg.layer_attention(0).rope_scaling is None
     assert cfg.layer_attention(0).sliding_window == 1024
     # published: 10,759M parameters besides the embeddings (Gemma 3 technical report, table 1)
     counts = cfg.param_counts()

@@ -173,6 +173,17 @@ def test_key_file_lines_old_and_new(tmp_path):
     assert keys[2].limits == KeyLimits(2, 60, 1000, "batch", 64, 512)
 
 
+def test_weight_is_a_positive_number_in_key_files_and_tables(tmp_path):
+    path = tmp_path / "keys"
+    path.write_text("alice sk-alice-0123456 weight=2.5\nbob sk-bob-0123456789\n")
+    config = tmp_path / "serve.toml"
+    config.write_text(f'api-key-file = "{path}"\n[keys.bob]\nweight = 3\n')
+    by_name = {k.name: k for k in load_settings(config_file=str(config), env={}).api_keys}
+    assert by_name["alice"].limits.weight == 2.5
+    assert by_name["bob"].limits.weight == 3.0
+    assert KeyLimits().weight == 1.0
+
+
 def test_toml_key_tables(tmp_path):
     (tmp_path / "keys").write_text("bob sk-bob-0123456789\n")
     config = tmp_path / "serve.toml"
@@ -199,6 +210,8 @@ def test_toml_key_tables(tmp_path):
         ("alice sk-alice-0123456 rpm", "'rpm' is not a limit; write name=value"),
         ("alice sk-alice-0123456 rpm=1 rpm=2", "rpm is given twice"),
         ("sk-alice-0123456 rpm=5", "a key with limits needs a name"),
+        ("alice sk-alice-0123456 weight=0", "weight must be a positive number, got '0'"),
+        ("alice sk-alice-0123456 weight=lots", "weight must be a positive number, got 'lots'"),
     ],
 )
 def test_key_file_errors_name_the_key_and_field(tmp_path, line, message):

@@ -61,6 +61,23 @@ def test_the_client_with_fewer_recent_tokens_goes_first_and_usage_decays():
     assert _names(policy.order([*heavy, light], budget=64)) == ["h0", "h1", "l"]
 
 
+def test_a_client_of_weight_two_is_served_as_if_it_had_used_half():
+    policy, clock = _policy(fair_share_window_s=60.0)
+
+    def weighted(name, client, weight):
+        params = SamplingParams(max_tokens=2, client=client, share_weight=weight)
+        return Request(name, [1, 2, 3], params, 0, arrival_time=clock.now)
+
+    light, heavy = weighted("l", "light", 1.0), weighted("h", "heavy", 2.0)
+    policy.charge(light, 300)
+    policy.charge(heavy, 500)  # 500 / 2 = 250 < 300
+    assert _names(policy.order([light, heavy], budget=64)) == ["h", "l"]
+    policy.charge(heavy, 200)  # 700 / 2 = 350 > 300
+    assert _names(policy.order([light, heavy], budget=64)) == ["l", "h"]
+    with pytest.raises(ValueError, match="share_weight must be a positive number"):
+        SamplingParams(share_weight=0)
+
+
 def test_fair_share_decays_by_e_per_window():
     share = FairShare(window_s=60.0)
     share.charge("a", 1000, now=0.0)

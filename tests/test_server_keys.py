@@ -165,7 +165,7 @@ async def test_caps_and_the_anonymous_class():
 
 def test_requests_carry_the_keys_priority_and_name():
     req = parse_completion({"prompt": "w1", "max_tokens": 3})
-    params = req.params(0, 3, "batch", "alice")
-    assert (params.priority, params.client) == ("batch", "alice")
+    params = req.params(0, 3, "batch", "alice", 2.5)
+    assert (params.priority, params.client, params.share_weight) == ("batch", "alice", 2.5)
     default = req.params(0, 3)
-    assert (default.priority, default.client) == ("interactive", None)
+    assert (default.priority, default.client, default.share_weight) == ("interactive", None, 1.0)

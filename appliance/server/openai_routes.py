@@ -237,7 +237,7 @@ async def serve_generation(request: web.Request, req: GenerateRequest) -> web.St
         p = i // req.n
         engine_id = rid if k == 1 else f"{rid}-{i}"
         rec = ChoiceRecord(i, engine_id, p, len(prompts[p]))
-        params = req.params(i, max_tokens[p], limits.priority, key_name)
+        params = req.params(i, max_tokens[p], limits.priority, key_name, limits.weight)
         choices.append(Choice(rec, prompts[p], params))
     entry, ticket = admit(request, [c.engine_id for c in choices], sum(map(len, prompts)))
     record = RequestRecord(

@@ -94,10 +94,16 @@ class GenerateRequest:
     """Where each DEFAULTED field's value came from (SOURCES): set by apply_defaults."""
 
     def params(
-        self, choice: int, max_tokens: int, priority: str = PRIORITIES[0], client: str | None = None
+        self,
+        choice: int,
+        max_tokens: int,
+        priority: str = PRIORITIES[0],
+        client: str | None = None,
+        share_weight: float = 1.0,
     ) -> SamplingParams:
         """SamplingParams for one choice; choice i of a seeded request uses seed + i.
-        `priority` and `client` (the API key's name) come from the key it was sent with."""
+        `priority`, `client` (the API key's name) and `share_weight` come from the key it was
+        sent with."""
         seed = None if self.seed is None else (self.seed + choice) % (1 << 63)
         try:
             return SamplingParams(
@@ -107,6 +113,7 @@ class GenerateRequest:
                 structured=self.structured,
                 priority=priority,
                 client=client,
+                share_weight=share_weight,
                 **self.sampling,
             )
         except ValueError as exc:

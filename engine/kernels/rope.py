@@ -1,6 +1,6 @@
 """Triton kernel for rotate-half rotary embedding of q and k in place (apply_rope).
 
-Computes what RotaryEmbedding (engine/models/layers.py) computes, rounding where it rounds:
+Computes what RotaryEmbedding (engine/models/rope.py) computes, rounding where it rounds:
 cos/sin cast to q's dtype, x * cos and rotate_half(x) * sin each rounded to that dtype, then
 added. In fp16/bf16 the result is therefore bit-identical to the PyTorch (and Hugging Face)
 version.

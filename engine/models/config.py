@@ -12,6 +12,15 @@ from engine.models.registry import ARCHITECTURES, GEMMA3_NAMES, supported_names
 SLIDING, FULL = "sliding_attention", "full_attention"
 """Layer types, by config.json's `layer_types` names."""
 
+ROPE_TYPES = {
+    "default": (),
+    "linear": ("factor",),
+    "llama3": ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"),
+    "yarn": ("factor", "original_max_position_embeddings"),
+}
+"""The RoPE types the engine builds (engine/models/rope.py), each with the keys its scaling
+dict must hold."""
+
 KV_ELEMENT_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "int8": 1}
 """Bytes per KV-cache element, by kv_cache_dtype name."""
 KV_SCALE_BYTES = {"int8": 2}
@@ -108,6 +117,8 @@ class ModelConfig:
     """RMSNorms after attention and after the MLP too, four per layer (Gemma)."""
     query_pre_attn_scalar: float | None = None
     """Attention scores scale by its -1/2 power instead of head_dim's (Gemma)."""
+    partial_rotary_factor: float = 1.0
+    """The share of head_dim that RoPE rotates (the first dims)."""
 
     def layer_type(self, i: int) -> str:
         if self.layer_types is not None:
@@ -123,6 +134,7 @@ class ModelConfig:
             rope_theta=theta,
             rope_scaling=None if sliding and self.rope_local_theta else self.rope_scaling,
             sliding_window=self.sliding_window if sliding else None,
+            partial_rotary_factor=self.partial_rotary_factor,
             sinks=self.attention_sinks,
             softcap=self.attn_logit_softcap,
         )
@@ -203,6 +215,9 @@ class ModelConfig:
                 f"{', '.join(ARCHITECTURES[arch].hidden_acts)}"
             )
         rope_theta = float(raw.get("rope_theta") or rope.get("rope_theta") or 10000.0)
+        nested = any(isinstance(value, dict) for value in rope.values())  # per layer type
+        rope_scaling = None if nested else rope_scaling_from(rope)
+        partial = raw.get("partial_rotary_factor") or rope.get("partial_rotary_factor") or 1.0
         num_heads = raw["num_attention_heads"]
         head_dim = raw.get("head_dim") or raw["hidden_size"] // num_heads
         is_qwen2 = arch == "Qwen2ForCausalLM"
@@ -222,7 +237,7 @@ class ModelConfig:
             head_dim=head_dim,
             rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
             rope_theta=rope_theta,
-            rope_scaling=_rope_scaling(rope),
+            rope_scaling=rope_scaling,
             max_position_embeddings=raw.get("max_position_embeddings", 2048),
             tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
             qkv_bias=is_qwen2 or attention_bias,
@@ -234,6 +249,7 @@ class ModelConfig:
             eos_token_id=[] if eos is None else ([eos] if isinstance(eos, int) else list(eos)),
             quantization_config=raw.get("quantization_config"),
             model_type=raw.get("model_type"),
+            partial_rotary_factor=float(partial),
         )
         return cls(**{**fields, **family})
 
@@ -248,11 +264,18 @@ class ModelConfig:
         return cls.from_dict(json.loads(path.read_text()))
 
 
-def _rope_scaling(params: dict) -> dict | None:
-    """A RoPE parameter dict (config.json's rope_scaling or rope_parameters) as
-    LayerAttention.rope_scaling: None for plain RoPE, else the dict; ValueError for a type the
-    engine does not compute."""
+def rope_scaling_from(params: dict) -> dict | None:
+    """A layer's RoPE scaling from config.json's rope_parameters (or older rope_scaling) dict:
+    None for plain RoPE, else the dict with its type under `rope_type`, checked against
+    ROPE_TYPES and the keys that type needs."""
     rope_type = params.get("rope_type", params.get("type", "default"))
-    if rope_type not in ("default", "llama3"):
-        raise ValueError(f"unsupported rope scaling {rope_type!r}; supported: default, llama3")
-    return None if rope_type == "default" else params
+    if rope_type not in ROPE_TYPES:
+        raise ValueError(
+            f"unsupported rope scaling {rope_type!r}; supported: {', '.join(ROPE_TYPES)}"
+        )
+    if rope_type == "default":
+        return None
+    missing = [key for key in ROPE_TYPES[rope_type] if params.get(key) is None]
+    if missing:
+        raise ValueError(f"rope scaling {rope_type!r} needs {', '.join(missing)} in config.json")
+    return {**params, "rope_type": rope_type}

@@ -20,7 +20,8 @@ from torch import nn
 
 from engine.kernels.moe_ref import act_and_mul
 from engine.models.config import FULL, SLIDING, LayerAttention, ModelConfig
-from engine.models.layers import Linear, PagedAttention, RMSNorm, RotaryEmbedding
+from engine.models.layers import Linear, PagedAttention, RMSNorm
+from engine.models.rope import RotaryEmbedding
 
 logger = logging.getLogger(__name__)
 
@@ -34,12 +35,6 @@ VISION_PREFIXES = (
     "multi_modal_projector.",
 )
 """A multimodal checkpoint's image encoder and projector: skipped (text generation only)."""
-
-
-def rotary(att: LayerAttention, max_positions: int) -> RotaryEmbedding:
-    """The RoPE table of one layer type: the one place this model builds them (the config
-    accepts only the RoPE types RotaryEmbedding computes)."""
-    return RotaryEmbedding(att.head_dim, max_positions, att.rope_theta, att.rope_scaling)
 
 
 @cache
@@ -141,13 +136,12 @@ class Gemma3ForCausalLM(nn.Module):
         if cfg.query_pre_attn_scalar is None:
             raise ValueError("a Gemma 3 config needs query_pre_attn_scalar")
         self.config = cfg
-        self.max_positions = max_positions
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
         atts = [cfg.layer_attention(i) for i in range(cfg.num_layers)]
         kinds = [cfg.layer_type(i) for i in range(cfg.num_layers)]
-        self.ropes = nn.ModuleDict(  # one table per layer type: [max_positions, head_dim]
+        self.ropes = nn.ModuleDict(  # one per layer type (its base and scaling), shared
             {
-                kind: rotary(atts[kinds.index(kind)], max_positions)
+                kind: RotaryEmbedding.for_layer(atts[kinds.index(kind)], max_positions)
                 for kind in (SLIDING, FULL)
                 if kind in kinds
             }
@@ -162,11 +156,8 @@ class Gemma3ForCausalLM(nn.Module):
 
     def init_buffers(self, device: torch.device) -> None:
         """Build the buffers that were made on meta (the RoPE tables) on `device`, in fp32."""
-        cfg = self.config
-        kinds = [cfg.layer_type(i) for i in range(cfg.num_layers)]
-        for kind, rope in self.ropes.items():
-            fresh = rotary(cfg.layer_attention(kinds.index(kind)), self.max_positions)
-            rope.cos, rope.sin = fresh.cos.to(device), fresh.sin.to(device)
+        for rope in self.ropes.values():
+            rope.init_buffers(device)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         x = self.embed_tokens(input_ids)  # [num_tokens, hidden]

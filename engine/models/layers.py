@@ -1,4 +1,5 @@
-"""Building blocks of the Llama family: RMSNorm, rotary embedding, SiLU-and-mul, attention.
+"""Building blocks of the Llama family: RMSNorm, SiLU-and-mul, attention (RoPE is
+engine/models/rope.py).
 
 Attention writes the new K/V into the paged cache, then reads the cache through the
 attention backend the model runner bound (pure PyTorch on CPU, Triton on CUDA).
@@ -6,9 +7,9 @@ attention backend the model runner bound (pure PyTorch on CPU, Triton on CUDA).
 
 from __future__ import annotations
 
-import math
 import os
 from functools import cache
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
@@ -16,6 +17,9 @@ from torch import nn
 
 from engine.attention import AttentionBackend
 from engine.context import get_context
+
+if TYPE_CHECKING:
+    from engine.models.rope import RotaryEmbedding
 
 
 @cache
@@ -93,53 +97,6 @@ class RMSNorm(nn.Module):
         return out if residual is None else (out, residual)
 
 
-def _llama3_inv_freq(inv_freq: torch.Tensor, scaling: dict) -> torch.Tensor:
-    factor = scaling["factor"]
-    low, high = scaling["low_freq_factor"], scaling["high_freq_factor"]
-    old_len = scaling["original_max_position_embeddings"]
-    wavelen = 2 * math.pi / inv_freq
-    scaled = torch.where(wavelen > old_len / low, inv_freq / factor, inv_freq)
-    smooth = (old_len / wavelen - low) / (high - low)
-    smoothed = (1 - smooth) * scaled / factor + smooth * scaled
-    is_medium = (wavelen >= old_len / high) & (wavelen <= old_len / low)
-    return torch.where(is_medium, smoothed, scaled)
-
-
-class RotaryEmbedding(nn.Module):
-    """Rotate-half RoPE with a precomputed [max_positions, head_dim] cos/sin cache."""
-
-    def __init__(
-        self, head_dim: int, max_positions: int, theta: float, scaling: dict | None
-    ) -> None:
-        super().__init__()
-        inv_freq = 1.0 / theta ** (
-            torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim
-        )
-        if scaling is not None:
-            inv_freq = _llama3_inv_freq(inv_freq, scaling)
-        freqs = torch.outer(torch.arange(max_positions, dtype=torch.float32), inv_freq)
-        emb = torch.cat([freqs, freqs], dim=-1)  # [max_positions, head_dim]
-        self.register_buffer("cos", emb.cos(), persistent=False)
-        self.register_buffer("sin", emb.sin(), persistent=False)
-
-    def forward(
-        self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        # q: [num_tokens, num_heads, head_dim], k: [num_tokens, num_kv_heads, head_dim]
-        if q.is_cuda and fused_kernels_enabled():
-            from engine.kernels.rope import apply_rope
-
-            return apply_rope(q, k, positions, self.cos, self.sin)  # in place
-        cos = self.cos[positions].to(q.dtype).unsqueeze(1)  # [num_tokens, 1, head_dim]
-        sin = self.sin[positions].to(q.dtype).unsqueeze(1)
-        return q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
-
-
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat([-x[..., half:], x[..., :half]], dim=-1)
-
-
 def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     # x: [num_tokens, 2 * intermediate] (gate, up) -> [num_tokens, intermediate]
     if x.is_cuda and fused_kernels_enabled():
@@ -207,8 +164,9 @@ class PagedAttention(nn.Module):
         """RoPE on q and k and the cache write in one kernel, then attention: for steps of
         fewer than FUSED_ROPE_MAX_TOKENS tokens with a 16-bit cache, where start-up timing
         found the fused kernel equal to the two and faster on this device (fuse_rope_store);
-        None otherwise (the caller runs them one by one)."""
-        if not self.fuse_rope_store or q.shape[0] >= FUSED_ROPE_MAX_TOKENS:
+        None otherwise (the caller runs them one by one), always for a partial RoPE (the
+        kernel takes whole-head tables)."""
+        if not self.fuse_rope_store or q.shape[0] >= FUSED_ROPE_MAX_TOKENS or rope.is_partial:
             return None
         if self.k_scales is not None or self.backend is None:
             return None

@@ -12,7 +12,8 @@ import torch
 from torch import nn
 
 from engine.models.config import ModelConfig
-from engine.models.layers import Linear, PagedAttention, RMSNorm, RotaryEmbedding, silu_and_mul
+from engine.models.layers import Linear, PagedAttention, RMSNorm, silu_and_mul
+from engine.models.rope import RotaryEmbedding
 
 
 class Attention(nn.Module):
@@ -97,7 +98,7 @@ class LlamaForCausalLM(nn.Module):
         super().__init__()
         self.config = cfg
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
-        rope = RotaryEmbedding(cfg.head_dim, max_positions, cfg.rope_theta, cfg.rope_scaling)
+        rope = RotaryEmbedding.for_layer(cfg.layer_attention(0), max_positions)
         self.rope = rope
         self.layers = nn.ModuleList(DecoderLayer(cfg, rope) for _ in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
@@ -107,9 +108,7 @@ class LlamaForCausalLM(nn.Module):
 
     def init_buffers(self, device: torch.device) -> None:
         """Build the buffers that were made on meta (the RoPE tables) on `device`, in fp32."""
-        cfg, rope = self.config, self.rope
-        fresh = RotaryEmbedding(cfg.head_dim, rope.cos.shape[0], cfg.rope_theta, cfg.rope_scaling)
-        rope.cos, rope.sin = fresh.cos.to(device), fresh.sin.to(device)
+        self.rope.init_buffers(device)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         x = self.embed_tokens(input_ids)  # [num_tokens, hidden]
