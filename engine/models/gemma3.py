@@ -5,8 +5,9 @@ What differs from the Llama family (engine/models/llama.py): embeddings scaled b
 sqrt(hidden_size), rounded to the activation dtype; four RMSNorms per layer (before and after
 attention, before and after the MLP) plus q/k norms, each computing x * (1 + w); a GeGLU MLP
 (gelu-tanh(gate) * up); attention scores scaled by query_pre_attn_scalar**-0.5; sliding-window
-layers interleaved with full ones, each type with its own RoPE base; optional soft-capping of
-attention scores and of the final logits. Packed-token forward as in llama.py.
+layers interleaved with full ones, each type with its own RoPE base (the full layers' with
+linear scaling in the 4B and larger models); optional soft-capping of attention scores and of
+the final logits. Packed-token forward as in llama.py.
 """
 
 from __future__ import annotations
@@ -65,7 +66,7 @@ class Gemma3Attention(nn.Module):
             att.head_dim,
             scale=cfg.query_pre_attn_scalar**-0.5,
             window=att.sliding_window,
-            softcap=att.softcap,
+            softcap=att.softcap,  # null in published Gemma 3 configs; transformers 5.24 ignores it
         )
 
     def forward(self, positions: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
