@@ -188,3 +188,16 @@ def test_bench_wrappers_times_each_wrapper_and_restores_the_kernels():
     per_call = bench_wrappers.main(["--tokens", "64", "--calls", "3"])
     assert set(per_call) == set(bench_wrappers.layer_calls(4)) and min(per_call.values()) > 0
     assert prefill_attention._prefill_kernel is kernel
+
+
+def test_tiny_family_rows_on_cpu(tmp_path):
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        argv = ["--device", "cpu", "--tiny", "--workloads", "G3", "--out", str(tmp_path)]
+        rc = bench_gpu.main(argv)
+    finally:
+        torch.set_num_threads(threads)
+    rows = json.loads((tmp_path / "bench_gpu.json").read_text())["rows"]
+    assert rc == 0 and [r["workload"] for r in rows] == ["G3-B", "G3-A"]
+    assert all(r["detail"]["model"] == "gemma-3-12b" and r["achieved"] > 0 for r in rows)
