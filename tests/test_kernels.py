@@ -17,9 +17,11 @@ from tests.support.triton_modules import HAS_CUDA, import_kernel_modules
 DEVICE = "cuda" if HAS_CUDA else "cpu"
 
 
-_store_mod, _decode_mod, _prefill_mod = import_kernel_modules(
+_store_mod, _, _, _decode_mod, _prefill_mod = import_kernel_modules(
     [
         ("store_kv", "_store_kv_kernel"),
+        ("attention_variants", "soft_cap"),
+        ("prefill_tiles", "attend_kv_tile"),
         ("decode_attention", "_decode_split_kernel"),
         ("prefill_attention", "_prefill_kernel"),
     ]

@@ -122,6 +122,17 @@ def test_plan_arithmetic_adds_up():
     assert all(p.reasons.values())
 
 
+def test_a_sliding_window_does_not_cap_max_model_len():
+    """Sliding-window layers run past their window: the model's max_position_embeddings is the
+    limit, and every token of a sequence still holds a block (the block manager keeps a sliding
+    layer's blocks), so the KV bytes per token are those of a full model."""
+    mistral = replace(preset("mistral-7b"), sliding_window=4096)
+    p = plan(mistral, gpu(80))
+    assert p.max_model_len == mistral.max_position_embeddings == 32768
+    assert p.reasons["max_model_len"] and "sliding" not in p.reasons["max_model_len"]
+    assert p.kv_bytes_per_token == kv_bytes_per_token(preset("mistral-7b"), p.kv_cache_dtype)
+
+
 def test_memory_in_use_by_others_shrinks_the_pool():
     free = plan(LLAMA3, gpu(80))
     busy = plan(LLAMA3, gpu(80, used_bytes=10 * GIB))

@@ -5,6 +5,9 @@ head that shares one KV head (GQA group, padded to 16 rows for tl.dot) and one c
 of the sequence's tokens, so each KV block is read once per group. It writes a partial
 (acc, max, sum) per query head into an fp32 workspace; a second kernel merges the splits. With
 num_splits == 1 the main kernel normalises and writes the output itself (one launch).
+Variants (engine/kernels/attention_variants.py): with a window the splits share out only the
+window's keys; soft-cap applies to each score; a sink joins the denominator once, where the
+output is normalised (the single split's kernel, or the merge).
 
 INT8 KV cache: K/V tiles are int8 (exact in any dot dtype) and each token's fp16 scale is
 applied outside the matmuls: scores are scaled per key column, probabilities per value row
@@ -22,15 +25,22 @@ import triton
 import triton.language as tl
 
 from engine.kernels import pdl
+from engine.kernels.attention_variants import (
+    LOG2E,
+    normalise,
+    sink_logits,
+    soft_cap,
+    variant_args,
+)
 from engine.kernels.launch_math import cdiv, next_power_of_2
 from engine.kernels.paged_args import (
     check_paged_inputs,
+    check_workspace,
     dot_dtype,
     launch_first_fitting,
     output_like,
 )
 
-LOG2E = 1.4426950408889634  # kernels use exp2; scores are pre-multiplied by log2(e)
 MIN_TOKENS_PER_SPLIT = 64  # one BLOCK_N tile: at batch 1 more splits keep winning
 MAX_SPLITS = 64
 WS_STRIDES = ("stride_ws_s", "stride_ws_h", "stride_ws_p")
@@ -64,7 +74,10 @@ def _decode_split_kernel(
     out_ptr,
     k_scale_ptr,
     v_scale_ptr,  # int8 caches: fp16 [num_blocks, block_size, num_kv_heads]
+    sinks_ptr,  # SINKS: [num_heads]
     qk_scale,  # softmax scale * log2(e)
+    window,  # WINDOW: keys seq_len - window .. seq_len - 1
+    softcap,  # SOFTCAP: softcap * log2(e)
     num_splits,
     stride_qs,
     stride_qh,
@@ -89,6 +102,9 @@ def _decode_split_kernel(
     DOT_DTYPE: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     KV_INT8: tl.constexpr,
+    WINDOW: tl.constexpr,
+    SOFTCAP: tl.constexpr,
+    SINKS: tl.constexpr,
     PDL: tl.constexpr,
 ):
     pdl.enter(PDL)  # engine/kernels/pdl.py
@@ -96,11 +112,16 @@ def _decode_split_kernel(
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
     seq_len = tl.load(seq_lens_ptr + seq)
+    # The keys the query sees: all, or the window's (the splits share those out, so a long
+    # context reads only its window).
+    first = 0
+    if WINDOW:
+        first = tl.maximum(seq_len - window, 0)
     # This split's token range, whole BLOCK_N tiles; trailing splits of short sequences are
     # empty and write (acc=0, max=-inf, sum=0), which the merge ignores.
-    tokens_per_split = ((seq_len + num_splits - 1) // num_splits + BLOCK_N - 1) // BLOCK_N
+    tokens_per_split = ((seq_len - first + num_splits - 1) // num_splits + BLOCK_N - 1) // BLOCK_N
     tokens_per_split *= BLOCK_N
-    start = split * tokens_per_split
+    start = first + split * tokens_per_split
     end = tl.minimum(start + tokens_per_split, seq_len)
 
     offs_g = tl.arange(0, BLOCK_G)
@@ -138,6 +159,8 @@ def _decode_split_kernel(
             k_scale = tl.load(k_scale_ptr + s_rows, mask=n_mask, other=0.0).to(tl.float32)
             v_scale = tl.load(v_scale_ptr + s_rows, mask=n_mask, other=0.0).to(tl.float32)
             s = s * k_scale[None, :]
+        if SOFTCAP:
+            s = soft_cap(s, softcap)
         s = tl.where(n_mask[None, :], s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
         p = tl.exp2(s - m_new[:, None])
@@ -153,8 +176,7 @@ def _decode_split_kernel(
         m_i = m_new
 
     if DIRECT_OUT:
-        l_safe = tl.where(l_i > 0.0, l_i, 1.0)
-        o = acc / l_safe[:, None]
+        o = normalise(acc, m_i, l_i, sinks_ptr, heads, g_mask, SINKS)
         tl.store(
             out_ptr + seq * stride_os + heads[:, None] * stride_oh + offs_d[None, :],
             o.to(out_ptr.dtype.element_ty),
@@ -171,6 +193,7 @@ def _decode_split_kernel(
 def _decode_merge_kernel(
     ws_ptr,
     out_ptr,
+    sinks_ptr,  # SINKS: [num_heads]
     num_splits,
     stride_ws_s,
     stride_ws_h,
@@ -180,10 +203,12 @@ def _decode_merge_kernel(
     HEAD_DIM: tl.constexpr,
     BLOCK_D: tl.constexpr,
     BLOCK_P: tl.constexpr,
+    SINKS: tl.constexpr,
     PDL: tl.constexpr,
 ):
     pdl.enter(PDL)
-    # One program per (sequence, query head): softmax-weighted merge of the split partials.
+    # One program per (sequence, query head): softmax-weighted merge of the split partials;
+    # a head's sink logit joins the merged denominator once.
     seq = tl.program_id(0)
     head = tl.program_id(1)
     offs_p = tl.arange(0, BLOCK_P)
@@ -196,11 +221,16 @@ def _decode_merge_kernel(
     # [BLOCK_P, BLOCK_D]
     acc = tl.load(ws[:, None] + offs_d[None, :], mask=p_mask[:, None] & d_mask[None, :], other=0.0)
     m_max = tl.max(m, 0)
+    if SINKS:
+        sink = sink_logits(sinks_ptr, head)
+        m_max = tl.maximum(m_max, sink)
     # All splits empty (seq_len 0 padding): weights 0 and output 0, not NaN.
     m_max = tl.where(m_max == float("-inf"), 0.0, m_max)
     w = tl.exp2(m - m_max)  # [BLOCK_P]
     num = tl.sum(acc * w[:, None], 0)  # [BLOCK_D]
     den = tl.sum(l * w, 0)
+    if SINKS:
+        den += tl.exp2(sink - m_max)
     den = tl.where(den > 0.0, den, 1.0)
     tl.store(
         out_ptr + seq * stride_os + head * stride_oh + offs_d,
@@ -255,8 +285,13 @@ def decode_attention(
     out: torch.Tensor | None = None,
     k_scales: torch.Tensor | None = None,  # [num_blocks, block_size, num_kv_heads] fp16
     v_scales: torch.Tensor | None = None,  # (int8 caches only)
+    window: int | None = None,
+    softcap: float | None = None,
+    sinks: torch.Tensor | None = None,  # [num_heads]
 ) -> torch.Tensor:  # [num_seqs, num_heads, head_dim]
-    """One query token per sequence attending to its first seq_lens[i] cached tokens.
+    """One query token per sequence attending to its first seq_lens[i] cached tokens (the
+    last `window` of them with a window; softcap and sinks as engine/kernels/torch_ref.py
+    defines them).
 
     num_splits: token-range splits per sequence; None picks one from max_seq_len (or, if that
     is None too, from seq_lens.max(), which syncs with the device). For CUDA graphs pass a
@@ -274,6 +309,7 @@ def decode_attention(
             f"decode_attention: q has {num_seqs} sequences but seq_lens has {seq_lens.shape[0]}"
         )
     num_kv_heads, block_size = k_cache.shape[2], k_cache.shape[1]
+    variant, flags = variant_args("decode_attention", q, k_cache, window, softcap, sinks)
     out = output_like("decode_attention", q, out)
     if num_seqs == 0:
         return out
@@ -283,6 +319,8 @@ def decode_attention(
         else:
             if max_seq_len is None:
                 max_seq_len = int(seq_lens.max())
+            if window is not None:  # the keys a query reads
+                max_seq_len = min(max_seq_len, window)
             num_splits = default_num_splits(num_seqs, num_kv_heads, max_seq_len, q.device)
     if out.stride(-1) != 1:
         raise ValueError(f"decode_attention: out must have a unit-stride last dim, {out.stride()}")
@@ -292,18 +330,7 @@ def decode_attention(
         expected = (num_heads, num_splits, head_dim + 2)
         if workspace is None:
             workspace = decode_workspace(num_seqs, num_heads, head_dim, num_splits, q.device)
-        elif (
-            workspace.dtype != torch.float32
-            or workspace.device != q.device
-            or tuple(workspace.shape[1:]) != expected
-            or workspace.shape[0] < num_seqs
-            or not workspace.is_contiguous()
-        ):
-            raise ValueError(
-                f"decode_attention: workspace must be contiguous fp32 [>={num_seqs}, "
-                f"{', '.join(map(str, expected))}] on {q.device}, got "
-                f"{workspace.dtype} {tuple(workspace.shape)} on {workspace.device}"
-            )
+        check_workspace("decode_attention", workspace, num_seqs, expected, q.device)
     # With one split the kernel writes `out` directly and never touches the workspace.
     ws = workspace if num_splits > 1 else out
     ws_strides = workspace.stride()[:3] if num_splits > 1 else (0, 0, 0)
@@ -326,7 +353,9 @@ def decode_attention(
         out,
         k_scales,
         v_scales,
+        variant[2],
         scale * LOG2E,
+        *variant[:2],
         num_splits,
         q.stride(0),
         q.stride(1),
@@ -347,6 +376,7 @@ def decode_attention(
         DOT_DTYPE=dot_dtype(q.dtype, _decode_split_kernel),
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
         KV_INT8=is_int8,
+        **flags,
         PDL=use_pdl,
         launch_pdl=use_pdl,
     )
@@ -354,6 +384,7 @@ def decode_attention(
         _decode_merge_kernel[(num_seqs, num_heads)](
             ws,
             out,
+            variant[2],
             num_splits,
             *ws_strides,
             out.stride(0),
@@ -361,6 +392,7 @@ def decode_attention(
             HEAD_DIM=head_dim,
             BLOCK_D=block_d,
             BLOCK_P=merge_block(num_splits),
+            SINKS=flags["SINKS"],
             PDL=use_pdl,
             num_warps=4,
             launch_pdl=use_pdl,

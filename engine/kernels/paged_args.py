@@ -79,6 +79,28 @@ def check_paged_inputs(
         raise ValueError(f"{name}: all tensors must be on one device, got {devices}")
 
 
+def check_workspace(
+    name: str,
+    workspace: torch.Tensor,
+    num_seqs: int,
+    expected: tuple[int, ...],
+    device: torch.device,
+) -> None:
+    """A split-K workspace must be contiguous fp32 [>= num_seqs, *expected] on `device`."""
+    if (
+        workspace.dtype != torch.float32
+        or workspace.device != device
+        or tuple(workspace.shape[1:]) != expected
+        or workspace.shape[0] < num_seqs
+        or not workspace.is_contiguous()
+    ):
+        raise ValueError(
+            f"{name}: workspace must be contiguous fp32 [>={num_seqs}, "
+            f"{', '.join(map(str, expected))}] on {device}, got "
+            f"{workspace.dtype} {tuple(workspace.shape)} on {workspace.device}"
+        )
+
+
 def output_like(name: str, q: torch.Tensor, out: torch.Tensor | None) -> torch.Tensor:
     """`out` checked to match q's shape, dtype and device, or a new tensor like q."""
     if out is None:

@@ -6,7 +6,9 @@ consecutive query tokens times the `group` query heads that share one KV head (t
 so every K/V tile is loaded once for the whole GQA group. Query i of a sequence sits at
 position seq_len - q_len + i: it sees the whole cached prefix and the chunk causally. Online
 softmax in the log2 domain, fp32 accumulation. An int8 cache's per-token scales are applied to
-score columns and probability columns, as in decode_attention.
+score columns and probability columns, as in decode_attention. The key loop and the tiles it
+visits (a window's only, for a sliding layer) are in engine/kernels/prefill_tiles.py; soft-cap
+and sinks in engine/kernels/attention_variants.py.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import torch
 import triton
 import triton.language as tl
 
-from engine.kernels.decode_attention import LOG2E
+from engine.kernels.attention_variants import LOG2E, normalise, variant_args
 from engine.kernels.launch_math import cdiv, next_power_of_2
 from engine.kernels.paged_args import (
     check_paged_inputs,
@@ -23,90 +25,7 @@ from engine.kernels.paged_args import (
     launch_first_fitting,
     output_like,
 )
-
-
-@triton.jit
-def _attend_kv_tile(
-    acc,
-    m_i,
-    l_i,
-    q,
-    q_pos,
-    k_cache_ptr,
-    v_cache_ptr,
-    table,
-    n0,
-    kv_end,
-    kv_head,
-    stride_cb,
-    stride_co,
-    stride_ch,
-    qk_scale,
-    k_scale_ptr,
-    v_scale_ptr,
-    stride_sb,
-    stride_so,
-    HEAD_DIM: tl.constexpr,
-    BLOCK_D: tl.constexpr,
-    BLOCK_SIZE: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    CAUSAL: tl.constexpr,
-    DOT_DTYPE: tl.constexpr,
-    DOT_PRECISION: tl.constexpr,
-    KV_INT8: tl.constexpr,
-):
-    """Online-softmax update with keys n0 .. n0 + BLOCK_N. CAUSAL=False: the whole tile is
-    below kv_end and visible to every row, so no key mask is built (the common case)."""
-    offs_n = tl.arange(0, BLOCK_N)
-    offs_d = tl.arange(0, BLOCK_D)
-    k_pos = n0 + offs_n  # [BLOCK_N]
-    if CAUSAL:
-        n_mask = k_pos < kv_end
-        page = tl.load(table + k_pos // BLOCK_SIZE, mask=n_mask, other=0).to(tl.int64)
-    else:
-        page = tl.load(table + k_pos // BLOCK_SIZE).to(tl.int64)
-    # [BLOCK_N, BLOCK_D] element offsets of these tokens' rows in either cache
-    kv_rows = page[:, None] * stride_cb + (k_pos % BLOCK_SIZE)[:, None] * stride_co
-    kv_rows += kv_head * stride_ch + offs_d[None, :]
-    if CAUSAL:
-        kv_mask = n_mask[:, None] & (offs_d < HEAD_DIM)[None, :]
-        k = tl.load(k_cache_ptr + kv_rows, mask=kv_mask, other=0)
-        v = tl.load(v_cache_ptr + kv_rows, mask=kv_mask, other=0)
-    elif HEAD_DIM == BLOCK_D:
-        k = tl.load(k_cache_ptr + kv_rows)
-        v = tl.load(v_cache_ptr + kv_rows)
-    else:
-        k = tl.load(k_cache_ptr + kv_rows, mask=(offs_d < HEAD_DIM)[None, :], other=0)
-        v = tl.load(v_cache_ptr + kv_rows, mask=(offs_d < HEAD_DIM)[None, :], other=0)
-    # [BLOCK_R, BLOCK_N]
-    s = tl.dot(q, tl.trans(k.to(DOT_DTYPE)), input_precision=DOT_PRECISION) * qk_scale
-    if KV_INT8:
-        s_rows = page * stride_sb + (k_pos % BLOCK_SIZE) * stride_so + kv_head  # [BLOCK_N]
-        if CAUSAL:
-            k_scale = tl.load(k_scale_ptr + s_rows, mask=n_mask, other=0.0)
-            v_scale = tl.load(v_scale_ptr + s_rows, mask=n_mask, other=0.0)
-        else:
-            k_scale = tl.load(k_scale_ptr + s_rows)
-            v_scale = tl.load(v_scale_ptr + s_rows)
-        s = s * k_scale.to(tl.float32)[None, :]
-    if CAUSAL:  # k_pos <= q_pos, which also keeps k_pos < seq_len for real rows
-        s = tl.where(k_pos[None, :] <= q_pos[:, None], s, float("-inf"))
-    m_new = tl.maximum(m_i, tl.max(s, 1))
-    # Key 0 is visible to every row, so m_new is finite after the first tile; the guard
-    # keeps fully masked padding rows from producing NaN anyway.
-    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-    p = tl.exp2(s - m_safe[:, None])
-    alpha = tl.exp2(m_i - m_safe)
-    l_i = l_i * alpha + tl.sum(p, 1)
-    if KV_INT8:
-        pv = tl.dot(
-            (p * v_scale.to(tl.float32)[None, :]).to(DOT_DTYPE),
-            v.to(DOT_DTYPE),
-            input_precision=DOT_PRECISION,
-        )
-    else:
-        pv = tl.dot(p.to(DOT_DTYPE), v.to(DOT_DTYPE), input_precision=DOT_PRECISION)
-    return acc * alpha[:, None] + pv, m_new, l_i
+from engine.kernels.prefill_tiles import attend_keys
 
 
 # A mixed step passes the prefill rows' metadata as views past its decodes
@@ -126,7 +45,10 @@ def _prefill_kernel(
     out_ptr,
     k_scale_ptr,
     v_scale_ptr,  # int8 caches: fp16 [num_blocks, block_size, num_kv_heads]
+    sinks_ptr,  # SINKS: [num_heads]
     qk_scale,  # softmax scale * log2(e)
+    window,  # WINDOW: a query at p sees keys p - window + 1 .. p
+    softcap,  # SOFTCAP: softcap * log2(e)
     stride_qt,
     stride_qh,
     stride_cb,
@@ -147,6 +69,9 @@ def _prefill_kernel(
     DOT_DTYPE: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     KV_INT8: tl.constexpr,
+    WINDOW: tl.constexpr,
+    SOFTCAP: tl.constexpr,
+    SINKS: tl.constexpr,
 ):
     # Last query tiles first: under the causal mask they have the most keys to visit.
     tile = tl.num_programs(0) - 1 - tl.program_id(0)
@@ -176,73 +101,41 @@ def _prefill_kernel(
     l_i = tl.zeros([BLOCK_R], dtype=tl.float32)
     acc = tl.zeros([BLOCK_R, BLOCK_D], dtype=tl.float32)
     table = block_tables_ptr + seq.to(tl.int64) * stride_bt
-    # Keys past this tile's last query are masked for every row: stop there. Keys up to the
-    # tile's first query position are visible to every row: whole tiles of them go unmasked.
-    kv_end = tl.minimum(seq_len, prefix_len + first_tok + TOKENS_PER_TILE)
-    full_end = (prefix_len + first_tok + 1) // BLOCK_N * BLOCK_N
-    for n0 in range(0, full_end, BLOCK_N):
-        acc, m_i, l_i = _attend_kv_tile(
-            acc,
-            m_i,
-            l_i,
-            q,
-            q_pos,
-            k_cache_ptr,
-            v_cache_ptr,
-            table,
-            n0,
-            kv_end,
-            kv_head,
-            stride_cb,
-            stride_co,
-            stride_ch,
-            qk_scale,
-            k_scale_ptr,
-            v_scale_ptr,
-            stride_sb,
-            stride_so,
-            HEAD_DIM,
-            BLOCK_D,
-            BLOCK_SIZE,
-            BLOCK_N,
-            False,
-            DOT_DTYPE,
-            DOT_PRECISION,
-            KV_INT8,
-        )
-    for n0 in range(full_end, kv_end, BLOCK_N):
-        acc, m_i, l_i = _attend_kv_tile(
-            acc,
-            m_i,
-            l_i,
-            q,
-            q_pos,
-            k_cache_ptr,
-            v_cache_ptr,
-            table,
-            n0,
-            kv_end,
-            kv_head,
-            stride_cb,
-            stride_co,
-            stride_ch,
-            qk_scale,
-            k_scale_ptr,
-            v_scale_ptr,
-            stride_sb,
-            stride_so,
-            HEAD_DIM,
-            BLOCK_D,
-            BLOCK_SIZE,
-            BLOCK_N,
-            True,
-            DOT_DTYPE,
-            DOT_PRECISION,
-            KV_INT8,
-        )
-
-    l_safe = tl.where(l_i > 0.0, l_i, 1.0)
-    o = acc / l_safe[:, None]
+    first_q = prefix_len + first_tok  # the tile's first query position
+    kv_end = tl.minimum(seq_len, first_q + TOKENS_PER_TILE)  # keys past its last query: none
+    acc, m_i, l_i = attend_keys(
+        acc,
+        m_i,
+        l_i,
+        q,
+        q_pos,
+        k_cache_ptr,
+        v_cache_ptr,
+        table,
+        first_q,
+        kv_end,
+        kv_head,
+        stride_cb,
+        stride_co,
+        stride_ch,
+        qk_scale,
+        window,
+        softcap,
+        k_scale_ptr,
+        v_scale_ptr,
+        stride_sb,
+        stride_so,
+        HEAD_DIM,
+        BLOCK_D,
+        BLOCK_SIZE,
+        BLOCK_N,
+        DOT_DTYPE,
+        DOT_PRECISION,
+        KV_INT8,
+        WINDOW,
+        SOFTCAP,
+    )
+    o = normalise(acc, m_i, l_i, sinks_ptr, heads, r_mask, SINKS)
     o_rows = (q_start + tok).to(tl.int64) * stride_ot + heads * stride_oh
     tl.store(
         out_ptr + o_rows[:, None] + offs_d[None, :], o.to(out_ptr.dtype.element_ty), mask=qd_mask
@@ -278,6 +171,9 @@ def prefill_attention(
     out: torch.Tensor | None = None,
     k_scales: torch.Tensor | None = None,  # [num_blocks, block_size, num_kv_heads] fp16
     v_scales: torch.Tensor | None = None,  # (int8 caches only)
+    window: int | None = None,
+    softcap: float | None = None,
+    sinks: torch.Tensor | None = None,  # [num_heads]
 ) -> torch.Tensor:  # [num_tokens, num_heads, head_dim]
     """Chunked-prefill attention: sequence i's queries are rows query_start_loc[i] to
     query_start_loc[i+1] of q, its last q_len of seq_lens[i] tokens (all already stored in the
@@ -286,10 +182,12 @@ def prefill_attention(
     seq_lens); rows of out outside the given ranges are left untouched. max_query_len must be
     >= every q_len (it sizes the grid; a longer chunk would be left partly uncomputed).
     out: optional [num_tokens, num_heads, head_dim] output in q's dtype. An int8 cache comes
-    with its k_scales / v_scales (engine/kernels/torch_ref.py) and is dequantized here."""
+    with its k_scales / v_scales (engine/kernels/torch_ref.py) and is dequantized here.
+    window, softcap, sinks: the layer's variant, as engine/kernels/torch_ref.py defines it."""
     check_paged_inputs(
         "prefill_attention", q, k_cache, v_cache, block_tables, seq_lens, k_scales, v_scales
     )
+    variant, flags = variant_args("prefill_attention", q, k_cache, window, softcap, sinks)
     num_tokens, num_heads, head_dim = q.shape
     num_seqs = seq_lens.shape[0]
     if (
@@ -335,7 +233,9 @@ def prefill_attention(
         out,
         k_scales,
         v_scales,
+        variant[2],
         scale * LOG2E,
+        *variant[:2],
         q.stride(0),
         q.stride(1),
         k_cache.stride(0),
@@ -354,5 +254,6 @@ def prefill_attention(
         DOT_DTYPE=dot_dtype(q.dtype, _prefill_kernel),
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
         KV_INT8=is_int8,
+        **flags,
     )
     return out

@@ -1,4 +1,5 @@
-"""The Triton attention backend (CUDA): the AttentionBackend interface over our kernels."""
+"""The Triton attention backend (CUDA): the AttentionBackend interface over our kernels. A
+layer's variant (`window`, `softcap`, `sinks`) goes to both kernels as it is."""
 
 from __future__ import annotations
 
@@ -33,7 +34,16 @@ class TritonBackend(AttentionBackend):
         return ws
 
     def decode(
-        self, q, k_cache, v_cache, meta: AttentionMetadata, scale, k_scales, v_scales, out=None
+        self,
+        q,
+        k_cache,
+        v_cache,
+        meta: AttentionMetadata,
+        scale,
+        k_scales,
+        v_scales,
+        out=None,
+        **var,
     ):
         n = meta.num_decodes
         splits = meta.decode_num_splits
@@ -50,6 +60,7 @@ class TritonBackend(AttentionBackend):
             out=out,
             k_scales=k_scales,
             v_scales=v_scales,
+            **var,
         )
 
     def attention(
@@ -64,15 +75,11 @@ class TritonBackend(AttentionBackend):
         **var,
     ):
         # q: [num_tokens, num_heads, head_dim]; decodes first, then prefill chunks
-        if any(value is not None for value in var.values()):
-            raise NotImplementedError(
-                "the Triton attention kernels do not run sliding windows, soft-caps or sinks; "
-                "run this model on the CPU (--device cpu)"
-            )
         n = meta.num_decodes
         out = torch.empty_like(q)
+        scales = (k_scales, v_scales)
         if n:
-            self.decode(q[:n], k_cache, v_cache, meta, scale, k_scales, v_scales, out=out[:n])
+            self.decode(q[:n], k_cache, v_cache, meta, scale, *scales, out=out[:n], **var)
         if n < meta.num_seqs:
             prefill_attention(
                 q,
@@ -86,5 +93,6 @@ class TritonBackend(AttentionBackend):
                 out=out,
                 k_scales=k_scales,
                 v_scales=v_scales,
+                **var,
             )
         return out

@@ -223,8 +223,10 @@ class ModelConfig:
         is_qwen2 = arch == "Qwen2ForCausalLM"
         attention_bias = bool(raw.get("attention_bias", False))
         sliding = raw.get("sliding_window")
-        if is_qwen2 and not raw.get("use_sliding_window", False):
-            sliding = None
+        layer_types = None
+        if is_qwen2:
+            sliding = sliding if raw.get("use_sliding_window", False) else None
+            layer_types = _qwen2_layer_types(raw) if sliding is not None else None
         eos = raw.get("eos_token_id")
         fields = dict(
             architecture=arch,
@@ -245,6 +247,7 @@ class ModelConfig:
             mlp_bias=bool(raw.get("mlp_bias", False)),
             qk_norm=arch == "Qwen3ForCausalLM",
             sliding_window=sliding,
+            layer_types=layer_types,
             torch_dtype=raw.get("torch_dtype") or raw.get("dtype"),
             eos_token_id=[] if eos is None else ([eos] if isinstance(eos, int) else list(eos)),
             quantization_config=raw.get("quantization_config"),
@@ -279,3 +282,12 @@ def rope_scaling_from(params: dict) -> dict | None:
     if missing:
         raise ValueError(f"rope scaling {rope_type!r} needs {', '.join(missing)} in config.json")
     return {**params, "rope_type": rope_type}
+
+
+def _qwen2_layer_types(raw: dict) -> tuple[str, ...]:
+    """Qwen2 with use_sliding_window: config.json's layer_types, or (as transformers builds
+    them) full attention below layer max_window_layers and sliding from there on."""
+    if raw.get("layer_types"):
+        return tuple(raw["layer_types"])
+    first = raw.get("max_window_layers", 28)  # transformers' Qwen2Config default
+    return tuple(SLIDING if i >= first else FULL for i in range(raw["num_hidden_layers"]))

@@ -129,6 +129,10 @@ def run_step(decode_lens: list[int], prefills: list[tuple[int, int]], kv_int8: b
     apply_rope(q, k, positions, cos, sin)
     backend.store_kv(k, v, kc, vc, meta.slot_mapping, ks, vs)
     backend.attention(q, kc, vc, meta, HEAD_DIM**-0.5, ks, vs)
+    _group = "int8 KV, a sliding layer" if kv_int8 else "a sliding layer"
+    variant = dict(window=128, softcap=30.0, sinks=torch.zeros(HEADS, dtype=dt))
+    backend.attention(q, kc, vc, meta, HEAD_DIM**-0.5, ks, vs, **variant)
+    _group = ""
     silu_and_mul(torch.empty(t, 2 * INTER, dtype=dt))
     _group = ""
 
