@@ -220,6 +220,8 @@ TARGETS = {
     "C": ("<= 1.3x floor", lambda achieved, floor: achieved <= 1.3 * floor),
     "D": (">= 10,000 out tok/s", lambda achieved, floor: achieved >= 10_000),
     # a family's shape (bench_gpu.FAMILIES): batch-1 decode and workload A against their floors
+    "G3-B": (">= 80% of floor", lambda achieved, floor: achieved >= 0.8 * floor),
+    "G3-A": (">= 60% of floor", lambda achieved, floor: achieved >= 0.6 * floor),
     "Q3MOE-B": (">= 80% of floor", lambda achieved, floor: achieved >= 0.8 * floor),
     "Q3MOE-A": (">= 60% of floor", lambda achieved, floor: achieved >= 0.6 * floor),
 }
@@ -227,7 +229,7 @@ TARGETS = {
 
 def verdict(workload: str, achieved: float | None, floor: float | None) -> tuple[str, str]:
     """(target text, "pass" | "FAIL" | "n/a") for workload "A".."D" (C rows are "C-1024") or a
-    family's row ("Q3MOE-B")."""
+    family's row ("G3-B", "Q3MOE-B")."""
     key = workload if workload in TARGETS else workload.split("-")[0]
     if key not in TARGETS:
         return "", "n/a"

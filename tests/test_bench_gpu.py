@@ -52,6 +52,18 @@ def test_presets_have_the_public_shapes():
     assert qwen.num_params == pytest.approx(0.596e9, rel=0.01)
 
 
+def test_gemma_3_12b_preset_has_the_public_shape():
+    gemma = ModelConfig.from_dict(bench_presets.load_preset("gemma-3-12b"))
+    assert (gemma.num_layers, gemma.num_kv_heads, gemma.head_dim) == (48, 8, 256)
+    assert [gemma.layer_type(i) for i in range(12)].count("full_attention") == 2
+    assert gemma.layer_attention(5).rope_scaling["factor"] == 8.0  # linear, the global layers
+    assert gemma.layer_attention(0).rope_scaling is None
+    counts = gemma.param_counts()
+    # Gemma 3 technical report, table 1: 1,012M embedding and 10,759M other parameters
+    assert counts.total - counts.embed == pytest.approx(10_759e6, rel=0.01)
+    assert counts.embed == pytest.approx(1_012e6, rel=0.01)
+
+
 def test_moe_floors_read_the_active_weights_at_batch_1_and_the_routed_experts_beyond():
     moe = shape("qwen3-30b-a3b")
     assert moe.num_params == pytest.approx(30.53e9, rel=0.001)
@@ -142,6 +154,10 @@ def test_throughput_floor_rejects_mismatched_lengths():
         ("C-4096", 118.0, 90.0, "FAIL"),
         ("D", 10_000, 35_000, "pass"),
         ("D", None, 35_000, "n/a"),
+        ("G3-B", 145, 181, "pass"),
+        ("G3-B", 144, 181, "FAIL"),
+        ("G3-A", 4_620, 7_700, "pass"),
+        ("G3-A", 4_619, 7_700, "FAIL"),
         ("Q3MOE-B", 480, 600, "pass"),
         ("Q3MOE-B", 479, 600, "FAIL"),
         ("Q3MOE-A", 6_000, 10_000, "pass"),
@@ -225,3 +241,16 @@ def test_bench_wrappers_times_each_wrapper_and_restores_the_kernels():
     per_call = bench_wrappers.main(["--tokens", "64", "--calls", "3"])
     assert set(per_call) == set(bench_wrappers.layer_calls(4)) and min(per_call.values()) > 0
     assert prefill_attention._prefill_kernel is kernel
+
+
+def test_tiny_family_rows_on_cpu(tmp_path):
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        argv = ["--device", "cpu", "--tiny", "--workloads", "G3", "--out", str(tmp_path)]
+        rc = bench_gpu.main(argv)
+    finally:
+        torch.set_num_threads(threads)
+    rows = json.loads((tmp_path / "bench_gpu.json").read_text())["rows"]
+    assert rc == 0 and [r["workload"] for r in rows] == ["G3-B", "G3-A"]
+    assert all(r["detail"]["model"] == "gemma-3-12b" and r["achieved"] > 0 for r in rows)

@@ -7,7 +7,7 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from engine.models.registry import ARCHITECTURES, supported_names
+from engine.models.registry import ARCHITECTURES, GEMMA3_NAMES, supported_names
 
 SLIDING, FULL = "sliding_attention", "full_attention"
 """Layer types, by config.json's `layer_types` names."""
@@ -117,6 +117,10 @@ class ModelConfig:
     """Renormalise the top-k routing weights to sum to one."""
     dense_layers: tuple[int, ...] = ()
     """In a MoE model, the layers that keep a dense MLP."""
+    post_norms: bool = False
+    """RMSNorms after attention and after the MLP too, four per layer (Gemma)."""
+    query_pre_attn_scalar: float | None = None
+    """Attention scores scale by its -1/2 power instead of head_dim's (Gemma)."""
     partial_rotary_factor: float = 1.0
     """The share of head_dim that RoPE rotates (the first dims)."""
 
@@ -158,7 +162,8 @@ class ModelConfig:
 
     def param_counts(self) -> ParamCounts:
         """Parameters by kind: attention (per layer's head_dim; a layer sharing another's K/V
-        has no k/v projections), dense MLPs or experts (gate, up, down each), norms, routers."""
+        has no k/v projections), dense MLPs or experts (gate, up, down each), norms (q/k norms
+        and post-norms included), routers."""
         h, v = self.hidden_size, self.vocab_size
         linear = rows = active = other = experts = expert_rows = 0
         for i in range(self.num_layers):
@@ -167,7 +172,8 @@ class ModelConfig:
             kv = 0 if att.kv_shared_from is not None else self.num_kv_heads * att.head_dim
             attn = h * (q + 2 * kv) + q * h
             linear, rows, active = linear + attn, rows + q + 2 * kv + h, active + attn
-            other += 2 * h + (self.num_heads if att.sinks else 0)
+            other += (4 if self.post_norms else 2) * h + (self.num_heads if att.sinks else 0)
+            other += 2 * att.head_dim if self.qk_norm else 0
             if self.is_moe_layer(i):
                 e, k, mi = self.num_experts, self.num_experts_per_tok, self.moe_intermediate_size
                 linear, rows = linear + e * 3 * h * mi, rows + e * (2 * mi + h)
@@ -198,13 +204,21 @@ class ModelConfig:
                 f"unsupported model architecture {archs or raw.get('model_type')!r}; "
                 f"supported: {supported_names()}"
             )
+        family: dict = {}
+        if arch in GEMMA3_NAMES:
+            from engine.models import gemma3_config
+
+            raw = gemma3_config.text_config(raw)
+            family = gemma3_config.gemma3_fields(raw)
+            rope = gemma3_config.rope_by_layer_type(raw)[0]  # the full layers'
+        else:
+            rope = dict(raw.get("rope_parameters") or raw.get("rope_scaling") or {})
         act = raw.get("hidden_act") or raw.get("hidden_activation") or "silu"
         if act not in ARCHITECTURES[arch].hidden_acts:
             raise ValueError(
                 f"unsupported hidden_act {act!r} for {arch}; expected one of "
                 f"{', '.join(ARCHITECTURES[arch].hidden_acts)}"
             )
-        rope = dict(raw.get("rope_parameters") or raw.get("rope_scaling") or {})
         rope_theta = float(raw.get("rope_theta") or rope.get("rope_theta") or 10000.0)
         nested = any(isinstance(value, dict) for value in rope.values())  # per layer type
         rope_scaling = None if nested else rope_scaling_from(rope)
@@ -221,7 +235,7 @@ class ModelConfig:
         elif arch == "Qwen3MoeForCausalLM" and not raw.get("use_sliding_window", False):
             sliding = None  # with it, every layer slides (transformers' Qwen3MoeAttention)
         eos = raw.get("eos_token_id")
-        return cls(
+        fields = dict(
             architecture=arch,
             vocab_size=raw["vocab_size"],
             hidden_size=raw["hidden_size"],
@@ -248,6 +262,7 @@ class ModelConfig:
             partial_rotary_factor=float(partial),
             **(_qwen3_moe_fields(raw) if arch == "Qwen3MoeForCausalLM" else {}),
         )
+        return cls(**{**fields, **family})
 
     @classmethod
     def from_folder(cls, folder: str | Path) -> ModelConfig:

@@ -182,6 +182,10 @@ def _convert(path: Path, out: Path) -> None:
     save_file(weights, str(out / "model.safetensors"), metadata={"format": "pt"})
 
     config = model.config
+    if architecture == "gemma3":
+        from engine.models.gguf_metadata import read_gguf_metadata
+
+        restore_gemma3_config(config, read_gguf_metadata(path, "gemma3."))
     if hasattr(config, "quantization_config"):
         del config.quantization_config  # weights are saved dequantized: a plain checkpoint
     config.architectures = [type(model).__name__]
@@ -202,3 +206,20 @@ def _convert(path: Path, out: Path) -> None:
         (out / "special_tokens_map.json").write_text(json.dumps(special, indent=2) + "\n")
     manifest = {"source": str(path), "size": path.stat().st_size, "dtype": str(dtype)}
     (out / "gguf_source.json").write_text(json.dumps(manifest, indent=2) + "\n")
+
+
+GEMMA3_27B_LAYERS = 62
+"""llama.cpp tells Gemma 3 27B by its layer count: the one size whose attention scale is
+(hidden_size / num_heads)**-0.5 (query_pre_attn_scalar 168) instead of head_dim**-0.5."""
+
+
+def restore_gemma3_config(config, metadata: dict[str, object]) -> None:
+    """Put back what transformers' GGUF conversion leaves out of a Gemma 3 config: the global
+    layers' linear RoPE scaling, which llama.cpp's converter writes as gemma3.rope.scaling.*
+    (4B and up: factor 8), and the 27B's query_pre_attn_scalar, which no GGUF key carries
+    (llama.cpp derives it from the size, as GEMMA3_27B_LAYERS says)."""
+    if metadata.get("gemma3.rope.scaling.type") == "linear":
+        factor = float(metadata["gemma3.rope.scaling.factor"])
+        config.rope_parameters["full_attention"].update(rope_type="linear", factor=factor)
+    if config.num_hidden_layers == GEMMA3_27B_LAYERS:
+        config.query_pre_attn_scalar = config.hidden_size // config.num_attention_heads

@@ -20,6 +20,10 @@ class Architecture:
     """The MLP activations this family's implementation computes."""
 
 
+_GEMMA3 = "engine.models.gemma3:Gemma3ForCausalLM"
+GEMMA3_NAMES = ("Gemma3ForCausalLM", "Gemma3ForConditionalGeneration")
+"""Gemma 3's architectures: the text model; a multimodal checkpoint runs its text part."""
+
 ARCHITECTURES: dict[str, Architecture] = {
     a.name: a
     for a in (
@@ -27,6 +31,7 @@ ARCHITECTURES: dict[str, Architecture] = {
         Architecture("MistralForCausalLM", "engine.models.llama:LlamaForCausalLM"),
         Architecture("Qwen2ForCausalLM", "engine.models.llama:LlamaForCausalLM"),
         Architecture("Qwen3ForCausalLM", "engine.models.llama:LlamaForCausalLM"),
+        *(Architecture(name, _GEMMA3, ("gelu_pytorch_tanh",)) for name in GEMMA3_NAMES),
         Architecture("Qwen3MoeForCausalLM", "engine.models.qwen3_moe:Qwen3MoeForCausalLM"),
     )
 }

@@ -1,0 +1,240 @@
+"""Our Gemma 3 text model: Gemma3ForCausalLM, and the text part of a
+Gemma3ForConditionalGeneration checkpoint (its vision tower is not loaded).
+
+What differs from the Llama family (engine/models/llama.py): embeddings scaled by
+sqrt(hidden_size), rounded to the activation dtype; four RMSNorms per layer (before and after
+attention, before and after the MLP) plus q/k norms, each computing x * (1 + w); a GeGLU MLP
+(gelu-tanh(gate) * up); attention scores scaled by query_pre_attn_scalar**-0.5; sliding-window
+layers interleaved with full ones, each type with its own RoPE base (the full layers' with
+linear scaling in the 4B and larger models); optional soft-capping of attention scores and of
+the final logits. Packed-token forward as in llama.py.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable
+from functools import cache
+
+import torch
+from torch import nn
+
+from engine.kernels.moe_ref import act_and_mul
+from engine.models.config import FULL, SLIDING, LayerAttention, ModelConfig
+from engine.models.layers import Linear, PagedAttention, RMSNorm
+from engine.models.rope import RotaryEmbedding
+
+logger = logging.getLogger(__name__)
+
+TEXT_PREFIXES = ("model.language_model.", "language_model.model.", "language_model.", "model.")
+"""Checkpoint prefixes of the text model's weights, tried in order: a multimodal checkpoint
+saved by transformers 5, one saved by transformers 4, its LM head there, a text-only one."""
+VISION_PREFIXES = (
+    "model.vision_tower.",
+    "model.multi_modal_projector.",
+    "vision_tower.",
+    "multi_modal_projector.",
+)
+"""A multimodal checkpoint's image encoder and projector: skipped (text generation only)."""
+
+
+@cache
+def _rounded(value: float, dtype: torch.dtype) -> float:
+    """`value` rounded to `dtype`, as transformers applies the embedding scale: sqrt(3840)
+    = 61.97 becomes 62.0 in bfloat16."""
+    return torch.tensor(value, dtype=dtype).item()
+
+
+class Gemma3Attention(nn.Module):
+    def __init__(self, cfg: ModelConfig, att: LayerAttention, rope: RotaryEmbedding) -> None:
+        super().__init__()
+        self.num_heads, self.num_kv_heads, self.head_dim = (
+            cfg.num_heads,
+            cfg.num_kv_heads,
+            att.head_dim,
+        )
+        self.q_size = cfg.num_heads * att.head_dim
+        self.kv_size = cfg.num_kv_heads * att.head_dim
+        self.qkv_proj = Linear(cfg.hidden_size, self.q_size + 2 * self.kv_size, bias=cfg.qkv_bias)
+        self.o_proj = Linear(self.q_size, cfg.hidden_size, bias=cfg.o_bias)
+        self.q_norm = RMSNorm(att.head_dim, cfg.rms_norm_eps)
+        self.k_norm = RMSNorm(att.head_dim, cfg.rms_norm_eps)
+        self.rope = rope
+        self.attn = PagedAttention(
+            cfg.num_heads,
+            cfg.num_kv_heads,
+            att.head_dim,
+            scale=cfg.query_pre_attn_scalar**-0.5,
+            window=att.sliding_window,
+            softcap=att.softcap,  # null in published Gemma 3 configs; transformers 5.24 ignores it
+        )
+
+    def forward(self, positions: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        num_tokens = x.shape[0]
+        qkv = self.qkv_proj(x)  # [num_tokens, q_size + 2 * kv_size]
+        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q = self.q_norm(q.reshape(num_tokens, self.num_heads, self.head_dim))
+        k = self.k_norm(k.reshape(num_tokens, self.num_kv_heads, self.head_dim))
+        v = v.reshape(num_tokens, self.num_kv_heads, self.head_dim)
+        out = self.attn.rope_and_store(self.rope, positions, q, k, v)  # None: not fused here
+        if out is None:
+            q, k = self.rope(positions, q, k)
+            out = self.attn(q, k, v)  # [num_tokens, num_heads, head_dim]
+        return self.o_proj(out.reshape(num_tokens, self.q_size))
+
+
+class Gemma3MLP(nn.Module):
+    """GeGLU: down(gelu_tanh(gate(x)) * up(x)), gate and up in one projection."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.gate_up_proj = Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=False)
+        self.down_proj = Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # [num_tokens, 2 * intermediate] -> [num_tokens, intermediate] -> [num_tokens, hidden]
+        return self.down_proj(act_and_mul(self.gate_up_proj(x), "gelu_tanh"))
+
+
+class Gemma3DecoderLayer(nn.Module):
+    def __init__(self, cfg: ModelConfig, att: LayerAttention, rope: RotaryEmbedding) -> None:
+        super().__init__()
+        h, eps = cfg.hidden_size, cfg.rms_norm_eps  # every norm's weight holds 1 + w (load_weights)
+        self.input_layernorm = RMSNorm(h, eps)
+        self.self_attn = Gemma3Attention(cfg, att, rope)
+        self.post_attention_layernorm = RMSNorm(h, eps)
+        self.pre_feedforward_layernorm = RMSNorm(h, eps)
+        self.mlp = Gemma3MLP(cfg)
+        self.post_feedforward_layernorm = RMSNorm(h, eps)
+
+    def forward(
+        self, positions: torch.Tensor, x: torch.Tensor, residual: torch.Tensor | None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """x: the previous layer's normed MLP output, not yet added to `residual` (None at the
+        first layer, where x is the embeddings). Returns this layer's pair."""
+        if residual is None:
+            residual = x
+            x = self.input_layernorm(x)
+        else:
+            x, residual = self.input_layernorm(x, residual)
+        x = self.post_attention_layernorm(self.self_attn(positions, x))
+        x, residual = self.pre_feedforward_layernorm(x, residual)
+        return self.post_feedforward_layernorm(self.mlp(x)), residual
+
+
+class Gemma3ForCausalLM(nn.Module):
+    # checkpoint name fragment -> (our fused parameter fragment, shard index)
+    _FUSED = {
+        "q_proj": ("qkv_proj", 0),
+        "k_proj": ("qkv_proj", 1),
+        "v_proj": ("qkv_proj", 2),
+        "gate_proj": ("gate_up_proj", 0),
+        "up_proj": ("gate_up_proj", 1),
+    }
+
+    def __init__(self, cfg: ModelConfig, max_positions: int) -> None:
+        super().__init__()
+        if cfg.query_pre_attn_scalar is None:
+            raise ValueError("a Gemma 3 config needs query_pre_attn_scalar")
+        self.config = cfg
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        atts = [cfg.layer_attention(i) for i in range(cfg.num_layers)]
+        kinds = [cfg.layer_type(i) for i in range(cfg.num_layers)]
+        self.ropes = nn.ModuleDict(  # one per layer type (its base and scaling), shared
+            {
+                kind: RotaryEmbedding.for_layer(atts[kinds.index(kind)], max_positions)
+                for kind in (SLIDING, FULL)
+                if kind in kinds
+            }
+        )
+        self.layers = nn.ModuleList(
+            Gemma3DecoderLayer(cfg, att, self.ropes[kind]) for att, kind in zip(atts, kinds)
+        )
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.lm_head = Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        if cfg.tie_word_embeddings:
+            self.lm_head.weight = self.embed_tokens.weight
+
+    def init_buffers(self, device: torch.device) -> None:
+        """Build the buffers that were made on meta (the RoPE tables) on `device`, in fp32."""
+        for rope in self.ropes.values():
+            rope.init_buffers(device)
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        x = self.embed_tokens(input_ids)  # [num_tokens, hidden]
+        x = x * _rounded(self.config.hidden_size**0.5, x.dtype)
+        residual = None
+        for layer in self.layers:
+            x, residual = layer(positions, x, residual)
+        x, _ = self.norm(x, residual)
+        return x
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """[num_seqs, vocab] logits in the LM head's dtype; soft-capped to
+        (-cap, cap) by cap * tanh(logits / cap) when the config sets final_logit_softcapping."""
+        logits = self.lm_head(hidden)
+        cap = self.config.final_logit_softcap
+        return logits if cap is None else torch.tanh(logits / cap) * cap
+
+    def attention_layers(self) -> list[PagedAttention]:
+        return [layer.self_attn.attn for layer in self.layers]
+
+    @torch.no_grad()
+    def load_weights(
+        self,
+        weights: Iterable[tuple[str, torch.Tensor]],
+        copy: Callable[[torch.Tensor, torch.Tensor], object] = torch.Tensor.copy_,
+    ) -> None:
+        """Copy Hugging Face-named tensors into our (fused) parameters; check none is missing
+        and none is left over. `copy(dst, src)` does each copy (as in llama.py).
+
+        Gemma's RMSNorm weights w scale by (1 + w): the 1 is added here, once, so that our
+        RMSNorm (x * weight) and its fused kernel serve Gemma as they are. (1 + w) is computed
+        in fp32 and rounded once to the model's dtype; transformers keeps w and adds 1 in fp32
+        at every call, so in bfloat16 the two differ by that one rounding (equal in fp32)."""
+        params = dict(self.named_parameters(remove_duplicate=False))
+        cfg = self.config
+        q, kv = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
+        shard_sizes = {"qkv_proj": [q, kv, kv], "gate_up_proj": [cfg.intermediate_size] * 2}
+        tied = cfg.tie_word_embeddings
+        loaded: set[str] = set()
+        num_vision = 0
+        for name, tensor in weights:
+            if name.startswith(VISION_PREFIXES):
+                num_vision += 1
+                continue
+            name = next((name[len(p) :] for p in TEXT_PREFIXES if name.startswith(p)), name)
+            if "rotary_emb" in name or (name == "lm_head.weight" and tied):
+                continue
+            target, shard = name, None
+            for part, (fused, index) in self._FUSED.items():
+                if f".{part}." in name:
+                    target, shard = name.replace(part, fused), index
+                    break
+            if target not in params:
+                raise ValueError(f"unexpected weight {name!r} in a Gemma 3 checkpoint")
+            dst = params[target]
+            if shard is not None:
+                sizes = shard_sizes[target.split(".")[-2]]
+                dst = dst.narrow(0, sum(sizes[:shard]), sizes[shard])
+            if dst.shape != tensor.shape:
+                raise ValueError(
+                    f"weight {name!r}: shape {tuple(tensor.shape)}, expected {tuple(dst.shape)}"
+                )
+            copy(dst, tensor.float() + 1.0 if target.endswith("norm.weight") else tensor)
+            loaded.add(f"{target}#{shard}")
+        if num_vision:
+            logger.info("skipped %d vision tower weights (text generation only)", num_vision)
+        expected = set()
+        for pname in params:
+            fused = pname.split(".")[-2] if "." in pname else ""
+            if fused in shard_sizes:
+                expected.update(f"{pname}#{i}" for i in range(len(shard_sizes[fused])))
+            elif not (pname == "lm_head.weight" and tied):
+                expected.add(f"{pname}#None")
+        missing = sorted(expected - loaded)
+        if missing:
+            raise ValueError(
+                f"Gemma 3 checkpoint is missing weights: {missing[:5]}"
+                + (f" and {len(missing) - 5} more" if len(missing) > 5 else "")
+            )
