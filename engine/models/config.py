@@ -25,6 +25,8 @@ KV_ELEMENT_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "int8": 1}
 """Bytes per KV-cache element, by kv_cache_dtype name."""
 KV_SCALE_BYTES = {"int8": 2}
 """Scale bytes per token, per KV head, for K and for V: an int8 cache keeps one fp16 scale."""
+USE_SLIDING_WINDOW_SWITCH = ("Qwen2ForCausalLM", "Qwen3MoeForCausalLM")
+"""Families whose sliding_window applies only when config.json's use_sliding_window is true."""
 
 
 @dataclass(frozen=True)
@@ -209,7 +211,7 @@ class ModelConfig:
         is_qwen2 = arch == "Qwen2ForCausalLM"
         attention_bias = bool(raw.get("attention_bias", False))
         sliding = raw.get("sliding_window")
-        if is_qwen2 and not raw.get("use_sliding_window", False):
+        if arch in USE_SLIDING_WINDOW_SWITCH and not raw.get("use_sliding_window", False):
             sliding = None
         eos = raw.get("eos_token_id")
         return cls(
@@ -229,13 +231,14 @@ class ModelConfig:
             qkv_bias=is_qwen2 or attention_bias,
             o_bias=attention_bias and not is_qwen2,
             mlp_bias=bool(raw.get("mlp_bias", False)),
-            qk_norm=arch == "Qwen3ForCausalLM",
+            qk_norm=arch in ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM"),
             sliding_window=sliding,
             torch_dtype=raw.get("torch_dtype") or raw.get("dtype"),
             eos_token_id=[] if eos is None else ([eos] if isinstance(eos, int) else list(eos)),
             quantization_config=raw.get("quantization_config"),
             model_type=raw.get("model_type"),
             partial_rotary_factor=float(partial),
+            **(_qwen3_moe_fields(raw) if arch == "Qwen3MoeForCausalLM" else {}),
         )
 
     @classmethod
@@ -264,3 +267,28 @@ def rope_scaling_from(params: dict) -> dict | None:
     if missing:
         raise ValueError(f"rope scaling {rope_type!r} needs {', '.join(missing)} in config.json")
     return {**params, "rope_type": rope_type}
+
+
+def _qwen3_moe_fields(raw: dict) -> dict:
+    """Qwen3-MoE's expert fields. A layer keeps a dense MLP when it is in mlp_only_layers or
+    when (layer + 1) is not a multiple of decoder_sparse_step; transformers' save_pretrained
+    writes num_experts as num_local_experts."""
+    num_experts = raw.get("num_experts", raw.get("num_local_experts"))
+    k, inter = raw.get("num_experts_per_tok"), raw.get("moe_intermediate_size")
+    if not num_experts or not k or not inter:
+        raise ValueError(
+            "a Qwen3MoeForCausalLM config.json needs num_experts (or num_local_experts), "
+            f"num_experts_per_tok and moe_intermediate_size; got {num_experts}, {k}, {inter}"
+        )
+    if not 0 < k <= num_experts:
+        raise ValueError(f"num_experts_per_tok={k} must be between 1 and num_experts={num_experts}")
+    step = raw.get("decoder_sparse_step") or 1
+    mlp_only = set(raw.get("mlp_only_layers") or ())
+    layers = range(raw["num_hidden_layers"])
+    return dict(
+        num_experts=num_experts,
+        num_experts_per_tok=k,
+        moe_intermediate_size=inter,
+        norm_topk_prob=bool(raw.get("norm_topk_prob", False)),
+        dense_layers=tuple(i for i in layers if i in mlp_only or (i + 1) % step != 0),
+    )

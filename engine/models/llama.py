@@ -6,7 +6,7 @@ metadata comes from the runner's context. Q/K/V and gate/up projections are fuse
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Collection, Iterable
 
 import torch
 from torch import nn
@@ -64,12 +64,13 @@ class MLP(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, cfg: ModelConfig, rope: RotaryEmbedding) -> None:
+    def __init__(self, cfg: ModelConfig, rope: RotaryEmbedding, mlp: nn.Module | None = None):
+        """`mlp`: the feed-forward block ([num_tokens, hidden] -> same); None: a dense MLP."""
         super().__init__()
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.self_attn = Attention(cfg, rope)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.mlp = MLP(cfg)
+        self.mlp = MLP(cfg) if mlp is None else mlp
 
     def forward(
         self, positions: torch.Tensor, x: torch.Tensor, residual: torch.Tensor | None
@@ -100,11 +101,17 @@ class LlamaForCausalLM(nn.Module):
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
         rope = RotaryEmbedding.for_layer(cfg.layer_attention(0), max_positions)
         self.rope = rope
-        self.layers = nn.ModuleList(DecoderLayer(cfg, rope) for _ in range(cfg.num_layers))
+        self.layers = nn.ModuleList(
+            DecoderLayer(cfg, rope, self.make_mlp(i)) for i in range(cfg.num_layers)
+        )
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.lm_head = Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
+
+    def make_mlp(self, layer: int) -> nn.Module:
+        """Layer `layer`'s feed-forward block (a family with experts overrides this)."""
+        return MLP(self.config)
 
     def init_buffers(self, device: torch.device) -> None:
         """Build the buffers that were made on meta (the RoPE tables) on `device`, in fp32."""
@@ -131,10 +138,12 @@ class LlamaForCausalLM(nn.Module):
         self,
         weights: Iterable[tuple[str, torch.Tensor]],
         copy: Callable[[torch.Tensor, torch.Tensor], object] = torch.Tensor.copy_,
+        loaded_elsewhere: Collection[str] = (),
     ) -> None:
         """Copy Hugging Face-named tensors into our (fused) parameters; check none is missing.
         `copy(dst, src)` does each copy (engine.models.loader's runs them on threads; the
-        caller then waits for them)."""
+        caller then waits for them). `loaded_elsewhere`: our parameter names the caller fills
+        and checks itself (a subclass's experts)."""
         params = dict(self.named_parameters(remove_duplicate=False))
         cfg = self.config
         shard_sizes = {
@@ -172,6 +181,8 @@ class LlamaForCausalLM(nn.Module):
             fused = pname.split(".")[-2] if pname.count(".") >= 1 else ""
             if fused in shard_sizes:
                 expected.update(f"{pname}#{i}" for i in range(len(shard_sizes[fused])))
+            elif pname in loaded_elsewhere:
+                continue
             elif not (pname == "lm_head.weight" and cfg.tie_word_embeddings):
                 expected.add(f"{pname}#None")
         missing = sorted(expected - loaded)

@@ -27,6 +27,7 @@ ARCHITECTURES: dict[str, Architecture] = {
         Architecture("MistralForCausalLM", "engine.models.llama:LlamaForCausalLM"),
         Architecture("Qwen2ForCausalLM", "engine.models.llama:LlamaForCausalLM"),
         Architecture("Qwen3ForCausalLM", "engine.models.llama:LlamaForCausalLM"),
+        Architecture("Qwen3MoeForCausalLM", "engine.models.qwen3_moe:Qwen3MoeForCausalLM"),
     )
 }
 
