@@ -28,6 +28,7 @@ ARCHITECTURES: dict[str, Architecture] = {
         Architecture("Qwen2ForCausalLM", "engine.models.llama:LlamaForCausalLM"),
         Architecture("Qwen3ForCausalLM", "engine.models.llama:LlamaForCausalLM"),
         Architecture("Qwen3MoeForCausalLM", "engine.models.qwen3_moe:Qwen3MoeForCausalLM"),
+        Architecture("GptOssForCausalLM", "engine.models.gpt_oss:GptOssForCausalLM"),
     )
 }
 

@@ -145,8 +145,6 @@ def graph_pool_bytes(
 def model_length_limit(m: ModelConfig, device_kind: str) -> tuple[int, str]:
     """The longest max_model_len this model may run with here, and what sets it."""
     limit, why = m.max_position_embeddings, "the model's max_position_embeddings"
-    if m.sliding_window is not None and m.sliding_window < limit:
-        limit, why = m.sliding_window, "the model's sliding_window (not implemented)"
     if device_kind == "cpu" and CPU_MAX_MODEL_LEN < limit:
         limit, why = CPU_MAX_MODEL_LEN, "the CPU's limit"
     return limit, why
