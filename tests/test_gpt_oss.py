@@ -243,4 +243,4 @@ def test_gpt_oss_20b_parameter_counts():
     assert counts.total == pytest.approx(20.91e9, rel=0.01)
     unembedding = cfg.vocab_size * cfg.hidden_size
     assert counts.active - unembedding == pytest.approx(3.61e9, rel=0.01)
-    assert cfg.layer_types[:2] == (SLIDING, FULL) and cfg.sliding_window == 128
+    assert cfg.layer_types == (SLIDING, FULL) * 12 and cfg.sliding_window == 128
