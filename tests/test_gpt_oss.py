@@ -244,3 +244,23 @@ def test_gpt_oss_20b_parameter_counts():
     unembedding = cfg.vocab_size * cfg.hidden_size
     assert counts.active - unembedding == pytest.approx(3.61e9, rel=0.01)
     assert cfg.layer_types == (SLIDING, FULL) * 12 and cfg.sliding_window == 128
+
+
+def test_gpt_oss_20b_builds_the_checkpoint_shapes():
+    """On the meta device: our layers hold the released checkpoint's tensors once dequantized
+    (gate_up_proj_blocks [32, 5760, 90, 16] -> [32, 5760, 2880]; down_proj square, 2880 x
+    2880), and every parameter is counted by param_counts or is a bias."""
+    from engine.models.gpt_oss import GptOssForCausalLM
+
+    cfg = ModelConfig.from_dict(json.loads(PROFILE.read_text()))
+    with torch.device("meta"):
+        model = GptOssForCausalLM(cfg, max_positions=256)
+    block = model.layers[0].mlp
+    assert block.w_gate_up.shape == (32, 5760, 90 * 32) and block.w_down.shape == (32, 2880, 2880)
+    assert block.b_gate_up.shape == (32, 5760) and block.gate.bias.shape == (32,)
+    windows = [layer.self_attn.attn.window for layer in model.layers]
+    assert windows == [128, None] * 12
+    assert model.layers[1].self_attn.attn.sinks.shape == (64,)
+    q, kv, h = 64 * 64, 8 * 64, 2880
+    biases = 24 * ((q + 2 * kv + h) + 32 * (2 * 2880 + h) + 32)  # attention, experts, router
+    assert sum(p.numel() for p in model.parameters()) == cfg.param_counts().total + biases
