@@ -123,6 +123,9 @@ class ModelConfig:
     """Attention scores scale by its -1/2 power instead of head_dim's (Gemma)."""
     partial_rotary_factor: float = 1.0
     """The share of head_dim that RoPE rotates (the first dims)."""
+    swiglu: tuple[float | None, float | None] = (None, None)
+    """gpt-oss's clamped SwiGLU: config.json's (swiglu_alpha, swiglu_limit), None where absent
+    (gpt-oss's own values, engine/kernels/moe_ref.py)."""
 
     def layer_type(self, i: int) -> str:
         if self.layer_types is not None:
@@ -257,11 +260,14 @@ class ModelConfig:
             layer_types=layer_types,
             torch_dtype=raw.get("torch_dtype") or raw.get("dtype"),
             eos_token_id=[] if eos is None else ([eos] if isinstance(eos, int) else list(eos)),
-            quantization_config=raw.get("quantization_config"),
+            quantization_config=_quantization_config(raw, arch),
             model_type=raw.get("model_type"),
             partial_rotary_factor=float(partial),
-            **(_qwen3_moe_fields(raw) if arch == "Qwen3MoeForCausalLM" else {}),
         )
+        if arch == "Qwen3MoeForCausalLM":
+            family = _qwen3_moe_fields(raw)
+        elif arch == "GptOssForCausalLM":
+            family = _gpt_oss_fields(raw)
         return cls(**{**fields, **family})
 
     @classmethod
@@ -323,4 +329,46 @@ def _qwen3_moe_fields(raw: dict) -> dict:
         moe_intermediate_size=inter,
         norm_topk_prob=bool(raw.get("norm_topk_prob", False)),
         dense_layers=tuple(i for i in layers if i in mlp_only or (i + 1) % step != 0),
+    )
+
+
+def _quantization_config(raw: dict, arch: str) -> dict | None:
+    """config.json's quantization_config, except gpt-oss's MXFP4 experts: the model's loader
+    dequantizes those (engine/models/gpt_oss.py), so the engine sees a 16-bit model."""
+    quant = raw.get("quantization_config")
+    if arch == "GptOssForCausalLM" and quant and quant.get("quant_method") == "mxfp4":
+        return None
+    return quant
+
+
+def _gpt_oss_fields(raw: dict) -> dict:
+    """gpt-oss: every layer has experts of intermediate_size (num_local_experts, top
+    num_experts_per_tok, which the original release calls experts_per_token), sinks in every
+    layer, layer_types (by default sliding and full alternating, sliding first, as
+    transformers' GptOssConfig sets them) over sliding_window, and the SwiGLU constants."""
+    num_experts = raw.get("num_local_experts")
+    k = raw.get("num_experts_per_tok", raw.get("experts_per_token"))
+    if not num_experts or not k:
+        raise ValueError(
+            "a GptOssForCausalLM config.json needs num_local_experts and num_experts_per_tok "
+            f"(or experts_per_token); got {num_experts}, {k}"
+        )
+    if not 0 < k <= num_experts:
+        raise ValueError(f"num_experts_per_tok={k} must be between 1 and num_experts={num_experts}")
+    n = raw["num_hidden_layers"]
+    types = tuple(raw.get("layer_types") or (SLIDING if i % 2 == 0 else FULL for i in range(n)))
+    if len(types) != n or not set(types) <= {SLIDING, FULL}:
+        raise ValueError(
+            f"layer_types must list {n} entries (num_hidden_layers), each {SLIDING!r} or "
+            f"{FULL!r}; got {list(types)}"
+        )
+    if SLIDING in types and not raw.get("sliding_window"):
+        raise ValueError("layer_types has sliding_attention layers but sliding_window is not set")
+    return dict(
+        num_experts=num_experts,
+        num_experts_per_tok=k,
+        moe_intermediate_size=raw["intermediate_size"],
+        attention_sinks=True,
+        layer_types=types,
+        swiglu=(raw.get("swiglu_alpha"), raw.get("swiglu_limit")),
     )

@@ -33,6 +33,7 @@ ARCHITECTURES: dict[str, Architecture] = {
         Architecture("Qwen3ForCausalLM", "engine.models.llama:LlamaForCausalLM"),
         *(Architecture(name, _GEMMA3, ("gelu_pytorch_tanh",)) for name in GEMMA3_NAMES),
         Architecture("Qwen3MoeForCausalLM", "engine.models.qwen3_moe:Qwen3MoeForCausalLM"),
+        Architecture("GptOssForCausalLM", "engine.models.gpt_oss:GptOssForCausalLM"),
     )
 }
 
