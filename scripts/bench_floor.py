@@ -222,6 +222,8 @@ TARGETS = {
     # a family's shape (bench_gpu.FAMILIES): batch-1 decode and workload A against their floors
     "Q3MOE-B": (">= 80% of floor", lambda achieved, floor: achieved >= 0.8 * floor),
     "Q3MOE-A": (">= 60% of floor", lambda achieved, floor: achieved >= 0.6 * floor),
+    "GPTOSS-B": (">= 80% of floor", lambda achieved, floor: achieved >= 0.8 * floor),
+    "GPTOSS-A": (">= 60% of floor", lambda achieved, floor: achieved >= 0.6 * floor),
 }
 
 
