@@ -224,6 +224,8 @@ TARGETS = {
     "G3-A": (">= 60% of floor", lambda achieved, floor: achieved >= 0.6 * floor),
     "Q3MOE-B": (">= 80% of floor", lambda achieved, floor: achieved >= 0.8 * floor),
     "Q3MOE-A": (">= 60% of floor", lambda achieved, floor: achieved >= 0.6 * floor),
+    "GPTOSS-B": (">= 80% of floor", lambda achieved, floor: achieved >= 0.8 * floor),
+    "GPTOSS-A": (">= 60% of floor", lambda achieved, floor: achieved >= 0.6 * floor),
 }
 
 

@@ -59,7 +59,7 @@ from scripts.bench_presets import (  # noqa: E402
 )
 
 BIG, SMALL = "llama-3-8b", "qwen3-0.6b"  # A, B, C run on BIG; D on SMALL
-FAMILIES = {"G3": "gemma-3-12b", "Q3MOE": "qwen3-30b-a3b"}
+FAMILIES = {"G3": "gemma-3-12b", "Q3MOE": "qwen3-30b-a3b", "GPTOSS": "gpt-oss-20b"}
 """Workload code -> a family's preset: rows CODE-B (batch-1 decode, B's sizes) and CODE-A
 (workload A's requests), each against its floor; run when --workloads names the code."""
 
