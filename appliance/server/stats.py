@@ -354,13 +354,11 @@ def _text(value) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
-def _model_params(engine) -> dict | None:
+def _model_params(engine) -> dict:
     """The model's parameters from its plan: total (every expert) and active (what one token
-    reads; equal for a dense model); None without a plan."""
-    plan = _plan(engine)
-    if not plan or plan.get("num_params") is None:
-        return None
-    return {"total": plan["num_params"], "active": plan.get("num_active_params")}
+    reads; equal for a dense model); each None where the engine has no plan."""
+    plan = _plan(engine) or {}
+    return {"total": plan.get("num_params"), "active": plan.get("num_active_params")}
 
 
 def _plan(engine) -> dict | None:
