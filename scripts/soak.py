@@ -13,10 +13,12 @@ child processes (the engine core; psutil, when the server runs on this host), GP
 KV blocks in use (/v1/stats), requests still held (/v1/stats and /metrics).
 
 Fails (exit status 1, the reasons printed) when RSS or GPU memory rises more than 1% from the
-first interval after --warmup to the last, p99 TTFT or TPOT more than 10%, a KV block or a
-request is held at idle, an answer has a 5xx status, a request is lost (timed out, connection
-failed, or a 200 ended short of its end) or a malformed body is not refused with 400. Writes
-DIR/soak.json and PNG plots, and prints a markdown table of the intervals.
+first interval after --warmup (and after as many requests as the server keeps records of,
+/v1/stats server.records_kept: filling that store is not drift) to the last, p99 TTFT or TPOT
+more than 10%, a KV block or a request is held at idle, an answer has a 5xx status, a request
+is lost (timed out, connection failed, or a 200 ended short of its end) or a malformed body is
+not refused with 400. Writes DIR/soak.json and PNG plots, and prints a markdown table of the
+intervals.
 """
 
 from __future__ import annotations
@@ -177,6 +179,7 @@ async def soak(args: argparse.Namespace, url: str, pid: int | None) -> int:
         pid = pid or local_pid(url, doc)
         max_num_seqs = (doc.get("config") or {}).get("max_num_seqs") or 0
         max_queue = (doc.get("server") or {}).get("max_queue") or 0
+        records_kept = (doc.get("server") or {}).get("records_kept") or 0
         storm = args.storm_size or max_num_seqs + max_queue + STORM_MARGIN
         cfg = LoadConfig(
             url,
@@ -204,7 +207,8 @@ async def soak(args: argparse.Namespace, url: str, pid: int | None) -> int:
         # Whole intervals only: a short last one would compare few latencies with many.
         for index in range(max(1, round(args.duration / args.interval))):
             start = time.perf_counter() - t0
-            rec.interval = Interval(index, start, start)
+            sent = sum(rec.ledger.sent.values())
+            rec.interval = Interval(index, start, start, num_sent_before=sent)
             await run_load(client, rng, args.interval)
             readings = await read_idle(client, pid, args.idle_timeout)
             for name, value in readings.items():
@@ -212,9 +216,10 @@ async def soak(args: argparse.Namespace, url: str, pid: int | None) -> int:
             rec.interval.t_end = time.perf_counter() - t0
             rows.append(rec.interval.stats())
             print(summary_table(rows[-1:]).splitlines()[-1], flush=True)
-    reasons = verdict(rows, rec.ledger, args.warmup)
+    reasons = verdict(rows, rec.ledger, args.warmup, records_kept)
     settings = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}
     settings |= {"url": url, "storm_size": storm, "pid": pid, "api_key": len(args.api_key)}
+    settings |= {"records_kept": records_kept}
     paths = write_report(args.out, settings, rows, rec.ledger, reasons)
     print("\n" + summary_table(rows) + "\n")
     print(f"requests: {rec.ledger.to_json()}")

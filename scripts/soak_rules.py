@@ -100,6 +100,8 @@ class Interval:
     t_start: float
     """Seconds from the run's start."""
     t_end: float
+    num_sent_before: int = 0
+    """Requests the soak had sent when the interval began."""
     ttft_s: list[float] = field(default_factory=list, repr=False)
     tpot_s: list[float] = field(default_factory=list, repr=False)
     endings: Counter = field(default_factory=Counter)
@@ -117,6 +119,7 @@ class Interval:
             "index": self.index,
             "t_start": self.t_start,
             "t_end": self.t_end,
+            "num_sent_before": self.num_sent_before,
             "ttft_p50": percentile(self.ttft_s, 50),
             "ttft_p99": percentile(self.ttft_s, 99),
             "tpot_p50": percentile(self.tpot_s, 50),
@@ -147,19 +150,30 @@ DRIFT_RULES = (
 rise each may take."""
 
 
-def baseline_index(rows: list[dict], warmup_s: float) -> int | None:
-    """The first interval that starts at or after the warm-up; None when none does."""
-    return next((i for i, r in enumerate(rows) if r["t_start"] >= warmup_s), None)
+def baseline_index(rows: list[dict], warmup_s: float, fill_requests: int = 0) -> int | None:
+    """The first interval that starts at or after the warm-up, once fill_requests requests
+    were sent before it (the server's stores of recent requests are full by then: their growth
+    is not drift); None when none does."""
+    return next(
+        (
+            i
+            for i, r in enumerate(rows)
+            if r["t_start"] >= warmup_s and r.get("num_sent_before", 0) >= fill_requests
+        ),
+        None,
+    )
 
 
-def drift_failures(rows: list[dict], warmup_s: float) -> list[str]:
+def drift_failures(rows: list[dict], warmup_s: float, fill_requests: int = 0) -> list[str]:
     """A reason for each series that rose past its limit between the first interval after
-    warm-up and the last; a run with fewer than two such intervals fails as too short."""
-    first = baseline_index(rows, warmup_s)
+    warm-up (see baseline_index) and the last; a run with fewer than two such intervals fails
+    as too short."""
+    first = baseline_index(rows, warmup_s, fill_requests)
     if first is None or first >= len(rows) - 1:
         return [
             f"too short: {len(rows)} interval(s), need two starting after the {warmup_s:g} s "
-            "warm-up (raise --duration or lower --interval / --warmup)"
+            f"warm-up and after {fill_requests} requests (the records the server keeps; raise "
+            "--duration or lower --interval / --warmup)"
         ]
     a, b = rows[first], rows[-1]
     reasons = []
@@ -174,9 +188,10 @@ def drift_failures(rows: list[dict], warmup_s: float) -> list[str]:
     return reasons
 
 
-def verdict(rows: list[dict], ledger: Ledger, warmup_s: float) -> list[str]:
-    """Every reason the run fails (empty: it passes)."""
-    reasons = drift_failures(rows, warmup_s)
+def verdict(rows: list[dict], ledger: Ledger, warmup_s: float, fill_requests: int = 0) -> list[str]:
+    """Every reason the run fails (empty: it passes). fill_requests: requests to send before
+    the baseline interval (the server's /v1/stats server.records_kept)."""
+    reasons = drift_failures(rows, warmup_s, fill_requests)
     for r in rows:
         if r.get("kv_blocks_idle") is None:
             reasons.append(f"interval {r['index']}: no KV block reading at idle")

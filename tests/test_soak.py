@@ -83,6 +83,19 @@ def test_drift_is_measured_from_the_first_interval_after_warm_up():
     assert reasons and reasons[0].startswith("rss_bytes rose 100.5%")
 
 
+def test_the_baseline_waits_until_the_servers_request_records_are_full():
+    # the server keeps its last 1,000 requests: RSS steps up until the soak has sent that many
+    rss = [2300 * MIB, 2300 * MIB, 2330 * MIB, 2331 * MIB, 2331 * MIB]
+    data = rows(rss_bytes=rss)
+    for i, row in enumerate(data):
+        row["num_sent_before"] = 500 * i
+    reasons = verdict(data, clean_ledger(), warmup_s=60)
+    assert reasons and reasons[0].startswith("rss_bytes rose 1.3%")  # from interval 1
+    assert verdict(data, clean_ledger(), warmup_s=60, fill_requests=1000) == []  # from 2
+    short = verdict(data, clean_ledger(), warmup_s=60, fill_requests=2000)
+    assert short[0].startswith("too short") and "after 2000 requests" in short[0]
+
+
 def test_a_fall_and_a_missing_series_are_no_drift():
     falling = [0.3, 0.28, 0.25, 0.22, 0.2]
     assert verdict(rows(ttft_p99=falling), clean_ledger(), 0) == []

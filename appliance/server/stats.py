@@ -174,6 +174,7 @@ class StatsTracker:
                 "pid": os.getpid(),
                 "api_workers": settings.api_workers,
                 "max_queue": settings.max_queue,
+                "records_kept": MAX_RECORDS,
                 "auth": bool(settings.api_keys),
                 "timeouts_s": {
                     "request": settings.request_timeout,

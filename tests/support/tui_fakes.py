@@ -162,6 +162,7 @@ def make_doc(step: int = 0, gpu: bool = True) -> dict:
             "pid": 4242,
             "api_workers": 1,
             "max_queue": 128,
+            "records_kept": 1000,
             "auth": False,
             "timeouts_s": {"request": 600.0, "ttft": 300.0, "stall": 60.0, "drain": 30.0},
             "generation_defaults": {
