@@ -11,7 +11,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from engine import LLM, SamplingParams
-from tests.support.greedy_reference import assert_greedy_agrees
+from tests.support.greedy_reference import assert_greedy_agrees, generate_under_pressure
 
 PROMPT_LENS = [1, 3, 7, 16, 17, 33, 60, 100]
 NEW_TOKENS = 20
@@ -47,20 +47,10 @@ def test_agrees_under_preemption_and_chunked_prefill(reference):
     folder, hf = reference
     # 12 blocks x 16 tokens for 8 prompts up to 120 tokens each: the pool cannot hold them all,
     # and a 24-token step budget forces long prompts to be split into chunks.
-    llm = LLM(
-        str(folder),
-        device="cpu",
-        num_kv_blocks=12,
-        max_num_batched_tokens=24,
-        max_model_len=160,
-        max_num_seqs=8,
-    )
     params = SamplingParams(max_tokens=NEW_TOKENS, temperature=0.0, ignore_eos=True, logprobs=0)
-    outs = llm.generate(_prompts(), params)
-    assert_greedy_agrees(hf, _prompts(), outs, logprob_atol=LOGPROB_ATOL)
-    assert sum(o.metrics.num_preemptions for o in outs) > 0
-    assert max(o.metrics.num_prefill_chunks for o in outs) > 1
-    assert llm.engine.block_manager.num_free_blocks == 12  # everything returned
+    generate_under_pressure(
+        folder, hf, _prompts(), params, num_kv_blocks=12, step_tokens=24, max_model_len=160
+    )
 
 
 def test_the_check_rejects_a_wrong_token_and_a_wrong_logprob(tiny_llama):

@@ -19,7 +19,7 @@ from transformers import AutoModelForCausalLM
 
 from engine import LLM, SamplingParams
 from engine.models.config import ModelConfig
-from tests.support.greedy_reference import assert_greedy_agrees
+from tests.support.greedy_reference import assert_greedy_agrees, generate_under_pressure
 from tests.support.tiny_models import make_tiny_model, tiny_config
 
 WINDOW = 16
@@ -72,21 +72,11 @@ def test_sliding_window_under_chunked_prefill_and_preemption(sliding_mistral):
     # 10 blocks x 16 tokens for 5 sequences of up to 90 tokens: the pool cannot hold them all;
     # a 13-token step budget splits prompts into chunks whose first query sits 13, 26, ...
     # tokens in, so each chunk's window starts inside the cached prefix.
-    llm = LLM(
-        str(folder),
-        device="cpu",
-        num_kv_blocks=10,
-        max_num_batched_tokens=13,
-        max_model_len=96,
-        max_num_seqs=5,
-    )
     params = SamplingParams(max_tokens=NEW_TOKENS, temperature=0.0, ignore_eos=True, logprobs=0)
-    outs = llm.generate(_prompts(), params)
-    assert sum(o.metrics.num_preemptions for o in outs) > 0
-    assert max(o.metrics.num_prefill_chunks for o in outs) > 1
+    outs = generate_under_pressure(
+        folder, hf, _prompts(), params, num_kv_blocks=10, step_tokens=13, max_model_len=96
+    )
     assert [o.token_ids for o in outs] == _generate(hf, _prompts())
-    assert_greedy_agrees(hf, _prompts(), outs, logprob_atol=LOGPROB_ATOL)
-    assert llm.engine.block_manager.num_free_blocks == 10  # everything returned
 
 
 def test_qwen2_slides_only_from_max_window_layers(tmp_path):

@@ -23,7 +23,7 @@ from engine.models.config import FULL, SLIDING, ModelConfig
 from engine.models.gemma3 import Gemma3ForCausalLM
 from engine.models.gguf_loader import gguf_to_hf_folder, restore_gemma3_config
 from engine.models.loader import iter_safetensors
-from tests.support.greedy_reference import assert_greedy_agrees
+from tests.support.greedy_reference import assert_greedy_agrees, generate_under_pressure
 from tests.support.tiny_models import EOS_ID, VOCAB, make_tiny_model
 
 WINDOW = 16
@@ -91,19 +91,10 @@ def test_agrees_under_preemption_and_chunks_across_the_window_edge(tiny_gemma3):
     folder, hf = tiny_gemma3
     # 10 blocks x 16 tokens for 5 prompts of 40-70 tokens: the pool cannot hold them all; a
     # 12-token step budget splits each prompt into chunks, some straddling position 16.
-    llm = LLM(
-        str(folder),
-        device="cpu",
-        num_kv_blocks=10,
-        max_num_batched_tokens=12,
-        max_model_len=128,
-        max_num_seqs=5,
+    outs = generate_under_pressure(
+        folder, hf, _prompts(), PARAMS, num_kv_blocks=10, step_tokens=12, max_model_len=128
     )
-    outs = llm.generate(_prompts(), PARAMS)
-    assert_greedy_agrees(hf, _prompts(), outs, logprob_atol=LOGPROB_ATOL)
-    assert sum(o.metrics.num_preemptions for o in outs) > 0
     assert min(o.metrics.num_prefill_chunks for o in outs) > 3
-    assert llm.engine.block_manager.num_free_blocks == 10
 
 
 def test_the_window_scale_and_soft_cap_reach_the_attention_layers(tiny_gemma3):

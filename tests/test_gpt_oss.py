@@ -18,7 +18,7 @@ from transformers.integrations.mxfp4 import convert_moe_packed_tensors
 from engine import LLM, SamplingParams
 from engine.models.config import FULL, SLIDING, ModelConfig
 from engine.quant.mxfp4 import dequantize_mxfp4, gate_up_rows_first
-from tests.support.greedy_reference import assert_greedy_agrees
+from tests.support.greedy_reference import assert_greedy_agrees, generate_under_pressure
 from tests.support.tiny_models import EOS_ID, VOCAB, make_tiny_model
 
 WINDOW = 16
@@ -128,20 +128,10 @@ def test_agrees_under_preemption_and_chunked_prefill(tiny):
     folder, hf = tiny
     # 7 blocks x 16 tokens for 4 prompts up to 80 tokens: the pool cannot hold them all, and
     # 12-token steps split the long prompts into chunks that cross the 16-token window.
-    llm = LLM(
-        str(folder),
-        device="cpu",
-        num_kv_blocks=7,
-        max_num_batched_tokens=12,
-        max_model_len=96,
-        max_num_seqs=4,
-    )
     params = SamplingParams(max_tokens=NEW_TOKENS, temperature=0.0, ignore_eos=True, logprobs=0)
-    outs = llm.generate(_prompts(), params)
-    assert_greedy_agrees(hf, _prompts(), outs, logprob_atol=1e-4)
-    assert sum(o.metrics.num_preemptions for o in outs) > 0
-    assert max(o.metrics.num_prefill_chunks for o in outs) > 1
-    assert llm.engine.block_manager.num_free_blocks == 7
+    generate_under_pressure(
+        folder, hf, _prompts(), params, num_kv_blocks=7, step_tokens=12, max_model_len=96
+    )
 
 
 def _copy_folder(src: Path, dst: Path, tensors: dict[str, torch.Tensor]) -> None:

@@ -16,7 +16,7 @@ from transformers import AutoModelForCausalLM, Qwen3MoeConfig
 from engine import LLM, SamplingParams
 from engine.models.config import ModelConfig
 from engine.models.moe import MoEBlock
-from tests.support.greedy_reference import assert_greedy_agrees
+from tests.support.greedy_reference import assert_greedy_agrees, generate_under_pressure
 from tests.support.tiny_models import EOS_ID, VOCAB, make_tiny_model
 
 PROMPT_LENS = [3, 17, 33, 60, 90]
@@ -82,20 +82,10 @@ def test_agrees_under_preemption_and_chunked_prefill(tiny):
     folder, hf = tiny
     # 8 blocks x 16 tokens for 5 prompts up to 102 tokens each: the pool cannot hold them all,
     # and a 24-token step budget splits the long prompts into chunks.
-    llm = LLM(
-        str(folder),
-        device="cpu",
-        num_kv_blocks=8,
-        max_num_batched_tokens=24,
-        max_model_len=112,
-        max_num_seqs=5,
-    )
     params = SamplingParams(max_tokens=NEW_TOKENS, temperature=0.0, ignore_eos=True, logprobs=0)
-    outs = llm.generate(_prompts(), params)
-    assert_greedy_agrees(hf, _prompts(), outs, logprob_atol=1e-4)
-    assert sum(o.metrics.num_preemptions for o in outs) > 0
-    assert max(o.metrics.num_prefill_chunks for o in outs) > 1
-    assert llm.engine.block_manager.num_free_blocks == 8
+    generate_under_pressure(
+        folder, hf, _prompts(), params, num_kv_blocks=8, step_tokens=24, max_model_len=112
+    )
 
 
 def _copy_folder(src, dst, tensors: dict[str, torch.Tensor]) -> None:

@@ -55,3 +55,37 @@ def assert_greedy_agrees(
     assert num_positions and num_clear >= min_clear * num_positions, (
         f"only {num_clear} of {num_positions} positions have a clear top token"
     )
+
+
+def generate_under_pressure(
+    folder,
+    reference: torch.nn.Module,
+    prompts: list[list[int]],
+    params,
+    *,
+    num_kv_blocks: int,
+    step_tokens: int,
+    max_model_len: int,
+    logprob_atol: float | None = 1e-4,
+) -> list[RequestOutput]:
+    """Generate `prompts` on the CPU with a pool of num_kv_blocks blocks and steps of
+    step_tokens tokens, all prompts admitted at once. Checks that the outputs agree with
+    `reference` (assert_greedy_agrees), that the pool was too small (a request was preempted),
+    that a prompt was prefilled in several chunks, and that every block is free afterwards.
+    Returns the outputs for a test's own checks."""
+    from engine import LLM
+
+    llm = LLM(
+        str(folder),
+        device="cpu",
+        num_kv_blocks=num_kv_blocks,
+        max_num_batched_tokens=step_tokens,
+        max_model_len=max_model_len,
+        max_num_seqs=len(prompts),
+    )
+    outs = llm.generate(prompts, params)
+    assert_greedy_agrees(reference, prompts, outs, logprob_atol=logprob_atol)
+    assert sum(o.metrics.num_preemptions for o in outs) > 0
+    assert max(o.metrics.num_prefill_chunks for o in outs) > 1
+    assert llm.engine.block_manager.num_free_blocks == num_kv_blocks  # everything returned
+    return outs
