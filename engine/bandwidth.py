@@ -54,6 +54,18 @@ class BandwidthMeter:
         self.window_s, self.clock = window_s, clock
         self.reset()
 
+    @classmethod
+    def for_plan(cls, plan) -> BandwidthMeter:
+        """The meter of an engine built on `plan` (engine.planner's Plan): its weight and KV
+        bytes, its peak bandwidth, and with experts the bytes a step of n sequences reads."""
+        return cls(
+            plan.weight_bytes,
+            plan.kv_bytes_per_token,
+            plan.bandwidth_gbs,
+            plan.bandwidth_source,
+            step_weight_bytes=plan.decode_weight_bytes if plan.expert_bytes else None,
+        )
+
     def reset(self) -> None:
         """Forget every step (the engine's counters reset after warm-up)."""
         self._launched: dict[int, tuple[float, int | None]] = {}

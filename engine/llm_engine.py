@@ -98,14 +98,7 @@ class LLMEngine:
                 self.device,
             )
         self._overlap = self.config.overlap_steps and self.device.type == "cuda"
-        p = self.plan
-        self.bandwidth = BandwidthMeter(
-            p.weight_bytes,
-            p.kv_bytes_per_token,
-            p.bandwidth_gbs,
-            p.bandwidth_source,
-            step_weight_bytes=p.decode_weight_bytes if p.expert_bytes else None,
-        )
+        self.bandwidth = BandwidthMeter.for_plan(self.plan)
         with timer.phase("kv_alloc"):
             self.runner.allocate_kv_cache(self.config.num_kv_blocks, self.kv_dtype)
             self._new_scheduler(self.config.num_kv_blocks)
