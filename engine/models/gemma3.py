@@ -20,8 +20,9 @@ import torch
 from torch import nn
 
 from engine.kernels.moe_ref import act_and_mul
-from engine.models.config import FULL, SLIDING, LayerAttention, ModelConfig
+from engine.models.config import FULL, SLIDING, ModelConfig
 from engine.models.layers import Linear, PagedAttention, RMSNorm
+from engine.models.llama import Attention
 from engine.models.rope import RotaryEmbedding
 
 logger = logging.getLogger(__name__)
@@ -45,44 +46,6 @@ def _rounded(value: float, dtype: torch.dtype) -> float:
     return torch.tensor(value, dtype=dtype).item()
 
 
-class Gemma3Attention(nn.Module):
-    def __init__(self, cfg: ModelConfig, att: LayerAttention, rope: RotaryEmbedding) -> None:
-        super().__init__()
-        self.num_heads, self.num_kv_heads, self.head_dim = (
-            cfg.num_heads,
-            cfg.num_kv_heads,
-            att.head_dim,
-        )
-        self.q_size = cfg.num_heads * att.head_dim
-        self.kv_size = cfg.num_kv_heads * att.head_dim
-        self.qkv_proj = Linear(cfg.hidden_size, self.q_size + 2 * self.kv_size, bias=cfg.qkv_bias)
-        self.o_proj = Linear(self.q_size, cfg.hidden_size, bias=cfg.o_bias)
-        self.q_norm = RMSNorm(att.head_dim, cfg.rms_norm_eps)
-        self.k_norm = RMSNorm(att.head_dim, cfg.rms_norm_eps)
-        self.rope = rope
-        self.attn = PagedAttention(
-            cfg.num_heads,
-            cfg.num_kv_heads,
-            att.head_dim,
-            scale=cfg.query_pre_attn_scalar**-0.5,
-            window=att.sliding_window,
-            softcap=att.softcap,  # null in published Gemma 3 configs; transformers 5.24 ignores it
-        )
-
-    def forward(self, positions: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-        num_tokens = x.shape[0]
-        qkv = self.qkv_proj(x)  # [num_tokens, q_size + 2 * kv_size]
-        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        q = self.q_norm(q.reshape(num_tokens, self.num_heads, self.head_dim))
-        k = self.k_norm(k.reshape(num_tokens, self.num_kv_heads, self.head_dim))
-        v = v.reshape(num_tokens, self.num_kv_heads, self.head_dim)
-        out = self.attn.rope_and_store(self.rope, positions, q, k, v)  # None: not fused here
-        if out is None:
-            q, k = self.rope(positions, q, k)
-            out = self.attn(q, k, v)  # [num_tokens, num_heads, head_dim]
-        return self.o_proj(out.reshape(num_tokens, self.q_size))
-
-
 class Gemma3MLP(nn.Module):
     """GeGLU: down(gelu_tanh(gate(x)) * up(x)), gate and up in one projection."""
 
@@ -97,11 +60,13 @@ class Gemma3MLP(nn.Module):
 
 
 class Gemma3DecoderLayer(nn.Module):
-    def __init__(self, cfg: ModelConfig, att: LayerAttention, rope: RotaryEmbedding) -> None:
+    def __init__(self, cfg: ModelConfig, layer: int, rope: RotaryEmbedding) -> None:
         super().__init__()
         h, eps = cfg.hidden_size, cfg.rms_norm_eps  # every norm's weight holds 1 + w (load_weights)
         self.input_layernorm = RMSNorm(h, eps)
-        self.self_attn = Gemma3Attention(cfg, att, rope)
+        # q/k norms, query_pre_attn_scalar, the layer's window and soft-cap: Llama's attention
+        # builds them from the config
+        self.self_attn = Attention(cfg, rope, layer)
         self.post_attention_layernorm = RMSNorm(h, eps)
         self.pre_feedforward_layernorm = RMSNorm(h, eps)
         self.mlp = Gemma3MLP(cfg)
@@ -148,7 +113,7 @@ class Gemma3ForCausalLM(nn.Module):
             }
         )
         self.layers = nn.ModuleList(
-            Gemma3DecoderLayer(cfg, att, self.ropes[kind]) for att, kind in zip(atts, kinds)
+            Gemma3DecoderLayer(cfg, i, self.ropes[kind]) for i, kind in enumerate(kinds)
         )
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.lm_head = Linear(cfg.hidden_size, cfg.vocab_size, bias=False)

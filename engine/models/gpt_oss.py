@@ -23,7 +23,6 @@ from torch import nn
 
 from engine.kernels.moe_ref import SWIGLU_OAI_ALPHA, SWIGLU_OAI_LIMIT
 from engine.models.config import ModelConfig
-from engine.models.layers import PagedAttention
 from engine.models.llama import LlamaForCausalLM
 from engine.models.moe import MoEBlock, topk_softmax
 from engine.quant.mxfp4 import dequantize_mxfp4, gate_up_rows_first
@@ -49,17 +48,7 @@ class GptOssForCausalLM(LlamaForCausalLM):
                 f"experts compute gpt-oss's {SWIGLU_OAI_ALPHA} and {SWIGLU_OAI_LIMIT} only "
                 "(engine/kernels/moe_ref.py): remove them or set those values"
             )
-        super().__init__(cfg, max_positions)
-        for i, layer in enumerate(self.layers):  # each layer's window, and the sinks
-            att = cfg.layer_attention(i)
-            layer.self_attn.attn = PagedAttention(
-                cfg.num_heads,
-                cfg.num_kv_heads,
-                att.head_dim,
-                window=att.sliding_window,
-                softcap=att.softcap,
-                sinks=att.sinks,
-            )
+        super().__init__(cfg, max_positions)  # Attention gives each layer its window and sinks
 
     def make_mlp(self, layer: int) -> nn.Module:
         cfg = self.config

@@ -18,24 +18,35 @@ from engine.models.rope import RotaryEmbedding
 
 
 class Attention(nn.Module):
+    """Layer `layer`'s attention, built from cfg.layer_attention(layer): its head dim, window
+    (Mistral, Qwen2's upper layers, Gemma 3, gpt-oss), soft-cap and sinks (gpt-oss); q/k
+    RMSNorm where cfg.qk_norm; the scale from query_pre_attn_scalar where set (Gemma 3)."""
+
     def __init__(self, cfg: ModelConfig, rope: RotaryEmbedding, layer: int) -> None:
         super().__init__()
+        att = cfg.layer_attention(layer)
         self.num_heads, self.num_kv_heads, self.head_dim = (
             cfg.num_heads,
             cfg.num_kv_heads,
-            cfg.head_dim,
+            att.head_dim,
         )
-        self.q_size = cfg.num_heads * cfg.head_dim
-        self.kv_size = cfg.num_kv_heads * cfg.head_dim
+        self.q_size = cfg.num_heads * att.head_dim
+        self.kv_size = cfg.num_kv_heads * att.head_dim
         self.qkv_proj = Linear(cfg.hidden_size, self.q_size + 2 * self.kv_size, bias=cfg.qkv_bias)
         self.o_proj = Linear(self.q_size, cfg.hidden_size, bias=cfg.o_bias)
-        self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
-        self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
+        self.q_norm = RMSNorm(att.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
+        self.k_norm = RMSNorm(att.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
         self.rope = rope
-        # Mistral's (and Qwen2's upper layers') sliding window; these families have no other
-        # attention variant
-        window = cfg.layer_attention(layer).sliding_window
-        self.attn = PagedAttention(cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, window=window)
+        scalar = cfg.query_pre_attn_scalar
+        self.attn = PagedAttention(
+            cfg.num_heads,
+            cfg.num_kv_heads,
+            att.head_dim,
+            scale=scalar**-0.5 if scalar else None,
+            window=att.sliding_window,
+            softcap=att.softcap,
+            sinks=att.sinks,
+        )
 
     def forward(self, positions: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         num_tokens = x.shape[0]
