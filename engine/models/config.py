@@ -33,6 +33,7 @@ class LayerAttention:
     sinks and soft-cap."""
 
     head_dim: int
+    num_kv_heads: int
     rope_theta: float
     rope_scaling: dict | None = field(default=None, hash=False)
     sliding_window: int | None = None
@@ -45,6 +46,9 @@ class LayerAttention:
     """Logits become softcap * tanh(logits / softcap) before the softmax."""
     kv_shared_from: int | None = None
     """Reads the K/V of this earlier layer and holds no cache of its own."""
+    k_eq_v: bool = False
+    """V is the K projection's output (before K's norm and RoPE): no v projection (Gemma 4's
+    full layers)."""
 
 
 @dataclass(frozen=True)
@@ -126,6 +130,15 @@ class ModelConfig:
     swiglu: tuple[float | None, float | None] = (None, None)
     """gpt-oss's clamped SwiGLU: config.json's (swiglu_alpha, swiglu_limit), None where absent
     (gpt-oss's own values, engine/kernels/moe_ref.py)."""
+    global_head_dim: int | None = None
+    """Head dim of the full layers where it differs from head_dim (Gemma 4)."""
+    global_kv_heads: int | None = None
+    """KV heads of the full layers where they differ from num_kv_heads (Gemma 4)."""
+    k_eq_v_global: bool = False
+    """The full layers take V from the K projection (Gemma 4's attention_k_eq_v)."""
+    num_kv_shared_layers: int = 0
+    """The last this-many layers hold no K/V: each reads that of the last earlier layer of its
+    type (Gemma 4's small models)."""
 
     def layer_type(self, i: int) -> str:
         if self.layer_types is not None:
@@ -137,22 +150,51 @@ class ModelConfig:
         sliding = self.layer_type(i) == SLIDING
         theta = self.rope_local_theta if sliding and self.rope_local_theta else self.rope_theta
         return LayerAttention(
-            head_dim=self.head_dim,
+            head_dim=self.head_dim if sliding else self.global_head_dim or self.head_dim,
+            num_kv_heads=(self.num_kv_heads if sliding else self.global_kv_heads)
+            or self.num_kv_heads,
             rope_theta=theta,
             rope_scaling=None if sliding and self.rope_local_theta else self.rope_scaling,
             sliding_window=self.sliding_window if sliding else None,
             partial_rotary_factor=self.partial_rotary_factor,
             sinks=self.attention_sinks,
             softcap=self.attn_logit_softcap,
+            kv_shared_from=self.kv_source(i),
+            k_eq_v=self.k_eq_v_global and not sliding,
         )
+
+    def kv_source(self, i: int) -> int | None:
+        """The layer whose K/V layer i reads, for the last num_kv_shared_layers layers: the
+        last layer of the same type before them; None for a layer that holds its own."""
+        first_shared = self.num_layers - self.num_kv_shared_layers
+        if i < first_shared:
+            return None
+        kind = self.layer_type(i)
+        earlier = reversed(range(first_shared))
+        source = next((j for j in earlier if self.layer_type(j) == kind), None)
+        if source is None:
+            raise ValueError(
+                f"layer {i} ({kind}) shares K/V, but no earlier layer of its type holds any "
+                f"(num_kv_shared_layers={self.num_kv_shared_layers})"
+            )
+        return source
+
+    def kv_layers(self) -> list[int]:
+        """The layers that hold K/V in the pool (those not reading another's)."""
+        return [i for i in range(self.num_layers) if self.kv_source(i) is None]
 
     def is_moe_layer(self, i: int) -> bool:
         return self.num_experts > 0 and i not in self.dense_layers
 
     def kv_bytes_per_token(self, elem_bytes: int, scale_bytes: int = 0) -> int:
         """The KV-cache formula: 2 (K and V) x layers x KV heads (not attention heads) x
-        (head_dim x bytes per element + scale bytes per head, for quantized caches)."""
-        return 2 * self.num_layers * self.num_kv_heads * (self.head_dim * elem_bytes + scale_bytes)
+        (head_dim x bytes per element + scale bytes per head, for quantized caches), summed
+        over the layers that hold K/V, each with its own KV heads and head dim."""
+        total = 0
+        for i in self.kv_layers():
+            att = self.layer_attention(i)
+            total += 2 * att.num_kv_heads * (att.head_dim * elem_bytes + scale_bytes)
+        return total
 
     def kv_cache_bytes_per_token(self, kv_dtype: str) -> int:
         """kv_bytes_per_token for a kv_cache_dtype name (float32, bfloat16, float16, int8);
@@ -172,9 +214,10 @@ class ModelConfig:
         for i in range(self.num_layers):
             att = self.layer_attention(i)
             q = self.num_heads * att.head_dim
-            kv = 0 if att.kv_shared_from is not None else self.num_kv_heads * att.head_dim
-            attn = h * (q + 2 * kv) + q * h
-            linear, rows, active = linear + attn, rows + q + 2 * kv + h, active + attn
+            kv = 0 if att.kv_shared_from is not None else att.num_kv_heads * att.head_dim
+            kv *= 1 if att.k_eq_v else 2  # K and V, or K alone
+            attn = h * (q + kv) + q * h
+            linear, rows, active = linear + attn, rows + q + kv + h, active + attn
             other += (4 if self.post_norms else 2) * h + (self.num_heads if att.sinks else 0)
             other += 2 * att.head_dim if self.qk_norm else 0
             if self.is_moe_layer(i):
@@ -265,9 +308,13 @@ class ModelConfig:
             partial_rotary_factor=float(partial),
         )
         if arch == "Qwen3MoeForCausalLM":
-            family = _qwen3_moe_fields(raw)
+            from engine.models.moe_config import qwen3_moe_fields
+
+            family = qwen3_moe_fields(raw)
         elif arch == "GptOssForCausalLM":
-            family = _gpt_oss_fields(raw)
+            from engine.models.moe_config import gpt_oss_fields
+
+            family = gpt_oss_fields(raw)
         return cls(**{**fields, **family})
 
     @classmethod
@@ -307,31 +354,6 @@ def _qwen2_layer_types(raw: dict) -> tuple[str, ...]:
     return tuple(SLIDING if i >= first else FULL for i in range(raw["num_hidden_layers"]))
 
 
-def _qwen3_moe_fields(raw: dict) -> dict:
-    """Qwen3-MoE's expert fields. A layer keeps a dense MLP when it is in mlp_only_layers or
-    when (layer + 1) is not a multiple of decoder_sparse_step; transformers' save_pretrained
-    writes num_experts as num_local_experts."""
-    num_experts = raw.get("num_experts", raw.get("num_local_experts"))
-    k, inter = raw.get("num_experts_per_tok"), raw.get("moe_intermediate_size")
-    if not num_experts or not k or not inter:
-        raise ValueError(
-            "a Qwen3MoeForCausalLM config.json needs num_experts (or num_local_experts), "
-            f"num_experts_per_tok and moe_intermediate_size; got {num_experts}, {k}, {inter}"
-        )
-    if not 0 < k <= num_experts:
-        raise ValueError(f"num_experts_per_tok={k} must be between 1 and num_experts={num_experts}")
-    step = raw.get("decoder_sparse_step") or 1
-    mlp_only = set(raw.get("mlp_only_layers") or ())
-    layers = range(raw["num_hidden_layers"])
-    return dict(
-        num_experts=num_experts,
-        num_experts_per_tok=k,
-        moe_intermediate_size=inter,
-        norm_topk_prob=bool(raw.get("norm_topk_prob", False)),
-        dense_layers=tuple(i for i in layers if i in mlp_only or (i + 1) % step != 0),
-    )
-
-
 def _quantization_config(raw: dict, arch: str) -> dict | None:
     """config.json's quantization_config, except gpt-oss's MXFP4 experts: the model's loader
     dequantizes those (engine/models/gpt_oss.py), so the engine sees a 16-bit model."""
@@ -339,36 +361,3 @@ def _quantization_config(raw: dict, arch: str) -> dict | None:
     if arch == "GptOssForCausalLM" and quant and quant.get("quant_method") == "mxfp4":
         return None
     return quant
-
-
-def _gpt_oss_fields(raw: dict) -> dict:
-    """gpt-oss: every layer has experts of intermediate_size (num_local_experts, top
-    num_experts_per_tok, which the original release calls experts_per_token), sinks in every
-    layer, layer_types (by default sliding and full alternating, sliding first, as
-    transformers' GptOssConfig sets them) over sliding_window, and the SwiGLU constants."""
-    num_experts = raw.get("num_local_experts")
-    k = raw.get("num_experts_per_tok", raw.get("experts_per_token"))
-    if not num_experts or not k:
-        raise ValueError(
-            "a GptOssForCausalLM config.json needs num_local_experts and num_experts_per_tok "
-            f"(or experts_per_token); got {num_experts}, {k}"
-        )
-    if not 0 < k <= num_experts:
-        raise ValueError(f"num_experts_per_tok={k} must be between 1 and num_experts={num_experts}")
-    n = raw["num_hidden_layers"]
-    types = tuple(raw.get("layer_types") or (SLIDING if i % 2 == 0 else FULL for i in range(n)))
-    if len(types) != n or not set(types) <= {SLIDING, FULL}:
-        raise ValueError(
-            f"layer_types must list {n} entries (num_hidden_layers), each {SLIDING!r} or "
-            f"{FULL!r}; got {list(types)}"
-        )
-    if SLIDING in types and not raw.get("sliding_window"):
-        raise ValueError("layer_types has sliding_attention layers but sliding_window is not set")
-    return dict(
-        num_experts=num_experts,
-        num_experts_per_tok=k,
-        moe_intermediate_size=raw["intermediate_size"],
-        attention_sinks=True,
-        layer_types=types,
-        swiglu=(raw.get("swiglu_alpha"), raw.get("swiglu_limit")),
-    )
