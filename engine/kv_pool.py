@@ -47,10 +47,12 @@ class KVPool:
         device: torch.device,
     ) -> KVPool:
         """Allocate the groups' tensors (zeroed) and bind each of `layers` (the model's
-        PagedAttention modules, one per layer in order) to its K/V views."""
-        if len(layers) != cfg.num_layers:
+        PagedAttention modules, one per attention layer in order: cfg.attention_layer_ids) to
+        its K/V views."""
+        layer_ids = cfg.attention_layer_ids()
+        if len(layers) != len(layer_ids):
             raise ValueError(
-                f"the model has {len(layers)} attention layers, its config {cfg.num_layers}"
+                f"the model has {len(layers)} attention layers, its config {len(layer_ids)}"
             )
         groups: dict[tuple[int, int], list[int]] = {}
         for i in cfg.kv_layers():
@@ -66,7 +68,7 @@ class KVPool:
             )
             where.update({layer: (g, j) for j, layer in enumerate(members)})
         pool = cls(tensors, scales, num_blocks, dtype)
-        for i, attn in enumerate(layers):
+        for i, attn in zip(layer_ids, layers, strict=True):
             source = cfg.kv_source(i)
             pool._bind(attn, *where[i if source is None else source])
         return pool

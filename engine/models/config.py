@@ -7,6 +7,7 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from engine.models.linear_attention import LINEAR, LinearAttention
 from engine.models.registry import ARCHITECTURES, GEMMA3_NAMES, supported_names
 
 SLIDING, FULL = "sliding_attention", "full_attention"
@@ -139,6 +140,11 @@ class ModelConfig:
     num_kv_shared_layers: int = 0
     """The last this-many layers hold no K/V: each reads that of the last earlier layer of its
     type (Gemma 4's small models)."""
+    linear_attention: LinearAttention | None = None
+    """The shape of the LINEAR layers (Qwen3.5), which keep a state per sequence, no KV."""
+    attn_output_gate: bool = False
+    """Attention's output is multiplied by sigmoid of a gate the q projection also computes
+    (Qwen3.5's full layers)."""
 
     def layer_type(self, i: int) -> str:
         if self.layer_types is not None:
@@ -179,9 +185,25 @@ class ModelConfig:
             )
         return source
 
+    def attention_layer_ids(self) -> list[int]:
+        """The layers with softmax attention over a KV cache (all but the LINEAR ones)."""
+        return [i for i in range(self.num_layers) if self.layer_type(i) != LINEAR]
+
+    def linear_layer_ids(self) -> list[int]:
+        """The LINEAR layers, each with a state per sequence."""
+        return [i for i in range(self.num_layers) if self.layer_type(i) == LINEAR]
+
     def kv_layers(self) -> list[int]:
-        """The layers that hold K/V in the pool (those not reading another's)."""
-        return [i for i in range(self.num_layers) if self.kv_source(i) is None]
+        """The layers that hold K/V in the pool (attention layers not reading another's)."""
+        return [i for i in self.attention_layer_ids() if self.kv_source(i) is None]
+
+    def state_bytes_per_sequence(self, recurrent_bytes: int, conv_bytes: int) -> int:
+        """What one sequence's linear-attention state takes over every LINEAR layer (0 for a
+        model without them), with the given bytes per element of each part."""
+        shape = self.linear_attention
+        if shape is None:
+            return 0
+        return len(self.linear_layer_ids()) * shape.state_bytes(recurrent_bytes, conv_bytes)
 
     def is_moe_layer(self, i: int) -> bool:
         return self.num_experts > 0 and i not in self.dense_layers
