@@ -143,7 +143,7 @@ def _delta_rule(
     out = torch.zeros(v.shape, dtype=v.dtype, device=v.device)
     initial = _initial_states(states, slots, fresh)  # [num_seqs, Hv, Dk, Dv]
     by_token, final = [], {}
-    for i, slot in enumerate(slot_ids):
+    for i in range(len(slot_ids)):
         lo, hi = starts[i], starts[i + 1]
         if chunking is None or (chunking > 0 and hi - lo <= chunking):
             by_token.append(i)
