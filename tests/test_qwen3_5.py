@@ -7,6 +7,7 @@ part, and bad checkpoints refused."""
 from __future__ import annotations
 
 import copy
+import importlib.util
 import json
 
 import pytest
@@ -198,11 +199,58 @@ def test_bad_checkpoints_are_refused(tiny, tmp_path, change, message):
     folder, _ = tiny
     weights = load_file(folder / "model.safetensors")
     change(weights)
-    save_file(weights, tmp_path / "model.safetensors")
-    for name in ("config.json", "tokenizer.json", "tokenizer_config.json"):
-        (tmp_path / name).write_bytes((folder / name).read_bytes())
+    _copy_folder(folder, tmp_path, weights)
     with pytest.raises(ValueError, match=message):
         _llm(tmp_path)
+
+
+_PROJ = (
+    *("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"),
+    *("in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a", "out_proj"),
+)
+
+
+@pytest.mark.skipif(
+    importlib.util.find_spec("bitsandbytes") is None, reason="bitsandbytes is not installed"
+)
+@pytest.mark.parametrize("kind", ["int8", "int4"])
+def test_quantized_generates_what_its_dequantized_weights_do(tiny, kind, tmp_path):
+    """quantization int8 / int4 quantizes the linear layers' projections too (each row on its
+    own, so fused or not they quantize alike); the engine then generates exactly what it
+    generates in fp32 from the same weights quantized and dequantized."""
+    from engine.quant.bnb import code_table, quantize_4bit, quantize_int8
+    from engine.quant.modules import QuantLinear
+    from engine.quant.reference import dequantize_ref
+
+    folder, _ = tiny
+    group = 32  # divides every projection's input width
+    tensors = load_file(folder / "model.safetensors")
+    for name, w in tensors.items():
+        if name.rsplit(".", 2)[-2] not in _PROJ:
+            continue  # embeddings, norms, conv taps, A_log, dt_bias: 16-bit
+        if kind == "int8":
+            tensors[name] = dequantize_ref(*quantize_int8(w), None, 0)
+        else:
+            q, scales = quantize_4bit(w, group, "nf4")
+            tensors[name] = dequantize_ref(q, scales, code_table("nf4"), group)
+    _copy_folder(folder, tmp_path, tensors)
+    quantized = _llm(folder, quantization=kind, quant_block_size=group)
+    model = quantized.engine.runner.model
+    linear_attn = model.layers[0].linear_attn
+    assert all(
+        isinstance(getattr(linear_attn, p), QuantLinear)
+        for p in ("in_proj_qkvz", "in_proj_ba", "out_proj")
+    )
+    prompts = _prompts([5, 70])
+    ours = quantized.generate(prompts, GREEDY)
+    want = _llm(tmp_path).generate(prompts, GREEDY)
+    assert [o.token_ids for o in ours] == [o.token_ids for o in want]
+
+
+def _copy_folder(folder, dst, tensors: dict) -> None:
+    save_file(tensors, dst / "model.safetensors")
+    for name in ("config.json", "tokenizer.json", "tokenizer_config.json"):
+        (dst / name).write_bytes((folder / name).read_bytes())
 
 
 @pytest.mark.gpu
