@@ -74,13 +74,13 @@ def test_chunked_prefill_carries_the_state_across_chunks(tiny):
 
 def test_tight_kv_pool_preempts_and_recomputes_from_a_fresh_state(tiny):
     folder, hf = tiny
-    prompts = _prompts([40, 50, 60])
-    params = SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True, logprobs=0)
-    # 3 prompts of up to 76 tokens in 16-token blocks need up to 14 blocks; 8 preempt
+    prompts = _prompts([30, 40, 50])
+    params = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True, logprobs=0)
+    # 3 prompts of up to 62 tokens in 16-token blocks need up to 11 blocks; 6 preempt
     outs = generate_under_pressure(
-        folder, hf, prompts, params, num_kv_blocks=8, step_tokens=32, max_model_len=128
+        folder, hf, prompts, params, num_kv_blocks=6, step_tokens=32, max_model_len=96
     )
-    assert all(len(o.token_ids) == 16 for o in outs)
+    assert all(len(o.token_ids) == 12 for o in outs)
 
 
 def test_prefills_beside_decodes_and_an_abort(tiny):
