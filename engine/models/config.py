@@ -7,6 +7,7 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from engine.models.linear_attention import LINEAR, LinearAttention
 from engine.models.registry import ARCHITECTURES, GEMMA3_NAMES, GEMMA4_NAMES, supported_names
 
 SLIDING, FULL = "sliding_attention", "full_attention"
@@ -141,15 +142,19 @@ class ModelConfig:
     """The last this-many layers hold no K/V: each reads that of the last earlier layer of its
     type (Gemma 4's small models)."""
     hidden_size_per_layer_input: int = 0
-    """Per-layer input embeddings (Gemma 4's PLE): each layer adds a gated projection of its
-    own [hidden_size_per_layer_input] slice of a per-token input; 0: none."""
+    """Per-layer inputs (Gemma 4's PLE, engine/models/gemma4.py): each layer's slice width of
+    a table of vocab_size_per_layer_input rows; 0: none."""
     vocab_size_per_layer_input: int = 0
-    """Rows of the per-layer input embedding table."""
     use_double_wide_mlp: bool = False
     """The layers that read another's K/V have dense MLPs of 2 x intermediate_size (Gemma 4)."""
     moe_beside_mlp: bool = False
     """Each MoE layer keeps its dense MLP beside the experts, whose block has its own pre- and
     post-norms, a router scale [hidden] and per-expert scales (Gemma 4)."""
+    linear_attention: LinearAttention | None = None
+    """The shape of the LINEAR layers (Qwen3.5), which keep a state per sequence, no KV."""
+    attn_output_gate: bool = False
+    """Attention's output is multiplied by sigmoid of a gate the q projection also computes
+    (Qwen3.5's full layers)."""
 
     def layer_type(self, i: int) -> str:
         if self.layer_types is not None:
@@ -190,16 +195,31 @@ class ModelConfig:
             )
         return source
 
+    def attention_layer_ids(self) -> list[int]:
+        """The layers with softmax attention over a KV cache (all but the LINEAR ones)."""
+        return [i for i in range(self.num_layers) if self.layer_type(i) != LINEAR]
+
+    def linear_layer_ids(self) -> list[int]:
+        """The LINEAR layers, each with a state per sequence."""
+        return [i for i in range(self.num_layers) if self.layer_type(i) == LINEAR]
+
     def kv_layers(self) -> list[int]:
-        """The layers that hold K/V in the pool (those not reading another's)."""
-        return [i for i in range(self.num_layers) if self.kv_source(i) is None]
+        """The layers that hold K/V in the pool (attention layers not reading another's)."""
+        return [i for i in self.attention_layer_ids() if self.kv_source(i) is None]
+
+    def state_bytes_per_sequence(self, recurrent_bytes: int, conv_bytes: int) -> int:
+        """What one sequence's linear-attention state takes over every LINEAR layer (0 for a
+        model without them), with the given bytes per element of each part."""
+        shape = self.linear_attention
+        if shape is None:
+            return 0
+        return len(self.linear_layer_ids()) * shape.state_bytes(recurrent_bytes, conv_bytes)
 
     def is_moe_layer(self, i: int) -> bool:
         return self.num_experts > 0 and i not in self.dense_layers
 
     def mlp_size(self, i: int) -> int:
-        """Layer i's dense-MLP width: doubled on the K/V-sharing layers with
-        use_double_wide_mlp."""
+        """Layer i's dense-MLP width (doubled where use_double_wide_mlp and i shares K/V)."""
         wide = self.use_double_wide_mlp and self.kv_source(i) is not None
         return self.intermediate_size * (2 if wide else 1)
 
@@ -251,12 +271,11 @@ class ModelConfig:
                 mi = self.mlp_size(i)
                 linear, rows, active = linear + 3 * h * mi, rows + 2 * mi + h, active + 3 * h * mi
         embed = v * h * (1 if self.tie_word_embeddings else 2)
-        ple = self.hidden_size_per_layer_input * self.num_layers  # every layer's slices
-        if ple:
-            embed += self.vocab_size_per_layer_input * ple
-            other += h * ple + self.hidden_size_per_layer_input  # projection and its norm
-            other += self.num_layers * h  # each layer's post norm
-            other += 2 * h * ple  # each layer's gate and projection
+        if self.hidden_size_per_layer_input:
+            from engine.models.gemma4_config import per_layer_input_params
+
+            ple_embed, ple_other = per_layer_input_params(self)
+            embed, other = embed + ple_embed, other + ple_other
         return ParamCounts(linear, rows, embed, other + h, active, experts, expert_rows)
 
     @property

@@ -196,3 +196,12 @@ def _moe_fields(raw: dict) -> dict:
         "norm_topk_prob": True,
         "moe_beside_mlp": True,
     }
+
+
+def per_layer_input_params(cfg) -> tuple[int, int]:
+    """The per-layer inputs' parameters of a ModelConfig: (the table, counted with the
+    embeddings; the rest, kept 16-bit: the projection from the embeddings and its norm, each
+    layer's gate, projection and post norm)."""
+    width, h, n = cfg.hidden_size_per_layer_input, cfg.hidden_size, cfg.num_layers
+    table = cfg.vocab_size_per_layer_input * n * width
+    return table, h * n * width + width + n * (2 * h * width + h)
