@@ -162,6 +162,10 @@ def test_throughput_floor_rejects_mismatched_lengths():
         ("Q3MOE-B", 479, 600, "FAIL"),
         ("Q3MOE-A", 6_000, 10_000, "pass"),
         ("Q3MOE-A", 5_999, 10_000, "FAIL"),
+        ("G4-B", 56, 69, "pass"),
+        ("G4-B", 55, 69, "FAIL"),
+        ("G4MOE-A", 6_000, 10_000, "pass"),
+        ("G4MOE-A", 5_999, 10_000, "FAIL"),
     ],
 )
 def test_verdict_against_design_targets(workload, achieved, floor, result):
