@@ -121,6 +121,41 @@ def test_without_per_layer_inputs_or_k_eq_v(tmp_path):
     assert_greedy_agrees(hf, _prompts()[:3], outs, logprob_atol=LOGPROB_ATOL)
 
 
+SHARED_KV = dict(  # as gemma-4-e2b: full layers with their own head dim and KV heads, the
+    # last two layers reading layers 2 and 3's K/V with double-wide MLPs
+    num_hidden_layers=6,
+    layer_types=[SLIDING, FULL, SLIDING, FULL, SLIDING, FULL],
+    global_head_dim=64,
+    num_global_key_value_heads=1,
+    attention_k_eq_v=True,
+    num_kv_shared_layers=2,
+    use_double_wide_mlp=True,
+)
+
+
+def test_shared_kv_and_wider_full_layers_agree_under_preemption(tmp_path):
+    config = _text_config(**SHARED_KV)
+    config.architectures = ["Gemma4ForCausalLM"]
+    folder, hf = _make(config, tmp_path)
+    cfg = ModelConfig.from_folder(folder)
+    assert [cfg.kv_source(i) for i in range(6)] == [None, None, None, None, 2, 3]
+    assert (cfg.layer_attention(3).head_dim, cfg.layer_attention(3).num_kv_heads) == (64, 1)
+    outs = generate_under_pressure(
+        folder, hf, _prompts(), PARAMS, num_kv_blocks=10, step_tokens=12, max_model_len=128
+    )
+    assert min(o.metrics.num_prefill_chunks for o in outs) > 3
+
+
+def test_the_moe_block_beside_the_dense_mlp_agrees(tmp_path):
+    config = _text_config(
+        enable_moe_block=True, num_experts=4, top_k_experts=2, moe_intermediate_size=32
+    )
+    config.architectures = ["Gemma4ForCausalLM"]
+    folder, hf = _make(config, tmp_path)
+    outs = LLM(str(folder), device="cpu", max_model_len=128).generate(_prompts()[:3], PARAMS)
+    assert_greedy_agrees(hf, _prompts()[:3], outs, logprob_atol=LOGPROB_ATOL)
+
+
 def test_the_layers_are_built_as_the_config_says(tiny_gemma4):
     folder, hf = tiny_gemma4
     cfg = ModelConfig.from_folder(folder)

@@ -21,6 +21,7 @@ from torch import nn
 
 from engine.models.config import FULL, SLIDING, ModelConfig
 from engine.models.gemma3 import Gemma3MLP, _rounded
+from engine.models.gemma4_moe import Gemma4MoE
 from engine.models.gemma4_weights import load_gemma4_weights
 from engine.models.layers import Linear, PagedAttention, RMSNorm
 from engine.models.llama import Attention
@@ -61,7 +62,7 @@ class Gemma4DecoderLayer(nn.Module):
         self.post_feedforward_layernorm = RMSNorm(h, eps)
         self.moe = self.post_feedforward_layernorm_1 = None
         if cfg.is_moe_layer(layer):
-            self.moe = _moe_block(cfg)
+            self.moe = Gemma4MoE(cfg)
             self.post_feedforward_layernorm_1 = RMSNorm(h, eps)
         self.per_layer_input_gate = self.per_layer_projection = None
         if p := cfg.hidden_size_per_layer_input:
@@ -86,17 +87,6 @@ class Gemma4DecoderLayer(nn.Module):
             gate = F.gelu(self.per_layer_input_gate(x), approximate="tanh") * per_layer_input
             x = x + self.post_per_layer_input_norm(self.per_layer_projection(gate))
         return x * self.layer_scalar
-
-
-def _moe_block(cfg: ModelConfig) -> nn.Module:
-    try:
-        from engine.models.gemma4_moe import Gemma4MoE
-    except ModuleNotFoundError as err:
-        raise NotImplementedError(
-            "Gemma 4's mixture-of-experts block (enable_moe_block) is not supported yet; "
-            "the dense Gemma 4 models run"
-        ) from err
-    return Gemma4MoE(cfg)
 
 
 class Gemma4ForCausalLM(nn.Module):

@@ -13,6 +13,7 @@ import torch
 from torch import nn
 
 from engine.models.gemma3 import TEXT_PREFIXES
+from engine.models.gemma4_moe import CHECKPOINT_NAMES as MOE_NAMES
 
 logger = logging.getLogger(__name__)
 
@@ -80,7 +81,7 @@ def load_gemma4_weights(
         ):
             num_unused += 1
             continue
-        if layer is not None and layer.moe is not None and match[2] in _moe_names():
+        if layer is not None and layer.moe is not None and match[2] in MOE_NAMES:
             ours = layer.moe.load_checkpoint_weight(match[2], tensor, copy)
             loaded.add(f"layers.{match[1]}.moe.{ours}#None")
             continue
@@ -118,9 +119,3 @@ def load_gemma4_weights(
             f"Gemma 4 checkpoint is missing weights: {missing[:5]}"
             + (f" and {len(missing) - 5} more" if len(missing) > 5 else "")
         )
-
-
-def _moe_names() -> Iterable[str]:
-    from engine.models.gemma4_moe import CHECKPOINT_NAMES
-
-    return CHECKPOINT_NAMES
