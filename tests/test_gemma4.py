@@ -296,9 +296,17 @@ def test_configs_the_engine_cannot_run_are_refused():
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("eager", [True, False])
-def test_gpu_greedy_agrees_past_the_window(tiny_gemma4, eager):
-    """The Triton backend's sliding window, fused norms and RoPE, CUDA graphs, fp32."""
-    folder, _ = tiny_gemma4
+@pytest.mark.parametrize("shape", ["k_eq_v", "shared_kv_moe"])
+def test_gpu_greedy_agrees_past_the_window(tiny_gemma4, tmp_path, eager, shape):
+    """The Triton backend's sliding window, fused norms and RoPE, CUDA graphs, fp32; the
+    second model with layers reading others' K/V from pool groups of two shapes and the fused
+    MoE kernel."""
+    folder = tiny_gemma4[0]
+    if shape == "shared_kv_moe":
+        moe = dict(enable_moe_block=True, num_experts=4, top_k_experts=2, moe_intermediate_size=32)
+        config = _text_config(**SHARED_KV, **moe)
+        config.architectures = ["Gemma4ForCausalLM"]
+        folder, _ = _make(config, tmp_path)
     llm = LLM(
         str(folder),
         device="cuda",
