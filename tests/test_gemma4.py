@@ -16,8 +16,11 @@ from transformers import AutoModelForCausalLM, Gemma4Config, Gemma4TextConfig
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
 from engine import LLM, SamplingParams
+from engine.attention import AttentionBackend
+from engine.context import AttentionMetadata, forward_context
 from engine.models.config import FULL, SLIDING, ModelConfig
 from engine.models.gemma4 import Gemma4ForCausalLM
+from engine.models.layers import PagedAttention
 from engine.models.loader import iter_safetensors
 from engine.models.rope import inv_freq_and_scale
 from tests.support.greedy_reference import assert_greedy_agrees, generate_under_pressure
@@ -156,6 +159,38 @@ def test_the_moe_block_beside_the_dense_mlp_agrees(tmp_path):
     assert_greedy_agrees(hf, _prompts()[:3], outs, logprob_atol=LOGPROB_ATOL)
 
 
+def test_a_kv_shared_layer_reads_the_producers_cache_and_writes_nothing():
+    """One step of a decode and a prefill chunk: the producing layer stores its K/V and
+    attends; a kv_shared layer bound to the same views attends with its own q over them."""
+    g = torch.Generator().manual_seed(4)
+    producer, reader = (PagedAttention(4, 2, 8, window=5, kv_shared=s) for s in (False, True))
+    cache = torch.randn(2, 6, 4, 2, 8, generator=g)  # K, V: [blocks, block_size, kv, dim]
+    for attn in (producer, reader):
+        attn.k_cache, attn.v_cache, attn.backend = cache[0], cache[1], AttentionBackend()
+    # sequence 0 decodes its 7th token (blocks 1, 2); sequence 1 prefills tokens 3..5 (block 3)
+    meta = AttentionMetadata(
+        slot_mapping=torch.tensor([2 * 4 + 2, 3 * 4 + 3, 4 * 4 + 0, 4 * 4 + 1]),
+        query_start_loc=torch.tensor([0, 1, 4], dtype=torch.int32),
+        seq_lens=torch.tensor([7, 6], dtype=torch.int32),
+        block_tables=torch.tensor([[1, 2], [3, 4]], dtype=torch.int32),
+        num_decodes=1,
+        max_query_len=3,
+        max_seq_len=7,
+        query_start_loc_cpu=[0, 1, 4],
+        seq_lens_cpu=[7, 6],
+    )
+    q, q2 = torch.randn(2, 4, 4, 8, generator=g)
+    k, v = torch.randn(2, 4, 2, 8, generator=g)
+    with forward_context(meta):
+        producer(q, k, v)
+        stored = cache.clone()
+        out = reader(q2)
+        assert torch.equal(cache, stored)
+        torch.testing.assert_close(out, producer.attend(q2, meta), rtol=0, atol=0)
+        reader.fuse_rope_store = True  # as start-up timing may set it on every layer
+        assert reader.rope_and_store(None, None, q2, None, None) is None
+
+
 def test_the_layers_are_built_as_the_config_says(tiny_gemma4):
     folder, hf = tiny_gemma4
     cfg = ModelConfig.from_folder(folder)
@@ -282,6 +317,7 @@ def test_configs_the_engine_cannot_run_are_refused():
 
     with pytest.raises(ValueError, match="causal"):
         parse(use_bidirectional_attention="all")
+    assert parse(use_bidirectional_attention="vision").num_layers == 35  # text stays causal
     with pytest.raises(ValueError, match="sliding layers"):
         parse(rope_parameters={**ROPE, SLIDING: {"rope_type": "yarn", "rope_theta": 1e4}})
     with pytest.raises(ValueError, match="layer_types"):

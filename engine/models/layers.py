@@ -176,9 +176,9 @@ class PagedAttention(nn.Module):
         found the fused kernel equal to the two and faster on this device (fuse_rope_store);
         None otherwise (the caller runs them one by one), always for a partial RoPE (the
         kernel takes whole-head tables) and for a layer that stores no K/V (kv_shared)."""
-        if not self.fuse_rope_store or q.shape[0] >= FUSED_ROPE_MAX_TOKENS or rope.is_partial:
+        if self.kv_shared or not self.fuse_rope_store or q.shape[0] >= FUSED_ROPE_MAX_TOKENS:
             return None
-        if self.kv_shared:
+        if rope.is_partial:
             return None
         if self.k_scales is not None or self.backend is None:
             return None
