@@ -3,10 +3,9 @@ attention metadata, sampling-tensor preparation, CUDA graphs and the memory chec
 warm-up (shrinking the pool before serving when the plan was short); runs one scheduled batch
 per call.
 
-KV cache: one tensor [num_layers, 2, num_blocks, block_size, num_kv_heads, head_dim]; each
-attention layer gets its K and V views (see engine/kernels/torch_ref.py for the layout). An
-int8 cache has a second tensor beside it, fp16 scales [num_layers, 2, num_blocks, block_size,
-num_kv_heads].
+KV cache: engine/kv_pool.py's KVPool (one tensor per group of layers with the same KV heads and
+head dim; each attention layer gets its K and V views, see engine/kernels/torch_ref.py for the
+layout).
 """
 
 from __future__ import annotations
@@ -23,7 +22,7 @@ from engine.config import EngineConfig
 from engine.context import forward_context
 from engine.cuda_graphs import DecodeGraphs, graph_batch_sizes
 from engine.input_prep import prepare_inputs, prepare_sampling
-from engine.kernels.torch_ref import KV_SCALE_DTYPE
+from engine.kv_pool import KVPool
 from engine.memory_cap import apply_memory_cap
 from engine.memory_check import (
     GIB,
@@ -44,8 +43,6 @@ from engine.structured.bitmask import apply_bitmask
 from engine.tuning import KernelChoices, choose_kernels
 
 logger = logging.getLogger("engine.memory")
-KV_TENSORS = ("k_cache", "v_cache", "k_scales", "v_scales")
-"""Attention-layer attributes that hold views of the KV pool."""
 
 
 class ModelRunner:
@@ -75,52 +72,30 @@ class ModelRunner:
             quant=resolve_weight_quant(config, model_config),
         )
         self.block_size = config.block_size
-        self.kv_cache = torch.empty(0)
-        self.kv_scales: torch.Tensor | None = None
+        self.kv_pool = KVPool.empty()
         self.graphs: DecodeGraphs | None = None
         self.kernel_choices = KernelChoices()  # this engine's alone (engine/tuning.py)
         self.max_blocks_per_seq = -(-config.max_model_len // config.block_size)
 
     def allocate_kv_cache(self, num_blocks: int, kv_dtype: torch.dtype) -> None:
         """Allocate the paged pool and bind each attention layer's K/V views."""
-        cfg = self.model_config
-        self.kv_cache = torch.zeros(
-            cfg.num_layers,
-            2,
-            num_blocks,
-            self.block_size,
-            cfg.num_kv_heads,
-            cfg.head_dim,
-            dtype=kv_dtype,
-            device=self.device,
-        )  # [num_layers, 2, num_blocks, block_size, num_kv_heads, head_dim]
-        self.kv_scales = None
-        if kv_dtype == torch.int8:
-            # [num_layers, 2, num_blocks, block_size, num_kv_heads]
-            self.kv_scales = torch.zeros(
-                self.kv_cache.shape[:-1], dtype=KV_SCALE_DTYPE, device=self.device
-            )
         backend = select_backend(self.device)
-        for i, attn in enumerate(self.model.attention_layers()):
-            attn.k_cache, attn.v_cache = self.kv_cache[i, 0], self.kv_cache[i, 1]
-            attn.k_scales = attn.v_scales = None
-            if self.kv_scales is not None:
-                attn.k_scales, attn.v_scales = self.kv_scales[i, 0], self.kv_scales[i, 1]
+        layers = self.model.attention_layers()
+        self.kv_pool = KVPool.allocate(
+            self.model_config, layers, num_blocks, self.block_size, kv_dtype, self.device
+        )
+        for attn in layers:
             attn.backend = backend
         self.backend = backend
 
     @property
     def kv_pool_bytes(self) -> int:
-        scales = self.kv_scales
-        return self.kv_cache.nbytes + (scales.nbytes if scales is not None else 0)
+        return self.kv_pool.nbytes
 
     def release_kv_cache(self) -> None:
         """Drop every reference to the pool, so a smaller one never sits beside it."""
-        for attn in self.model.attention_layers():
-            for name in KV_TENSORS:
-                if hasattr(attn, name):
-                    setattr(attn, name, None)
-        self.kv_cache, self.kv_scales = torch.empty(0), None
+        KVPool.unbind(self.model.attention_layers())
+        self.kv_pool = KVPool.empty()
         gc.collect()
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
@@ -201,7 +176,7 @@ class ModelRunner:
                 workload()
 
         got = measure(self, timed_workload)
-        cfg, num_blocks = self.config, self.kv_cache.shape[2]
+        cfg, num_blocks = self.config, self.kv_pool.num_blocks
         block_bytes = max(1, got.items.kv_pool // num_blocks)
         shed = blocks_to_shed(got.peak, predicted.total, block_bytes)
         report = MemoryReport(
@@ -219,7 +194,7 @@ class ModelRunner:
                     f"{max(0, keep) * cfg.block_size // 256 * 256}"
                 )
             self.graphs = None  # they point at the old pool
-            kv_dtype = self.kv_cache.dtype
+            kv_dtype = self.kv_pool.dtype
             self.release_kv_cache()
             self.allocate_kv_cache(keep, kv_dtype)
             self.capture_cuda_graphs()

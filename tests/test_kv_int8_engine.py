@@ -40,7 +40,7 @@ def fp32_outputs(tiny_llama):
 
 def test_int8_kv_greedy_mostly_agrees_with_fp32(tiny_llama, fp32_outputs):
     llm = LLM(str(tiny_llama), device="cpu", max_model_len=256, kv_cache_dtype="int8")
-    assert llm.engine.runner.kv_cache.dtype == torch.int8
+    assert llm.engine.runner.kv_pool.dtype == torch.int8
     assert llm.engine.config.kv_cache_dtype == "int8"
     outs = [o.token_ids for o in llm.generate(_prompts(), GREEDY)]
     # Random weights make a near-tie at some step likely; most tokens still agree, and the

@@ -74,7 +74,7 @@ def test_peak_over_the_plan_shrinks_the_pool_before_serving(tiny_llama, predicte
     assert report.shed_blocks == 11 and report.final_blocks == 53
     assert engine.config.num_kv_blocks == 53
     assert engine.block_manager.num_blocks == 53
-    assert engine.runner.kv_cache.shape[2] == 53
+    assert engine.runner.kv_pool.num_blocks == 53
     assert all(a.k_cache.shape[0] == 53 for a in engine.runner.model.attention_layers())
     done = llm.generate([[1, 2, 3]], SamplingParams(max_tokens=5, temperature=0.0))
     assert len(done[0].token_ids) == 5

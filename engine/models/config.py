@@ -7,7 +7,8 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from engine.models.registry import ARCHITECTURES, GEMMA3_NAMES, supported_names
+from engine.models.linear_attention import LINEAR, LinearAttention
+from engine.models.registry import ARCHITECTURES, GEMMA3_NAMES, GEMMA4_NAMES, supported_names
 
 SLIDING, FULL = "sliding_attention", "full_attention"
 """Layer types, by config.json's `layer_types` names."""
@@ -17,6 +18,7 @@ ROPE_TYPES = {
     "linear": ("factor",),
     "llama3": ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"),
     "yarn": ("factor", "original_max_position_embeddings"),
+    "proportional": (),  # partial_rotary_factor and factor optional (Gemma 4's full layers)
 }
 """The RoPE types the engine builds (engine/models/rope.py), each with the keys its scaling
 dict must hold."""
@@ -139,6 +141,20 @@ class ModelConfig:
     num_kv_shared_layers: int = 0
     """The last this-many layers hold no K/V: each reads that of the last earlier layer of its
     type (Gemma 4's small models)."""
+    hidden_size_per_layer_input: int = 0
+    """Per-layer inputs (Gemma 4's PLE, engine/models/gemma4.py): each layer's slice width of
+    a table of vocab_size_per_layer_input rows; 0: none."""
+    vocab_size_per_layer_input: int = 0
+    use_double_wide_mlp: bool = False
+    """The layers that read another's K/V have dense MLPs of 2 x intermediate_size (Gemma 4)."""
+    moe_beside_mlp: bool = False
+    """Each MoE layer keeps its dense MLP beside the experts, whose block has its own pre- and
+    post-norms, a router scale [hidden] and per-expert scales (Gemma 4)."""
+    linear_attention: LinearAttention | None = None
+    """The shape of the LINEAR layers (Qwen3.5), which keep a state per sequence, no KV."""
+    attn_output_gate: bool = False
+    """Attention's output is multiplied by sigmoid of a gate the q projection also computes
+    (Qwen3.5's full layers)."""
 
     def layer_type(self, i: int) -> str:
         if self.layer_types is not None:
@@ -179,12 +195,33 @@ class ModelConfig:
             )
         return source
 
+    def attention_layer_ids(self) -> list[int]:
+        """The layers with softmax attention over a KV cache (all but the LINEAR ones)."""
+        return [i for i in range(self.num_layers) if self.layer_type(i) != LINEAR]
+
+    def linear_layer_ids(self) -> list[int]:
+        """The LINEAR layers, each with a state per sequence."""
+        return [i for i in range(self.num_layers) if self.layer_type(i) == LINEAR]
+
     def kv_layers(self) -> list[int]:
-        """The layers that hold K/V in the pool (those not reading another's)."""
-        return [i for i in range(self.num_layers) if self.kv_source(i) is None]
+        """The layers that hold K/V in the pool (attention layers not reading another's)."""
+        return [i for i in self.attention_layer_ids() if self.kv_source(i) is None]
+
+    def state_bytes_per_sequence(self, recurrent_bytes: int, conv_bytes: int) -> int:
+        """What one sequence's linear-attention state takes over every LINEAR layer (0 for a
+        model without them), with the given bytes per element of each part."""
+        shape = self.linear_attention
+        if shape is None:
+            return 0
+        return len(self.linear_layer_ids()) * shape.state_bytes(recurrent_bytes, conv_bytes)
 
     def is_moe_layer(self, i: int) -> bool:
         return self.num_experts > 0 and i not in self.dense_layers
+
+    def mlp_size(self, i: int) -> int:
+        """Layer i's dense-MLP width (doubled where use_double_wide_mlp and i shares K/V)."""
+        wide = self.use_double_wide_mlp and self.kv_source(i) is not None
+        return self.intermediate_size * (2 if wide else 1)
 
     def kv_bytes_per_token(self, elem_bytes: int, scale_bytes: int = 0) -> int:
         """The KV-cache formula: 2 (K and V) x layers x KV heads (not attention heads) x
@@ -207,29 +244,38 @@ class ModelConfig:
 
     def param_counts(self) -> ParamCounts:
         """Parameters by kind: attention (per layer's head_dim; a layer sharing another's K/V
-        has no k/v projections), dense MLPs or experts (gate, up, down each), norms (q/k norms
-        and post-norms included), routers."""
+        has no k/v projections and no k norm, a k_eq_v layer no v projection), dense MLPs
+        (mlp_size) and/or experts (gate, up, down each), norms (q/k norms and post-norms
+        included), routers; per-layer inputs: their table with the embeddings, their
+        projections (16-bit, not quantized) and norms with `other`."""
         h, v = self.hidden_size, self.vocab_size
         linear = rows = active = other = experts = expert_rows = 0
         for i in range(self.num_layers):
             att = self.layer_attention(i)
+            shared = att.kv_shared_from is not None
             q = self.num_heads * att.head_dim
-            kv = 0 if att.kv_shared_from is not None else att.num_kv_heads * att.head_dim
+            kv = 0 if shared else att.num_kv_heads * att.head_dim
             kv *= 1 if att.k_eq_v else 2  # K and V, or K alone
             attn = h * (q + kv) + q * h
             linear, rows, active = linear + attn, rows + q + kv + h, active + attn
             other += (4 if self.post_norms else 2) * h + (self.num_heads if att.sinks else 0)
-            other += 2 * att.head_dim if self.qk_norm else 0
+            other += (1 if shared else 2) * att.head_dim if self.qk_norm else 0
             if self.is_moe_layer(i):
                 e, k, mi = self.num_experts, self.num_experts_per_tok, self.moe_intermediate_size
                 linear, rows = linear + e * 3 * h * mi, rows + e * (2 * mi + h)
                 experts, expert_rows = experts + e * 3 * h * mi, expert_rows + e * (2 * mi + h)
                 active += k * 3 * h * mi
                 other += h * e  # the router
-            else:
-                mi = self.intermediate_size
+                other += 3 * h + h + e if self.moe_beside_mlp else 0  # norms, router scales
+            if not self.is_moe_layer(i) or self.moe_beside_mlp:
+                mi = self.mlp_size(i)
                 linear, rows, active = linear + 3 * h * mi, rows + 2 * mi + h, active + 3 * h * mi
         embed = v * h * (1 if self.tie_word_embeddings else 2)
+        if self.hidden_size_per_layer_input:
+            from engine.models.gemma4_config import per_layer_input_params
+
+            ple_embed, ple_other = per_layer_input_params(self)
+            embed, other = embed + ple_embed, other + ple_other
         return ParamCounts(linear, rows, embed, other + h, active, experts, expert_rows)
 
     @property
@@ -257,6 +303,11 @@ class ModelConfig:
             raw = gemma3_config.text_config(raw)
             family = gemma3_config.gemma3_fields(raw)
             rope = gemma3_config.rope_by_layer_type(raw)[0]  # the full layers'
+        elif arch in GEMMA4_NAMES:
+            from engine.models import gemma4_config
+
+            raw = gemma4_config.text_config(raw)
+            family, rope = gemma4_config.gemma4_fields(raw), {}
         else:
             rope = dict(raw.get("rope_parameters") or raw.get("rope_scaling") or {})
         act = raw.get("hidden_act") or raw.get("hidden_activation") or "silu"

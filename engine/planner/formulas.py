@@ -125,9 +125,19 @@ def dequantized_bytes(m: ModelConfig, dtype_bytes: int) -> int:
     """A quantized model's prefill holds its largest quantized projection dequantized to 16
     bits: a dense MLP's gate_up, else (every MLP an MoE layer: the MoE kernel reads quantized
     experts as they are) the attention's qkv projection."""
-    q, kv = m.num_heads * m.head_dim, m.num_kv_heads * m.head_dim
+    q, kv = attention_widths(m)
     rows = 2 * _dense_intermediate(m) or q + 2 * kv
     return rows * m.hidden_size * dtype_bytes
+
+
+def attention_widths(m: ModelConfig) -> tuple[int, int]:
+    """(q width, K or V width) of the widest attention layer: num_heads x head_dim and KV heads
+    x head_dim, each the largest over the layers (Gemma 4's full layers are wider)."""
+    atts = [m.layer_attention(i) for i in range(m.num_layers)]
+    return (
+        max(m.num_heads * a.head_dim for a in atts),
+        max(a.num_kv_heads * a.head_dim for a in atts),
+    )
 
 
 def _dense_intermediate(m: ModelConfig) -> int:
@@ -150,7 +160,7 @@ def activation_bytes(
     to 16 bits (dequantized_bytes) beside the gate_up output. Sampling: the final hidden states
     plus SAMPLING_BYTES_PER_LOGIT per row and vocabulary entry."""
     h = m.hidden_size
-    q, kv = m.num_heads * m.head_dim, m.num_kv_heads * m.head_dim
+    q, kv = attention_widths(m)
     sub_layer = max(mlp_peak_per_token(m), h + 3 * q + 3 * kv)
     forward = num_tokens * dtype_bytes * (4 * h + sub_layer)
     if fmt != "none":
@@ -201,7 +211,7 @@ def graph_pool_bytes(
     GRAPH_OVERHEAD_BYTES per captured batch size (num_graphs; default the ladder up to
     max_num_seqs) and GRAPH_POOL_BASE_BYTES."""
     h = m.hidden_size
-    q, kv = m.num_heads * m.head_dim, m.num_kv_heads * m.head_dim
+    q, kv = attention_widths(m)
     sub_layer = max(mlp_peak_per_token(m), h + 3 * q + 3 * kv)
     largest = max_num_seqs * dtype_bytes * (4 * h + sub_layer)
     if num_graphs is None:
