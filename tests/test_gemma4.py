@@ -145,6 +145,10 @@ def test_shared_kv_and_wider_full_layers_agree_under_preemption(tmp_path):
     cfg = ModelConfig.from_folder(folder)
     assert [cfg.kv_source(i) for i in range(6)] == [None, None, None, None, 2, 3]
     assert (cfg.layer_attention(3).head_dim, cfg.layer_attention(3).num_kv_heads) == (64, 1)
+    # a checkpoint may still hold the sharing layers' k/v weights: unused, as in transformers
+    model = Gemma4ForCausalLM(cfg, max_positions=128)
+    unused = ("model.layers.4.self_attn.k_proj.weight", torch.ones(64, 64))
+    model.load_weights([*iter_safetensors(folder), unused])
     outs = generate_under_pressure(
         folder, hf, _prompts(), PARAMS, num_kv_blocks=10, step_tokens=12, max_model_len=128
     )
