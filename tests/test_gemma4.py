@@ -8,11 +8,18 @@ the config's defaults, RoPE tables and parameter counts against transformers'.""
 from __future__ import annotations
 
 import json
+import logging
 
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
-from transformers import AutoModelForCausalLM, Gemma4Config, Gemma4TextConfig
+from transformers import (
+    AutoModelForCausalLM,
+    Gemma4AudioConfig,
+    Gemma4Config,
+    Gemma4TextConfig,
+    Gemma4VisionConfig,
+)
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
 from engine import LLM, SamplingParams
@@ -230,12 +237,34 @@ def test_load_weights_names_missing_unexpected_and_misshapen_weights(tiny_gemma4
     assert torch.equal(model.layers[1].pre_feedforward_layernorm.weight, norm)  # x * w
 
 
-def test_text_part_of_a_multimodal_checkpoint(tmp_path):
-    config = Gemma4Config(text_config=_text_config(), vision_config=None, audio_config=None)
+def test_text_part_of_a_multimodal_checkpoint(tmp_path, caplog):
+    vision = Gemma4VisionConfig(
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        head_dim=8,
+        position_embedding_size=64,
+        patch_size=4,
+    )
+    audio = Gemma4AudioConfig(
+        hidden_size=16,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        subsampling_conv_channels=[4, 4],
+        output_proj_dims=16,
+    )
+    config = Gemma4Config(text_config=_text_config(), vision_config=vision, audio_config=audio)
     config.architectures = ["Gemma4ForConditionalGeneration"]
     folder, hf = _make(config, tmp_path)
     saved = json.loads((tmp_path / "config.json").read_text())
     assert "text_config" in saved and "vocab_size" not in saved
+    with caplog.at_level(logging.INFO, logger="engine.models.gemma4_weights"):
+        Gemma4ForCausalLM(ModelConfig.from_folder(folder), 128).load_weights(
+            iter_safetensors(folder)
+        )
+    assert "vision and audio tower weights" in caplog.text
     outs = LLM(str(tmp_path), device="cpu", max_model_len=128).generate(_prompts()[:3], PARAMS)
     assert_greedy_agrees(hf, _prompts()[:3], outs, logprob_atol=LOGPROB_ATOL)
 
