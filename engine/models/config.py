@@ -243,11 +243,9 @@ class ModelConfig:
         return self.kv_bytes_per_token(KV_ELEMENT_BYTES[kv_dtype], KV_SCALE_BYTES.get(kv_dtype, 0))
 
     def param_counts(self) -> ParamCounts:
-        """Parameters by kind: attention (per layer's head_dim; a layer sharing another's K/V
-        has no k/v projections and no k norm, a k_eq_v layer no v projection), dense MLPs
-        (mlp_size) and/or experts (gate, up, down each), norms (q/k norms and post-norms
-        included), routers; per-layer inputs: their table with the embeddings, their
-        projections (16-bit, not quantized) and norms with `other`."""
+        """Parameters by kind: attention (per layer's shape; K/V-sharing layers: no k/v, no k
+        norm; k_eq_v: no v), dense MLPs (mlp_size) and/or experts, norms, routers, per-layer
+        inputs (gemma4_config.per_layer_input_params)."""
         h, v = self.hidden_size, self.vocab_size
         linear = rows = active = other = experts = expert_rows = 0
         for i in range(self.num_layers):
