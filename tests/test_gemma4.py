@@ -168,7 +168,15 @@ def test_the_moe_block_beside_the_dense_mlp_agrees(tmp_path):
     )
     config.architectures = ["Gemma4ForCausalLM"]
     folder, hf = _make(config, tmp_path)
-    outs = LLM(str(folder), device="cpu", max_model_len=128).generate(_prompts()[:3], PARAMS)
+    # one thread: the CPU expert loop's tiny index_add_ calls took 16-33 ms each with two
+    # threads on a loaded 2-core machine, 8 us with one
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        llm = LLM(str(folder), device="cpu", max_model_len=128)
+        outs = llm.generate(_prompts()[:3], PARAMS)
+    finally:
+        torch.set_num_threads(threads)
     assert_greedy_agrees(hf, _prompts()[:3], outs, logprob_atol=LOGPROB_ATOL)
 
 
