@@ -65,6 +65,9 @@ class ModelShape:
     """Every expert's parameters, all MoE layers (part of num_params); 0 for a dense model."""
     num_experts: int = 0
     num_experts_per_tok: int = 0
+    kv_token_bytes: int | None = None
+    """KV-cache bytes per token where the layers differ (Gemma 4: full layers with their own
+    head dim and KV heads, layers reading another's K/V); None: the uniform formula."""
 
     @property
     def weight_bytes(self) -> int:
@@ -85,6 +88,8 @@ class ModelShape:
 
     @property
     def kv_bytes_per_token(self) -> int:
+        if self.kv_token_bytes is not None:
+            return self.kv_token_bytes
         return kv_bytes_per_token(
             self.num_layers, self.num_kv_heads, self.head_dim, self.kv_bytes_per_elem
         )
@@ -105,6 +110,7 @@ class ModelShape:
             expert_params=counts.experts,
             num_experts=mc.num_experts,
             num_experts_per_tok=mc.num_experts_per_tok,
+            kv_token_bytes=mc.kv_bytes_per_token(kv_bytes),
         )
 
 
@@ -222,8 +228,12 @@ TARGETS = {
     # a family's shape (bench_gpu.FAMILIES): batch-1 decode and workload A against their floors
     "G3-B": (">= 80% of floor", lambda achieved, floor: achieved >= 0.8 * floor),
     "G3-A": (">= 60% of floor", lambda achieved, floor: achieved >= 0.6 * floor),
+    "G4-B": (">= 80% of floor", lambda achieved, floor: achieved >= 0.8 * floor),
+    "G4-A": (">= 60% of floor", lambda achieved, floor: achieved >= 0.6 * floor),
     "Q3MOE-B": (">= 80% of floor", lambda achieved, floor: achieved >= 0.8 * floor),
     "Q3MOE-A": (">= 60% of floor", lambda achieved, floor: achieved >= 0.6 * floor),
+    "G4MOE-B": (">= 80% of floor", lambda achieved, floor: achieved >= 0.8 * floor),
+    "G4MOE-A": (">= 60% of floor", lambda achieved, floor: achieved >= 0.6 * floor),
     "GPTOSS-B": (">= 80% of floor", lambda achieved, floor: achieved >= 0.8 * floor),
     "GPTOSS-A": (">= 60% of floor", lambda achieved, floor: achieved >= 0.6 * floor),
 }

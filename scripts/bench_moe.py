@@ -30,10 +30,11 @@ from scripts.bench_floor import measure_hardware  # noqa: E402
 
 # name -> (hidden, expert intermediate, experts, top-k, activation, biases), from the models'
 # config.json (hidden_size, moe_intermediate_size / intermediate_size, num_experts /
-# num_local_experts, num_experts_per_tok)
+# num_local_experts, num_experts_per_tok / top_k_experts; profiles/models holds them)
 SHAPES = {
     "qwen3-30b-a3b": (2048, 768, 128, 8, "silu", False),
     "gpt-oss-20b": (2880, 2880, 32, 4, "swiglu_oai", True),
+    "gemma-4-26b-a4b": (2816, 704, 128, 8, "gelu_tanh", False),
 }
 TOKENS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 DEVICE = "cuda"

@@ -28,13 +28,18 @@ TINY_MOE_DIMS = dict(num_experts=8, num_experts_per_tok=2, moe_intermediate_size
 def load_preset(name: str, tiny: bool = False) -> dict:
     """The config.json values of a model preset, by name (profiles/models/NAME.json);
     `tiny`: the same architecture with tiny dimensions (TINY_DIMS, and TINY_MOE_DIMS where it
-    has experts). The full vocabulary is kept (token-id prompts need no tokenizer), unlike
-    `appliance serve`'s preset folders."""
+    has experts; a listed layer_types, one per layer of the full depth, is dropped so the
+    family's default pattern applies). The full vocabulary is kept (token-id prompts need no
+    tokenizer), unlike `appliance serve`'s preset folders."""
     config = model_presets.load_preset(name)
     if not tiny:
         return config
-    moe = TINY_MOE_DIMS if config.get("num_experts") else {}
-    return {**config, **TINY_DIMS, **moe}
+    moe = dict(TINY_MOE_DIMS) if config.get("num_experts") else {}
+    if moe and "top_k_experts" in config:  # Gemma 4's name for num_experts_per_tok
+        moe["top_k_experts"] = moe["num_experts_per_tok"]
+    tiny_config = {**config, **TINY_DIMS, **moe}
+    tiny_config.pop("layer_types", None)
+    return tiny_config
 
 
 def materialise_preset(name: str, parent: str | Path, tiny: bool = False) -> Path:

@@ -64,6 +64,27 @@ def test_gemma_3_12b_preset_has_the_public_shape():
     assert counts.embed == pytest.approx(1_012e6, rel=0.01)
 
 
+def test_gemma_4_presets_count_the_published_parameters():
+    """Gemma 4's model card (google/gemma-4-*): 31B dense 30.7 B; 26B-A4B 25.2 B total, 3.8 B
+    active; E2B 2.3 B and E4B 4.5 B "effective" (without the per-layer-input table). The text
+    models' counts: the vision and audio encoders are not part of them."""
+    dense = ModelConfig.from_dict(bench_presets.load_preset("gemma-4-31b"))
+    assert dense.num_params == pytest.approx(30.7e9, rel=0.005)
+    assert [dense.layer_attention(i).head_dim for i in (4, 5)] == [256, 512]
+    assert [dense.layer_attention(i).num_kv_heads for i in (4, 5)] == [16, 4]
+    moe = ModelConfig.from_dict(bench_presets.load_preset("gemma-4-26b-a4b"))
+    assert moe.num_params == pytest.approx(25.2e9, rel=0.005)
+    assert moe.num_active_params == pytest.approx(3.8e9, rel=0.01)
+    assert all(moe.is_moe_layer(i) for i in range(30)) and moe.moe_beside_mlp
+    for name, effective, rel in (("gemma-4-e2b", 2.3e9, 0.01), ("gemma-4-e4b", 4.5e9, 0.035)):
+        small = ModelConfig.from_dict(bench_presets.load_preset(name))
+        table = small.vocab_size_per_layer_input * small.hidden_size_per_layer_input
+        table *= small.num_layers
+        assert small.num_params - table == pytest.approx(effective, rel=rel), name
+    # the floor's KV bytes per token are the engine's: full layers' own head dim and KV heads
+    assert shape("gemma-4-31b").kv_bytes_per_token == 2 * 2 * (50 * 16 * 256 + 10 * 4 * 512)
+
+
 def test_moe_floors_read_the_active_weights_at_batch_1_and_the_routed_experts_beyond():
     moe = shape("qwen3-30b-a3b")
     assert moe.num_params == pytest.approx(30.53e9, rel=0.001)
@@ -162,6 +183,10 @@ def test_throughput_floor_rejects_mismatched_lengths():
         ("Q3MOE-B", 479, 600, "FAIL"),
         ("Q3MOE-A", 6_000, 10_000, "pass"),
         ("Q3MOE-A", 5_999, 10_000, "FAIL"),
+        ("G4-B", 56, 69, "pass"),
+        ("G4-B", 55, 69, "FAIL"),
+        ("G4MOE-A", 6_000, 10_000, "pass"),
+        ("G4MOE-A", 5_999, 10_000, "FAIL"),
     ],
 )
 def test_verdict_against_design_targets(workload, achieved, floor, result):
@@ -254,3 +279,26 @@ def test_tiny_family_rows_on_cpu(tmp_path):
     rows = json.loads((tmp_path / "bench_gpu.json").read_text())["rows"]
     assert rc == 0 and [r["workload"] for r in rows] == ["G3-B", "G3-A"]
     assert all(r["detail"]["model"] == "gemma-3-12b" and r["achieved"] > 0 for r in rows)
+
+
+def test_tiny_gemma_4_family_rows_on_cpu(tmp_path):
+    """--workloads G4,G4MOE --tiny: Gemma 4's dense and MoE architectures, two layers (the
+    preset's layer_types dropped: one sliding, one full), 8 tiny experts, top-2."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        argv = ["--device", "cpu", "--tiny", "--workloads", "G4,G4MOE", "--out", str(tmp_path)]
+        rc = bench_gpu.main(argv)
+    finally:
+        torch.set_num_threads(threads)
+    results = json.loads((tmp_path / "bench_gpu.json").read_text())
+    rows = results["rows"]
+    assert rc == 0 and [r["workload"] for r in rows] == ["G4-B", "G4-A", "G4MOE-B", "G4MOE-A"]
+    assert all(r["achieved"] > 0 and r["floor"] > 0 for r in rows), rows
+    cfg = ModelConfig.from_dict(bench_presets.load_preset("gemma-4-26b-a4b", tiny=True))
+    assert (cfg.num_experts, cfg.num_experts_per_tok, cfg.layer_types) == (
+        8,
+        2,
+        ("sliding_attention", "full_attention"),
+    )
+    assert rows[2]["detail"]["floor_weight_bytes"] == cfg.num_active_params * 4  # fp32

@@ -6,9 +6,19 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from engine.models.linear_attention import LINEAR, LinearAttention
-from engine.models.registry import ARCHITECTURES, GEMMA3_NAMES, QWEN3_5_NAMES, supported_names
+from engine.models.registry import (
+    ARCHITECTURES,
+    GEMMA3_NAMES,
+    GEMMA4_NAMES,
+    QWEN3_5_NAMES,
+    supported_names,
+)
+
+if TYPE_CHECKING:
+    from engine.models.param_counts import ParamCounts
 
 SLIDING, FULL = "sliding_attention", "full_attention"
 """Layer types, by config.json's `layer_types` names."""
@@ -18,6 +28,7 @@ ROPE_TYPES = {
     "linear": ("factor",),
     "llama3": ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"),
     "yarn": ("factor", "original_max_position_embeddings"),
+    "proportional": (),  # partial_rotary_factor and factor optional (Gemma 4's full layers)
 }
 """The RoPE types the engine builds (engine/models/rope.py), each with the keys its scaling
 dict must hold."""
@@ -50,34 +61,6 @@ class LayerAttention:
     k_eq_v: bool = False
     """V is the K projection's output (before K's norm and RoPE): no v projection (Gemma 4's
     full layers)."""
-
-
-@dataclass(frozen=True)
-class ParamCounts:
-    """A model's parameters by kind (the planner's weight bytes and speed floor read these)."""
-
-    linear: int
-    """Every quantizable projection's weights (attention, MLP or experts); all experts."""
-    linear_rows: int
-    """Output rows of those projections (int8 keeps one scale per row)."""
-    embed: int
-    """Embedding table plus LM head (one table when tied)."""
-    other: int
-    """Norms, routers, biases and sinks: kept in the activation dtype."""
-    active_linear: int
-    """The projections one token reads: with experts, only num_experts_per_tok of them."""
-    experts: int = 0
-    """The experts' projection weights, every MoE layer (part of `linear`)."""
-    expert_rows: int = 0
-    """Output rows of those (part of `linear_rows`)."""
-
-    @property
-    def total(self) -> int:
-        return self.linear + self.embed + self.other
-
-    @property
-    def active(self) -> int:
-        return self.active_linear + self.embed + self.other
 
 
 @dataclass
@@ -140,6 +123,15 @@ class ModelConfig:
     num_kv_shared_layers: int = 0
     """The last this-many layers hold no K/V: each reads that of the last earlier layer of its
     type (Gemma 4's small models)."""
+    hidden_size_per_layer_input: int = 0
+    """Per-layer inputs (Gemma 4's PLE, engine/models/gemma4.py): each layer's slice width of
+    a table of vocab_size_per_layer_input rows; 0: none."""
+    vocab_size_per_layer_input: int = 0
+    use_double_wide_mlp: bool = False
+    """The layers that read another's K/V have dense MLPs of 2 x intermediate_size (Gemma 4)."""
+    moe_beside_mlp: bool = False
+    """Each MoE layer keeps its dense MLP beside the experts, whose block has its own pre- and
+    post-norms, a router scale [hidden] and per-expert scales (Gemma 4)."""
     linear_attention: LinearAttention | None = None
     """The shape of the LINEAR layers (Qwen3.5), which keep a state per sequence, no KV."""
     attn_output_gate: bool = False
@@ -208,6 +200,11 @@ class ModelConfig:
     def is_moe_layer(self, i: int) -> bool:
         return self.num_experts > 0 and i not in self.dense_layers
 
+    def mlp_size(self, i: int) -> int:
+        """Layer i's dense-MLP width (doubled where use_double_wide_mlp and i shares K/V)."""
+        wide = self.use_double_wide_mlp and self.kv_source(i) is not None
+        return self.intermediate_size * (2 if wide else 1)
+
     def kv_bytes_per_token(self, elem_bytes: int, scale_bytes: int = 0) -> int:
         """The KV-cache formula: 2 (K and V) x layers x KV heads (not attention heads) x
         (head_dim x bytes per element + scale bytes per head, for quantized caches), summed
@@ -228,50 +225,10 @@ class ModelConfig:
         return self.kv_bytes_per_token(KV_ELEMENT_BYTES[kv_dtype], KV_SCALE_BYTES.get(kv_dtype, 0))
 
     def param_counts(self) -> ParamCounts:
-        """Parameters by kind: attention (per layer's head_dim; a layer sharing another's K/V
-        has no k/v projections), dense MLPs or experts (gate, up, down each), norms (q/k norms
-        and post-norms included), routers."""
-        h, v = self.hidden_size, self.vocab_size
-        linear = rows = active = other = experts = expert_rows = 0
-        for i in range(self.num_layers):
-            if self.layer_type(i) == LINEAR:
-                mix, mix_rows, mix_other = self.linear_attention_params()
-                linear, rows, active = linear + mix, rows + mix_rows, active + mix
-                other += mix_other + 2 * h
-            else:
-                att = self.layer_attention(i)
-                q = self.num_heads * att.head_dim
-                kv = 0 if att.kv_shared_from is not None else att.num_kv_heads * att.head_dim
-                kv *= 1 if att.k_eq_v else 2  # K and V, or K alone
-                q_rows = 2 * q if self.attn_output_gate else q  # the gate comes with q
-                attn = h * (q_rows + kv) + q * h
-                linear, rows, active = linear + attn, rows + q_rows + kv + h, active + attn
-                other += (4 if self.post_norms else 2) * h + (self.num_heads if att.sinks else 0)
-                other += 2 * att.head_dim if self.qk_norm else 0
-            if self.is_moe_layer(i):
-                e, k, mi = self.num_experts, self.num_experts_per_tok, self.moe_intermediate_size
-                linear, rows = linear + e * 3 * h * mi, rows + e * (2 * mi + h)
-                experts, expert_rows = experts + e * 3 * h * mi, expert_rows + e * (2 * mi + h)
-                active += k * 3 * h * mi
-                other += h * e  # the router
-            else:
-                mi = self.intermediate_size
-                linear, rows, active = linear + 3 * h * mi, rows + 2 * mi + h, active + 3 * h * mi
-        embed = v * h * (1 if self.tie_word_embeddings else 2)
-        return ParamCounts(linear, rows, embed, other + h, active, experts, expert_rows)
+        """Parameters by kind (engine/models/param_counts.py counts them)."""
+        from engine.models.param_counts import count_params
 
-    def linear_attention_params(self) -> tuple[int, int, int]:
-        """One LINEAR layer's (projection weights, their output rows, other parameters): the
-        q/k/v, z (output gate), b (beta) and a (decay) input projections and out_proj; the
-        conv1d taps, A_log, dt_bias and the gated norm's weight."""
-        shape, h = self.linear_attention, self.hidden_size
-        if shape is None:
-            raise ValueError("a config with linear_attention layers needs their shape")
-        hv = shape.num_value_heads
-        in_rows = shape.conv_dim + shape.value_dim + 2 * hv
-        weights = h * in_rows + shape.value_dim * h
-        other = shape.conv_dim * shape.conv_kernel + 2 * hv + shape.value_head_dim
-        return weights, in_rows + h, other
+        return count_params(self)
 
     @property
     def num_params(self) -> int:
@@ -304,6 +261,11 @@ class ModelConfig:
             raw = qwen3_5_config.text_config(raw)
             family = qwen3_5_config.qwen3_5_fields(raw)
             rope = qwen3_5_config.rope_parameters(raw)
+        elif arch in GEMMA4_NAMES:
+            from engine.models import gemma4_config
+
+            raw = gemma4_config.text_config(raw)
+            family, rope = gemma4_config.gemma4_fields(raw), {}
         else:
             rope = dict(raw.get("rope_parameters") or raw.get("rope_scaling") or {})
         act = raw.get("hidden_act") or raw.get("hidden_activation") or "silu"

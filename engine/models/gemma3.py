@@ -49,10 +49,12 @@ def _rounded(value: float, dtype: torch.dtype) -> float:
 class Gemma3MLP(nn.Module):
     """GeGLU: down(gelu_tanh(gate(x)) * up(x)), gate and up in one projection."""
 
-    def __init__(self, cfg: ModelConfig) -> None:
+    def __init__(self, cfg: ModelConfig, intermediate_size: int | None = None) -> None:
+        """intermediate_size: the width where it is not cfg's (Gemma 4's double-wide MLPs)."""
         super().__init__()
-        self.gate_up_proj = Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=False)
-        self.down_proj = Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+        inter = intermediate_size or cfg.intermediate_size
+        self.gate_up_proj = Linear(cfg.hidden_size, 2 * inter, bias=False)
+        self.down_proj = Linear(inter, cfg.hidden_size, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # [num_tokens, 2 * intermediate] -> [num_tokens, intermediate] -> [num_tokens, hidden]

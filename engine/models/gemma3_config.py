@@ -29,10 +29,11 @@ TEXT_DEFAULTS = {
 (gemma-3-12b-it's text_config names 7 fields)."""
 
 
-def text_config(raw: dict) -> dict:
-    """A Gemma 3 config.json as a flat text-model config with the defaults filled in: a
-    Gemma3ForConditionalGeneration's `text_config` takes the top level's architecture, dtype,
-    EOS ids and tied embeddings (its vision tower's weights are skipped at load)."""
+def text_config(raw: dict, defaults: dict = TEXT_DEFAULTS) -> dict:
+    """A Gemma config.json as a flat text-model config with the `defaults` filled in (Gemma
+    3's unless given): a multimodal checkpoint's `text_config` takes the top level's
+    architecture, dtype, EOS ids and tied embeddings (its vision tower's weights are skipped
+    at load)."""
     if "text_config" in raw:
         text = dict(raw["text_config"] or {})
         for key in ("architectures", "torch_dtype", "dtype", "eos_token_id"):
@@ -40,7 +41,7 @@ def text_config(raw: dict) -> dict:
                 text[key] = raw[key]
         text.setdefault("tie_word_embeddings", raw.get("tie_word_embeddings", True))
         raw = text
-    return {**TEXT_DEFAULTS, **{k: v for k, v in raw.items() if v is not None}}
+    return {**defaults, **{k: v for k, v in raw.items() if v is not None}}
 
 
 def layer_types(raw: dict) -> tuple[str, ...]:

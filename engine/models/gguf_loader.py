@@ -34,6 +34,18 @@ STALE_TMP_SECONDS = 6 * 3600  # a temp folder this old belongs to a conversion t
 # ggml tensor type ids that hold plain floats; anything else is a quantized block format
 _GGML_F32, _GGML_F16, _GGML_BF16 = 0, 1, 30
 
+UNFAITHFUL_GGUF = {
+    "gemma4": (
+        "transformers' GGUF conversion (5.24) reads none of Gemma 4's keys beyond the common "
+        "ones: not final_logit_softcapping, shared_kv_layers, sliding_window_pattern, "
+        "key_length_swa, the full layers' KV heads nor the experts', so the model it rebuilds "
+        "is not the file's (where no tensor's shape disagrees, silently)"
+    ),
+}
+"""GGUF architectures refused before conversion, each with the reason (tests/
+test_gguf_unconverted.py checks that transformers still ignores those keys). gpt-oss needs no
+entry: its conversion leaves the experts and sinks without values, which _convert refuses."""
+
 
 def default_cache_root() -> Path:
     """`$APPLIANCE_CACHE_DIR`, else ~/.cache/llm-appliance."""
@@ -54,7 +66,9 @@ def gguf_to_hf_folder(gguf_path: str | Path, cache_dir: str | Path | None = None
 
     Raises:
         FileNotFoundError: `gguf_path` does not exist.
-        ValueError: it is not a GGUF file, or transformers cannot convert its architecture.
+        ValueError: it is not a GGUF file, or transformers cannot convert its architecture
+            (it fails, or it leaves weights without a value from the file: gpt-oss and Gemma 4
+            with transformers 5.24).
     """
     path = Path(gguf_path).expanduser().resolve()
     if not path.is_file():
@@ -151,23 +165,38 @@ def _read_header(path: Path) -> tuple[str, set[int]]:
 
 def _convert(path: Path, out: Path) -> None:
     """Load `path` with transformers' GGUF support and save it as a plain folder in `out`."""
+    import transformers
+    from huggingface_hub.errors import StrictDataclassError
     from safetensors.torch import save_file
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     architecture, dtype = _inspect(path)
     source, name = str(path.parent), path.name
+    cannot = (
+        f"cannot convert {path} (GGUF architecture {architecture!r}) with the installed "
+        f"transformers {transformers.__version__}"
+    )
+    if architecture in UNFAITHFUL_GGUF:
+        raise ValueError(
+            f"{cannot}: {UNFAITHFUL_GGUF[architecture]}; load the model's Hugging Face "
+            "checkpoint instead"
+        )
     try:
-        model = AutoModelForCausalLM.from_pretrained(
-            source, gguf_file=name, dtype=dtype, local_files_only=True
+        model, info = AutoModelForCausalLM.from_pretrained(
+            source, gguf_file=name, dtype=dtype, local_files_only=True, output_loading_info=True
         )
         tokenizer = AutoTokenizer.from_pretrained(source, gguf_file=name, local_files_only=True)
-    except (ValueError, KeyError, NotImplementedError) as e:
-        import transformers
-
+    except (ValueError, KeyError, NotImplementedError, RuntimeError, StrictDataclassError) as e:
+        # RuntimeError: a tensor whose shape differs from the config transformers rebuilt;
+        # StrictDataclassError: a config value of another type than the config class takes
+        raise ValueError(f"{cannot}: {type(e).__name__}: {e}") from e
+    if missing := sorted(info.get("missing_keys") or ()):
         raise ValueError(
-            f"cannot convert {path} (GGUF architecture {architecture!r}) with the installed "
-            f"transformers {transformers.__version__}: {type(e).__name__}: {e}"
-        ) from e
+            f"{cannot}: its conversion leaves {len(missing)} weights without a value from the "
+            f"file (it would fill them with random values): {', '.join(missing[:6])}"
+            + (" ..." if len(missing) > 6 else "")
+            + "; load the model's Hugging Face checkpoint instead"
+        )
 
     # Tied weights share storage; keep the first name (the embedding) as save_pretrained does.
     weights, seen = {}, set()

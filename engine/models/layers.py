@@ -111,7 +111,10 @@ class PagedAttention(nn.Module):
     """Stores this step's K/V in the layer's cache views, then attends over the cache.
 
     A layer's variant (engine/kernels/torch_ref.py says what each means): `window` (sliding
-    layers), `softcap`, and `sinks`, a [num_heads] parameter the checkpoint fills."""
+    layers), `softcap`, and `sinks`, a [num_heads] parameter the checkpoint fills.
+
+    `kv_shared`: the layer reads another layer's K/V (the runner binds that layer's cache
+    views here) and stores none: forward(q) only attends."""
 
     def __init__(
         self,
@@ -123,8 +126,10 @@ class PagedAttention(nn.Module):
         window: int | None = None,
         softcap: float | None = None,
         sinks: bool = False,
+        kv_shared: bool = False,
     ) -> None:
         super().__init__()
+        self.kv_shared = kv_shared
         self.num_heads = num_heads
         self.num_kv_heads = num_kv_heads
         self.head_dim = head_dim
@@ -140,11 +145,16 @@ class PagedAttention(nn.Module):
         """Set by start-up timing (engine/tuning.py) where the fused kernel proved equal to the
         two and faster on this device."""
 
-    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        # q: [num_tokens, num_heads, head_dim]; k, v: [num_tokens, num_kv_heads, head_dim]
+    def forward(
+        self, q: torch.Tensor, k: torch.Tensor | None = None, v: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        # q: [num_tokens, num_heads, head_dim]; k, v: [num_tokens, num_kv_heads, head_dim],
+        # None where kv_shared (the producing layer stored this step's K/V already)
         if self.backend is None:
             raise RuntimeError("no KV cache bound to this model (ModelRunner binds it)")
         meta = get_context()
+        if self.kv_shared:
+            return self.attend(q, meta)
         scales = (self.k_scales, self.v_scales)
         self.backend.store_kv(k, v, self.k_cache, self.v_cache, meta.slot_mapping, *scales)
         return self.attend(q, meta)
@@ -165,8 +175,10 @@ class PagedAttention(nn.Module):
         fewer than FUSED_ROPE_MAX_TOKENS tokens with a 16-bit cache, where start-up timing
         found the fused kernel equal to the two and faster on this device (fuse_rope_store);
         None otherwise (the caller runs them one by one), always for a partial RoPE (the
-        kernel takes whole-head tables)."""
-        if not self.fuse_rope_store or q.shape[0] >= FUSED_ROPE_MAX_TOKENS or rope.is_partial:
+        kernel takes whole-head tables) and for a layer that stores no K/V (kv_shared)."""
+        if self.kv_shared or not self.fuse_rope_store or q.shape[0] >= FUSED_ROPE_MAX_TOKENS:
+            return None
+        if rope.is_partial:
             return None
         if self.k_scales is not None or self.backend is None:
             return None

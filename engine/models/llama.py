@@ -18,61 +18,82 @@ from engine.models.rope import RotaryEmbedding
 
 
 class Attention(nn.Module):
-    """Layer `layer`'s attention, built from cfg.layer_attention(layer): its head dim, window
-    (Mistral, Qwen2's upper layers, Gemma 3, gpt-oss), soft-cap and sinks (gpt-oss); q/k
-    RMSNorm where cfg.qk_norm; the scale from query_pre_attn_scalar where set (Gemma 3); with
+    """Layer `layer`'s attention, built from cfg.layer_attention(layer): its head dim and KV
+    heads, window (Mistral, Qwen2's upper layers, Gemma 3/4, gpt-oss), soft-cap and sinks
+    (gpt-oss); q/k RMSNorm where cfg.qk_norm; the scale from query_pre_attn_scalar where set
+    (Gemma). A k_eq_v layer takes V from the K projection's output (before K's norm and RoPE);
+    a layer reading another's K/V (kv_shared_from) has only its q projection and q norm and
+    attends over that layer's cache (Gemma 4). `v_norm` (set by a family): applied to V. With
     cfg.attn_output_gate (Qwen3.5) the q projection also gives a gate, each head's q then its
     gate, and the output is multiplied by sigmoid(gate) before o_proj."""
 
     def __init__(self, cfg: ModelConfig, rope: RotaryEmbedding, layer: int) -> None:
         super().__init__()
+        self.v_norm: nn.Module | None = None
         att = cfg.layer_attention(layer)
         self.num_heads, self.num_kv_heads, self.head_dim = (
             cfg.num_heads,
-            cfg.num_kv_heads,
+            att.num_kv_heads,
             att.head_dim,
         )
         self.q_size = cfg.num_heads * att.head_dim
-        self.kv_size = cfg.num_kv_heads * att.head_dim
+        self.kv_size = att.num_kv_heads * att.head_dim
         self.gate_size = self.q_size if cfg.attn_output_gate else 0
-        self.qkv_proj = Linear(
-            cfg.hidden_size, self.q_size + self.gate_size + 2 * self.kv_size, bias=cfg.qkv_bias
-        )
+        self.kv_shared, self.k_eq_v = att.kv_shared_from is not None, att.k_eq_v
+        num_kv = 0 if self.kv_shared else 1 if self.k_eq_v else 2
+        self.shard_sizes = [self.q_size + self.gate_size] + [self.kv_size] * num_kv
+        """qkv_proj's output rows: q (with its gate, where gated), then k and v (no v where
+        k_eq_v, neither where the layer reads another's K/V)."""
+        self.qkv_proj = Linear(cfg.hidden_size, sum(self.shard_sizes), bias=cfg.qkv_bias)
         self.o_proj = Linear(self.q_size, cfg.hidden_size, bias=cfg.o_bias)
         self.q_norm = RMSNorm(att.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
-        self.k_norm = RMSNorm(att.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
+        has_k_norm = cfg.qk_norm and not self.kv_shared
+        self.k_norm = RMSNorm(att.head_dim, cfg.rms_norm_eps) if has_k_norm else None
         self.rope = rope
         scalar = cfg.query_pre_attn_scalar
         self.attn = PagedAttention(
             cfg.num_heads,
-            cfg.num_kv_heads,
+            att.num_kv_heads,
             att.head_dim,
             scale=scalar**-0.5 if scalar else None,
             window=att.sliding_window,
             softcap=att.softcap,
             sinks=att.sinks,
+            kv_shared=self.kv_shared,
         )
 
     def forward(self, positions: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         num_tokens = x.shape[0]
-        qkv = self.qkv_proj(x)  # [num_tokens, q_size + gate_size + 2 * kv_size]
-        q, k, v = qkv.split([self.q_size + self.gate_size, self.kv_size, self.kv_size], dim=-1)
-        gate = None
+        parts = self.qkv_proj(x).split(self.shard_sizes, dim=-1)  # q, k, v as shard_sizes
+        q, gate = parts[0], None
         if self.gate_size:  # per head: head_dim of q, then head_dim of gate
             q = q.view(num_tokens, self.num_heads, 2 * self.head_dim)
             q, gate = q[..., : self.head_dim].contiguous(), q[..., self.head_dim :]
         q = q.view(num_tokens, self.num_heads, self.head_dim)
-        k = k.view(num_tokens, self.num_kv_heads, self.head_dim)
-        v = v.view(num_tokens, self.num_kv_heads, self.head_dim)
         if self.q_norm is not None:
-            q, k = self.q_norm(q), self.k_norm(k)
+            q = self.q_norm(q)
+        if self.kv_shared:  # the producing layer stored this step's K/V
+            return self._output(self.attn(self.rope.rotate_q(positions, q)), gate)
+        k = parts[1].view(num_tokens, self.num_kv_heads, self.head_dim)
+        v = k if self.k_eq_v else parts[2].view(num_tokens, self.num_kv_heads, self.head_dim)
+        if self.v_norm is not None:
+            v = self.v_norm(v)
+        elif self.k_eq_v:
+            v = v.clone()  # K's RoPE may run in place
+        if self.k_norm is not None:
+            k = self.k_norm(k)
         out = self.attn.rope_and_store(self.rope, positions, q, k, v)  # None: not fused here
         if out is None:
             q, k = self.rope(positions, q, k)
             out = self.attn(q, k, v)  # [num_tokens, num_heads, head_dim]
-        out = out.reshape(num_tokens, self.q_size)
+        return self._output(out, gate)
+
+    def _output(self, out: torch.Tensor, gate: torch.Tensor | None) -> torch.Tensor:
+        """o_proj of the attention output [num_tokens, num_heads, head_dim], multiplied by
+        sigmoid(gate) first where the layer has a gate (same shape)."""
+        out = out.reshape(out.shape[0], self.q_size)
         if gate is not None:
-            out = out * torch.sigmoid(gate.reshape(num_tokens, self.q_size))
+            out = out * torch.sigmoid(gate.reshape(out.shape))
         return self.o_proj(out)
 
 

@@ -112,7 +112,16 @@ class MoEBlock(nn.Module):
         return self.routing(self.gate(x), self.top_k)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [num_tokens, hidden]
-        topk_weights, topk_ids = self.route(x)  # [num_tokens, k] each
+        return self.run_experts(x, *self.route(x))
+
+    def run_experts(
+        self,
+        x: torch.Tensor,  # [num_tokens, hidden]
+        topk_weights: torch.Tensor,  # [num_tokens, k] fp32
+        topk_ids: torch.Tensor,  # [num_tokens, k]
+    ) -> torch.Tensor:  # [num_tokens, hidden]
+        """The experts over x with routing already chosen (a family whose router reads another
+        input than its experts calls this after its own route)."""
         kernel = moe_kernel(x)
         weights, quantized = (self.w_gate_up, self.w_down), {}
         if self.quant is not None and kernel is fused_moe_ref:

@@ -23,6 +23,9 @@ class Architecture:
 _GEMMA3 = "engine.models.gemma3:Gemma3ForCausalLM"
 GEMMA3_NAMES = ("Gemma3ForCausalLM", "Gemma3ForConditionalGeneration")
 """Gemma 3's architectures: the text model; a multimodal checkpoint runs its text part."""
+_GEMMA4 = "engine.models.gemma4:Gemma4ForCausalLM"
+GEMMA4_NAMES = ("Gemma4ForCausalLM", "Gemma4ForConditionalGeneration")
+"""Gemma 4's, likewise."""
 
 QWEN3_5_NAMES = ("Qwen3_5ForCausalLM", "Qwen3_5ForConditionalGeneration")
 """Qwen3.5's architectures: the text model; a multimodal checkpoint runs its text part."""
@@ -35,6 +38,7 @@ ARCHITECTURES: dict[str, Architecture] = {
         Architecture("Qwen2ForCausalLM", "engine.models.llama:LlamaForCausalLM"),
         Architecture("Qwen3ForCausalLM", "engine.models.llama:LlamaForCausalLM"),
         *(Architecture(name, _GEMMA3, ("gelu_pytorch_tanh",)) for name in GEMMA3_NAMES),
+        *(Architecture(name, _GEMMA4, ("gelu_pytorch_tanh",)) for name in GEMMA4_NAMES),
         Architecture("Qwen3MoeForCausalLM", "engine.models.qwen3_moe:Qwen3MoeForCausalLM"),
         Architecture("GptOssForCausalLM", "engine.models.gpt_oss:GptOssForCausalLM"),
         *(Architecture(n, "engine.models.qwen3_5:Qwen3_5ForCausalLM") for n in QWEN3_5_NAMES),

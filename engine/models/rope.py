@@ -1,5 +1,5 @@
 """Rotary position embedding: the cos/sin tables of each RoPE type (default, linear, llama3,
-YaRN) and the rotate-half rotation, whole-head or partial.
+YaRN, proportional) and the rotate-half rotation, whole-head or partial.
 
 A layer's RoPE is described by its LayerAttention (head_dim, rope_theta, rope_scaling,
 partial_rotary_factor); RotaryEmbedding.for_layer builds the tables from that description, so
@@ -64,7 +64,24 @@ def _yarn(inv_freq, dim, theta, scaling) -> tuple[torch.Tensor, float]:
     return _yarn_inv_freq(dim, theta, scaling), yarn_attention_factor(scaling)
 
 
-_SCALINGS = {"default": _default, "linear": _linear, "llama3": _llama3, "yarn": _yarn}
+def _proportional(inv_freq, dim, theta, scaling) -> tuple[torch.Tensor, float]:
+    """Gemma 4's full layers: the table spans the whole head; the first
+    int(partial_rotary_factor x dim // 2) frequencies are the default ones, the rest 0 (those
+    dim pairs get cos 1, sin 0: they pass unrotated); all divided by `factor` where set. The
+    factor lives in the scaling dict, so the layer's own partial_rotary_factor stays 1 and the
+    fused kernels (whole-head tables) serve it."""
+    rotated = int(scaling.get("partial_rotary_factor", 1.0) * dim // 2)
+    inv_freq = torch.where(torch.arange(dim // 2) < rotated, inv_freq, 0.0)
+    return inv_freq / scaling.get("factor", 1.0), 1.0
+
+
+_SCALINGS = {
+    "default": _default,
+    "linear": _linear,
+    "llama3": _llama3,
+    "yarn": _yarn,
+    "proportional": _proportional,
+}
 """One table builder per name in ROPE_TYPES (tests/test_rope_variants.py checks they match)."""
 
 
@@ -184,6 +201,12 @@ class RotaryEmbedding(nn.Module):
         cos = self.cos[positions].to(q.dtype).unsqueeze(1)  # [num_tokens, 1, rotary_dim]
         sin = self.sin[positions].to(q.dtype).unsqueeze(1)
         return rotate(q, cos, sin), rotate(k, cos, sin)
+
+    def rotate_q(self, positions: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+        """RoPE on q alone ([num_tokens, num_heads, head_dim]), in PyTorch: a layer reading
+        another's K/V rotates no keys."""
+        cos = self.cos[positions].to(q.dtype).unsqueeze(1)  # [num_tokens, 1, rotary_dim]
+        return rotate(q, cos, self.sin[positions].to(q.dtype).unsqueeze(1))
 
 
 def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
