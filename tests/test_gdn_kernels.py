@@ -1,6 +1,6 @@
-"""The Gated DeltaNet Triton kernels (engine/kernels/gdn.py, conv1d.py) against the PyTorch
-reference (engine/kernels/gdn_ref.py): small ragged batches under Triton's CPU interpreter
-without CUDA, and Qwen3.5's layer shape in bf16 on a GPU.
+"""The Gated DeltaNet Triton kernels (engine/kernels/gdn.py, gdn_chunked.py, conv1d.py) against
+the PyTorch reference (engine/kernels/gdn_ref.py): small ragged batches under Triton's CPU
+interpreter without CUDA, and Qwen3.5's layer shape in bf16 on a GPU.
 
 State slots no sequence of the batch owns hold NaN and must stay NaN; a fresh sequence's slot
 holds NaN before the call, so a kernel that reads it shows NaN."""
@@ -17,8 +17,8 @@ from tests.support.triton_versions import each_triton, run_under_triton
 
 DEVICE = "cuda" if HAS_CUDA else "cpu"
 
-_conv_mod, _gdn_mod = import_kernel_modules(
-    [("conv1d", "_conv_kernel"), ("gdn", "_recurrent_kernel")]
+_conv_mod, _gdn_mod, _chunked_mod = import_kernel_modules(
+    [("conv1d", "_conv_kernel"), ("gdn", "_recurrent_kernel"), ("gdn_chunked", "_scan_kernel")]
 )
 
 
@@ -94,7 +94,19 @@ def check_conv(seqs, conv_dim, kernel, dtype, gen, atol, bias=True, rtol=0.0):
     torch.testing.assert_close(got_states.cpu(), ref_states, atol=0, rtol=0, equal_nan=True)
 
 
-def check_delta(seqs, shape, dtype, gen, atol, block_v=_gdn_mod.BLOCK_V, views=False):
+def recurrent(block_v=_gdn_mod.BLOCK_V):
+    return lambda *args: _gdn_mod.gated_delta_rule_varlen(*args, block_v=block_v)
+
+
+def chunked(chunk_size=_chunked_mod.CHUNK):
+    return lambda *args: _chunked_mod.gated_delta_rule_chunked(*args, chunk_size=chunk_size)
+
+
+def mixed(num_decodes):
+    return lambda *args: _chunked_mod.gated_delta_rule_mixed(*args, num_decodes)
+
+
+def check_delta(seqs, shape, dtype, gen, atol, rule=None, views=False):
     batch = _batch(seqs)
     hk, hv, dk, dv = shape
     x = delta_inputs(batch.num_tokens, hk, hv, dk, dv, gen).to(dtype=dtype)
@@ -113,18 +125,8 @@ def check_delta(seqs, shape, dtype, gen, atol, block_v=_gdn_mod.BLOCK_V, views=F
         v = packed[:, 2 * hk * dk :].view(t, hv, dv)
     dev = batch.to(DEVICE)
     got_states = states.to(DEVICE)
-    got = _gdn_mod.gated_delta_rule_varlen(
-        q,
-        k,
-        v,
-        d.g,
-        d.beta,
-        got_states,
-        dev.query_start_loc,
-        dev.slots,
-        dev.fresh,
-        block_v=block_v,
-    )
+    rule = rule or recurrent()
+    got = rule(q, k, v, d.g, d.beta, got_states, dev.query_start_loc, dev.slots, dev.fresh)
     rows = _real_rows(batch, seqs)
     torch.testing.assert_close(got.cpu()[rows].float(), expected[rows].float(), atol=atol, rtol=0)
     owned = _owned(seqs)
@@ -186,7 +188,7 @@ def test_delta_rule_matches_reference(block_v):
         torch.float32,
         torch.Generator().manual_seed(2),
         atol=2e-5,
-        block_v=block_v,
+        rule=recurrent(block_v),
     )
 
 
@@ -198,6 +200,46 @@ def test_delta_rule_strided_views_and_bf16():
         torch.Generator().manual_seed(3),
         atol=2e-2,
         views=True,
+    )
+
+
+# Prefill chunks longer than the chunk (16 here), a fresh one over two chunks, one shorter.
+LONG_SEQS = [(1, 2, False), (1, -1, False), (2, 5, False), (33, 1, True), (20, 4, False)]
+
+
+def test_chunked_matches_reference():
+    check_delta(
+        LONG_SEQS,
+        (2, 4, 16, 16),
+        torch.float32,
+        torch.Generator().manual_seed(8),
+        atol=2e-5,
+        rule=chunked(16),
+    )
+
+
+def test_chunked_default_chunk_bf16_views():
+    # bf16 inputs (on a GPU bf16 operands in the chunk matmuls, fp32 under the interpreter:
+    # gdn_chunked._DOT_DTYPES): the reference's fp32 products differ by bf16 roundings
+    check_delta(
+        [(70, 1, False), (3, 0, True)],
+        (1, 2, 16, 16),
+        torch.bfloat16,
+        torch.Generator().manual_seed(9),
+        atol=3e-2,
+        rule=chunked(),
+        views=True,
+    )
+
+
+def test_mixed_step_decodes_then_prefills():
+    check_delta(
+        LONG_SEQS,
+        (2, 4, 16, 16),
+        torch.float32,
+        torch.Generator().manual_seed(10),
+        atol=2e-5,
+        rule=mixed(num_decodes=3),
     )
 
 
@@ -238,7 +280,7 @@ def test_kernels_compile_for_sm90(triton_dir):
     fresh process, with the venv's Triton and with the H200's 3.6)."""
     run = run_under_triton(triton_dir, ["-m", "tests.support.gdn_sm90_compile"], timeout=600)
     variants = int(run.stdout.split("variants: ")[-1])
-    assert variants == 5 and run.stdout.count("ok ") == variants, run.stdout
+    assert variants == 7 and run.stdout.count("ok ") == variants, run.stdout
 
 
 # ---------------------------------------------------------------- GPU, Qwen3.5-27B's shape
@@ -256,14 +298,17 @@ GPU_ATOL = 3e-2
         [(1, 0, False), (1, 1, False), (3, 2, False), (300, 3, True), (129, 4, False)],
     ],
 )
-def test_gpu_qwen35_27b_delta_rule(seqs):
+@pytest.mark.parametrize("path", ["recurrent", "mixed"])
+def test_gpu_qwen35_27b_delta_rule(seqs, path):
     s = QWEN35_27B
+    num_decodes = sum(1 for n, _, _ in seqs if n == 1)
     check_delta(
         seqs,
         (s["num_k_heads"], s["num_v_heads"], s["key_dim"], s["value_dim"]),
         torch.bfloat16,
         torch.Generator().manual_seed(5),
         atol=GPU_ATOL,
+        rule=recurrent() if path == "recurrent" else mixed(num_decodes),
         views=True,
     )
 

@@ -10,6 +10,7 @@ import os
 
 os.environ.pop("TRITON_INTERPRET", None)  # before triton is imported
 
+import torch  # noqa: E402
 import triton  # noqa: E402
 
 from tests.support.sm90_compile import compile_sm90  # noqa: E402
@@ -19,6 +20,7 @@ SHAPE = dict(NUM_V_HEADS=32, GROUP=2, KEY_DIM=128, VALUE_DIM=128, BLOCK_K=128)
 
 def main() -> None:
     print(f"triton {triton.__version__}")
+    from engine.kernels import gdn_chunked
     from engine.kernels.conv1d import BLOCK_C, BLOCK_T, _conv_kernel
     from engine.kernels.gdn import BLOCK_V, _recurrent_kernel
 
@@ -43,6 +45,25 @@ def main() -> None:
         cubin = compile_sm90(_conv_kernel, types, consts, num_warps=4)
         print(f"ok conv1d{' bias' * bias}: {len(cubin)} bytes")
         count += 1
+    chunked = dict(SHAPE, CHUNK=gdn_chunked.CHUNK, L2NORM=True, PRECISION=gdn_chunked.PRECISION)
+    chunked["DOT"] = gdn_chunked._DOT_DTYPES[torch.bfloat16]
+    del chunked["VALUE_DIM"]
+    types = {"k_ptr": "*bf16", "g_ptr": "*fp32", "beta_ptr": "*fp32", "inv_ptr": "*fp32"}
+    types |= {"query_start_loc_ptr": "*i32", "chunk_offsets_ptr": "*i32"}
+    types |= {name: "i32" for name in ("stride_kt", "stride_kh", "stride_gt", "stride_bt")}
+    types |= {"eps": "fp32"}
+    cubin = compile_sm90(gdn_chunked._inverse_kernel, types, chunked, num_warps=8, num_stages=1)
+    print(f"ok chunk inverses: {len(cubin)} bytes")
+    types = {name: "*bf16" for name in ("q_ptr", "k_ptr", "v_ptr", "out_ptr")}
+    types |= {"g_ptr": "*fp32", "beta_ptr": "*fp32", "states_ptr": "*fp32", "inv_ptr": "*fp32"}
+    types |= {"query_start_loc_ptr": "*i32", "chunk_offsets_ptr": "*i32", "slots_ptr": "*i32"}
+    types |= {"fresh_ptr": "*i1"}
+    types |= {name: "i32" for name in (*strides, "stride_gt", "stride_bt")}
+    types |= {"scale": "fp32", "eps": "fp32"}
+    consts = dict(chunked, VALUE_DIM=SHAPE["VALUE_DIM"], BLOCK_V=gdn_chunked.BLOCK_V)
+    cubin = compile_sm90(gdn_chunked._scan_kernel, types, consts, num_warps=8, num_stages=1)
+    print(f"ok chunk scan: {len(cubin)} bytes")
+    count += 2
     print(f"variants: {count}")
 
 
