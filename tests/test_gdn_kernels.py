@@ -32,9 +32,9 @@ def _interpret_without_cuda(monkeypatch):
 # shorter than K - 1 continuing and fresh, across several BLOCK_T blocks continuing.
 SEQS = [(1, 2, False), (1, 0, False), (1, -1, False), (2, 5, False), (2, 1, True), (19, 4, False)]
 NUM_SLOTS = 7  # slots 3 and 6 belong to no sequence
-# Qwen3.5-27B's Gated DeltaNet shape: transformers' Qwen3_5TextConfig defaults
-# (linear_num_key_heads 16, linear_num_value_heads 32, key/value head dims 128, conv kernel 4).
-QWEN35_27B = dict(num_k_heads=16, num_v_heads=32, key_dim=128, value_dim=128, kernel=4)
+# Qwen3.5-27B's Gated DeltaNet shape, from its public config.json (linear_num_key_heads 16,
+# linear_num_value_heads 48, key/value head dims 128, conv kernel 4; mamba_ssm_dtype float32).
+QWEN35_27B = dict(num_k_heads=16, num_v_heads=48, key_dim=128, value_dim=128, kernel=4)
 
 
 def _batch(seqs):

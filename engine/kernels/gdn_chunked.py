@@ -27,10 +27,10 @@ from engine.kernels.gdn_ref import L2NORM_EPS
 from engine.kernels.launch_math import cdiv, next_power_of_2
 
 # Built for sm_90 by Triton 3.6 at Qwen3.5-27B's shape in bf16 (tests/support/gdn_sm90_compile.py,
-# then cuobjdump --dump-resource-usage), one pipeline stage: the inverse kernel 211 registers a
-# thread at 8 warps, no spills; the scan kernel 255 registers and 544 bytes of spills at 8 warps
-# and 16 value columns (32 columns: 704 bytes; 3 stages: more; a 32-token chunk at 4 warps:
-# 184 bytes, but twice the serial steps). To be tuned on the GPU with scripts/bench_gdn.py.
+# then cuobjdump --dump-resource-usage), one pipeline stage: the inverse kernel 212 registers a
+# thread at 8 warps, no spills; the scan kernel 255 registers and 520 bytes of spills at 8 warps
+# and 16 value columns (32 columns, 3 stages or 4 warps each spilled more; a 32-token chunk at 4
+# warps 184 bytes, but twice the serial steps). To be tuned on the GPU with scripts/bench_gdn.py.
 CHUNK = 64
 BLOCK_V = 16
 MAX_SPLITS = 64

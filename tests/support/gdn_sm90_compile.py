@@ -1,6 +1,7 @@
 """Compile the Gated DeltaNet kernels (engine/kernels/gdn.py, conv1d.py) for sm_90 with Triton
 and its bundled ptxas, no GPU needed, as the wrappers launch them at Qwen3.5's layer shape
-(bf16 activations, fp32 state, Dk = Dv = 128, two value heads a key head, conv kernel 4). Run as
+(Qwen3.5-27B: bf16 activations, fp32 state, Dk = Dv = 128, three value heads a key head, conv
+kernel 4). Run as
 `python -m tests.support.gdn_sm90_compile` (tests/test_gdn_kernels.py does, in a fresh process,
 under the venv's Triton and the H200's 3.6). Prints one line per variant, then the count."""
 
@@ -15,7 +16,7 @@ import triton  # noqa: E402
 
 from tests.support.sm90_compile import compile_sm90  # noqa: E402
 
-SHAPE = dict(NUM_V_HEADS=32, GROUP=2, KEY_DIM=128, VALUE_DIM=128, BLOCK_K=128)
+SHAPE = dict(NUM_V_HEADS=48, GROUP=3, KEY_DIM=128, VALUE_DIM=128, BLOCK_K=128)
 
 
 def main() -> None:
