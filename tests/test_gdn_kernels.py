@@ -328,3 +328,62 @@ def test_gpu_qwen35_27b_conv1d():
         rtol=1.6e-2,
         bias=False,
     )
+
+
+@pytest.mark.gpu
+def test_gpu_decode_step_replays_in_a_cuda_graph():
+    """conv1d and the recurrent rule captured once for 4 decodes (one padding, slot -1), then
+    replayed with other inputs, slots and states written into the captured tensors: each
+    replay equals the reference on those, as a served decode step replays it."""
+    s = QWEN35_27B
+    hk, hv, dk, dv = s["num_k_heads"], s["num_v_heads"], s["key_dim"], s["value_dim"]
+    conv_dim, kernel = 2 * hk * dk + hv * dv, s["kernel"]
+    gen = torch.Generator().manual_seed(11)
+    num_slots = 8
+
+    def inputs():
+        x = torch.randn(4, conv_dim, generator=gen).bfloat16()
+        a = torch.randn(4, hv, generator=gen)
+        g = -torch.nn.functional.softplus(a)
+        beta = torch.sigmoid(torch.randn(4, hv, generator=gen))
+        slots = torch.cat([torch.randperm(num_slots, generator=gen)[:3], torch.tensor([-1])])
+        return x, g, beta, slots.int()
+
+    weight = torch.randn(conv_dim, kernel, generator=gen).bfloat16().cuda()
+    conv_states = torch.randn(num_slots, conv_dim, kernel - 1, generator=gen).bfloat16().cuda()
+    states = (torch.randn(num_slots, hv, dk, dv, generator=gen) * 0.3).cuda()
+    static = [t.cuda() for t in inputs()]
+    qsl = torch.arange(5, dtype=torch.int32, device="cuda")
+    fresh = torch.zeros(4, dtype=torch.bool, device="cuda")
+
+    def step():
+        x, g, beta, slots = static
+        mixed = _conv_mod.causal_conv1d_varlen(x, weight, None, conv_states, qsl, slots, fresh)
+        q = mixed[:, : hk * dk].view(4, hk, dk)
+        k = mixed[:, hk * dk : 2 * hk * dk].view(4, hk, dk)
+        v = mixed[:, 2 * hk * dk :].view(4, hv, dv)
+        return _gdn_mod.gated_delta_rule_varlen(q, k, v, g, beta, states, qsl, slots, fresh)
+
+    step()  # compile outside the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = step()
+    for _ in range(2):
+        new = inputs()
+        for dst, src in zip(static, new, strict=True):
+            dst.copy_(src)
+        ref_conv, ref_states = conv_states.cpu(), states.cpu()
+        x, g, beta, slots = new
+        pack = (qsl.cpu(), slots, fresh.cpu())
+        mixed = gdn_ref.causal_conv1d_varlen(x, weight.cpu(), None, ref_conv, *pack)
+        q = mixed[:, : hk * dk].view(4, hk, dk)
+        k = mixed[:, hk * dk : 2 * hk * dk].view(4, hk, dk)
+        v = mixed[:, 2 * hk * dk :].view(4, hv, dv)
+        expected = gdn_ref.gated_delta_rule_varlen(q, k, v, g, beta, ref_states, *pack)
+        graph.replay()
+        torch.cuda.synchronize()
+        torch.testing.assert_close(
+            out[:3].cpu().float(), expected[:3].float(), atol=GPU_ATOL, rtol=0
+        )
+        torch.testing.assert_close(states.cpu(), ref_states, atol=GPU_ATOL, rtol=0)
+        torch.testing.assert_close(conv_states.cpu(), ref_conv, atol=0, rtol=0)
