@@ -106,7 +106,7 @@ def mixed(num_decodes):
     return lambda *args: _chunked_mod.gated_delta_rule_mixed(*args, num_decodes)
 
 
-def check_delta(seqs, shape, dtype, gen, atol, rule=None, views=False):
+def check_delta(seqs, shape, dtype, gen, atol, rule=None, views=False, state_atol=None):
     batch = _batch(seqs)
     hk, hv, dk, dv = shape
     x = delta_inputs(batch.num_tokens, hk, hv, dk, dv, gen).to(dtype=dtype)
@@ -130,7 +130,8 @@ def check_delta(seqs, shape, dtype, gen, atol, rule=None, views=False):
     rows = _real_rows(batch, seqs)
     torch.testing.assert_close(got.cpu()[rows].float(), expected[rows].float(), atol=atol, rtol=0)
     owned = _owned(seqs)
-    torch.testing.assert_close(got_states.cpu()[owned], ref_states[owned], atol=atol, rtol=0)
+    state_atol = atol if state_atol is None else state_atol
+    torch.testing.assert_close(got_states.cpu()[owned], ref_states[owned], atol=state_atol, rtol=0)
     unowned = [s for s in range(NUM_SLOTS) if s not in owned]
     assert got_states[unowned].isnan().all(), "a slot no sequence owns was written"
 
@@ -285,9 +286,13 @@ def test_kernels_compile_for_sm90(triton_dir):
 
 # ---------------------------------------------------------------- GPU, Qwen3.5-27B's shape
 
-# bf16 outputs of O(1) (q, k normalised): one bf16 rounding of the output is ~4e-3; the state
-# is fp32 in both, so the difference stays at the output's rounding over long sequences.
-GPU_ATOL = 3e-2
+# At Qwen3.5-27B's shape the outputs are ~0.1 (q normalised and scaled by Dk ** -0.5) and the
+# states ~1. The recurrent kernel computes in fp32 as the reference does, and rounds the output
+# to bf16 once (~2e-4 here); the chunked kernels' bf16 matmul operands cost more: emulated on the
+# CPU in PyTorch (operands rounded to bf16, fp32 sums) over 300 and 1000 tokens, 5e-4 on the
+# outputs and 4e-3 on the states.
+GPU_ATOL = 4e-3
+GPU_STATE_ATOL = {"recurrent": 1e-3, "mixed": 2e-2}
 
 
 @pytest.mark.gpu
@@ -310,6 +315,7 @@ def test_gpu_qwen35_27b_delta_rule(seqs, path):
         atol=GPU_ATOL,
         rule=recurrent() if path == "recurrent" else mixed(num_decodes),
         views=True,
+        state_atol=GPU_STATE_ATOL[path],
     )
 
 
@@ -385,5 +391,6 @@ def test_gpu_decode_step_replays_in_a_cuda_graph():
         torch.testing.assert_close(
             out[:3].cpu().float(), expected[:3].float(), atol=GPU_ATOL, rtol=0
         )
-        torch.testing.assert_close(states.cpu(), ref_states, atol=GPU_ATOL, rtol=0)
+        # the conv outputs (q, k, v) may differ from the reference's by a bf16 rounding
+        torch.testing.assert_close(states.cpu(), ref_states, atol=5e-3, rtol=0)
         torch.testing.assert_close(conv_states.cpu(), ref_conv, atol=0, rtol=0)
