@@ -36,8 +36,9 @@ from engine.kernels import conv1d, gdn, gdn_chunked, gdn_ref  # noqa: E402
 from engine.timing import graph_seconds, seconds_per_call  # noqa: E402
 from scripts.bench_floor import measure_hardware  # noqa: E402
 
-AGREE_ATOL = 5e-2
-"""Max abs difference of bf16 outputs (O(1)) counted as agreeing; the fp32 states alike."""
+AGREE_ATOL = 1e-2
+"""Max abs difference counted as agreeing, outputs (~0.1 here) and fp32 states (~1) alike: bf16
+matmul operands in a chunked form cost ~5e-4 and ~4e-3 (tests/test_gdn_kernels.py)."""
 
 
 def make_step(args, lengths: list[int], fresh: bool, g: torch.Generator) -> dict:
