@@ -165,9 +165,12 @@ def run_case(args, lengths: list[int], fresh: bool, decode: bool, fla, hw, conso
         lambda: gdn.gated_delta_rule_varlen(*rule, states, *pack, block_v=args.block_v)
     )
     if not decode:
-        row["chunked_us"] = 1e6 * time(
-            lambda: gdn_chunked.gated_delta_rule_chunked(*rule, states, *pack)
-        )
+        for size in map(int, args.chunk_sizes.split(",")):
+            row[f"chunked{size}_us"] = 1e6 * time(
+                lambda size=size: gdn_chunked.gated_delta_rule_chunked(
+                    *rule, states, *pack, chunk_size=size
+                )
+            )
     row["ours_us"] = time(lambda: ours(args, s, states, conv_states, num_decodes)) * 1e6
     num_tokens = sum(lengths)
     nbytes = step_bytes(args, num_tokens, len(lengths), 0 if fresh else 1)
@@ -200,6 +203,13 @@ def run_case(args, lengths: list[int], fresh: bool, decode: bool, fla, hw, conso
     return row
 
 
+def chunked_cell(row: dict) -> str:
+    sizes = [
+        (k[len("chunked") : -len("_us")], v) for k, v in row.items() if k.startswith("chunked")
+    ]
+    return ", ".join(f"{size}: {us:.1f}" for size, us in sizes) or "-"
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     # Qwen3.5-27B's Gated DeltaNet (its public config.json; 48 of its 64 layers are linear)
@@ -211,6 +221,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--batches", default="1,8,64,256", help="decode batch sizes")
     ap.add_argument("--prefills", default="512,4096", help="prompt lengths, one fresh sequence")
     ap.add_argument("--block-v", type=int, default=gdn.BLOCK_V)
+    ap.add_argument(
+        "--chunk-sizes",
+        default="64,32",
+        help=f"gdn_chunked chunk sizes timed apart (a step runs {gdn_chunked.CHUNK})",
+    )
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
@@ -233,7 +248,7 @@ def main(argv: list[str] | None = None) -> int:
         "step",
         "conv us",
         "recurrent us (err)",
-        "chunked us",
+        "chunked us (by chunk size)",
         "step us",
         "floor us",
         "% of floor",
@@ -254,7 +269,7 @@ def main(argv: list[str] | None = None) -> int:
             step,
             f"{r['conv_us']:.1f}",
             f"{r['recurrent_us']:.1f} ({r['recurrent_err']:.2g})",
-            f"{r['chunked_us']:.1f}" if "chunked_us" in r else "-",
+            chunked_cell(r),
             f"{r['ours_us']:.1f}",
             f"{r['floor_us']:.1f}",
             f"{100 * r['floor_us'] / r['ours_us']:.0f}%",

@@ -29,9 +29,9 @@ from engine.kernels.launch_math import cdiv, next_power_of_2
 # Built for sm_90 by Triton 3.6 at Qwen3.5-27B's shape in bf16 (tests/support/gdn_sm90_compile.py,
 # then cuobjdump --dump-resource-usage), one pipeline stage: the inverse kernel 212 registers a
 # thread at 8 warps, no spills; the scan kernel 255 registers and 520 bytes of spills at 8 warps
-# and 16 value columns (32 columns, 3 stages or 4 warps each spilled more; a 32-token chunk at 4
-# warps 184 bytes, but twice the serial steps); fp32 activations (tf32x3 matmuls) 2664 bytes. To
-# be tuned on the GPU with scripts/bench_gdn.py.
+# and 16 value columns (32 columns, 3 stages or 4 warps each spilled more; 16 warps 1128 bytes);
+# fp32 activations (tf32x3 matmuls) 2664 bytes. A 32-token chunk (chunk_size=32) at 8 warps
+# spills nothing, for twice the serial steps: scripts/bench_gdn.py --chunk-sizes 64,32 times both.
 CHUNK = 64
 BLOCK_V = 16
 MAX_SPLITS = 64
