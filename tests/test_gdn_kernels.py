@@ -244,6 +244,17 @@ def test_mixed_step_decodes_then_prefills():
     )
 
 
+def test_mixed_step_with_head_dims_under_16_runs_prefills_recurrently():
+    check_delta(
+        LONG_SEQS[:4],
+        (1, 2, 8, 12),
+        torch.float32,
+        torch.Generator().manual_seed(12),
+        atol=2e-5,
+        rule=mixed(num_decodes=3),
+    )
+
+
 def test_prefill_split_across_calls_then_decode():
     """A prompt over three calls, then a decode, equals the reference run the same way."""
     gen = torch.Generator().manual_seed(4)

@@ -341,8 +341,8 @@ def gated_delta_rule_mixed(
 ) -> torch.Tensor:  # [num_tokens, Hv, Dv] in v's dtype
     """A step as the engine packs it (engine/context.py): the first num_decodes sequences one
     token each through the recurrent kernel (gdn.py), the prefill chunks after them through the
-    chunked kernels, into one output. num_decodes is host data the step already has; nothing
-    else is read on the host."""
+    chunked kernels (the recurrent one when Dk or Dv is under tl.dot's 16), into one output.
+    num_decodes is host data the step already has; nothing else is read on the host."""
     num_seqs = slots.shape[0]
     if not 0 <= num_decodes <= num_seqs:
         raise ValueError(f"gated_delta_rule_mixed: num_decodes {num_decodes} of {num_seqs} seqs")
@@ -353,5 +353,7 @@ def gated_delta_rule_mixed(
         gdn.gated_delta_rule_varlen(*rule, *pack, scale, use_qk_l2norm, out=out)
     if num_decodes < num_seqs:
         pack = (query_start_loc[num_decodes:], slots[num_decodes:], fresh[num_decodes:])
-        gated_delta_rule_chunked(*rule, *pack, scale, use_qk_l2norm, out=out)
+        by_chunks = min(k.shape[2], v.shape[2]) >= 16
+        prefill = gated_delta_rule_chunked if by_chunks else gdn.gated_delta_rule_varlen
+        prefill(*rule, *pack, scale, use_qk_l2norm, out=out)
     return out
