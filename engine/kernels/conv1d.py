@@ -26,8 +26,8 @@ from engine.kernels.launch_math import cdiv, next_power_of_2
 BLOCK_C = 128
 BLOCK_T = 8
 MAX_SPLITS = 64
-"""Token splits a sequence at most: a long prefill's conv_dim / BLOCK_C programs (64 at
-Qwen3.5-27B's 8192 channels) times this fill the GPU."""
+"""Token splits a sequence at most: a long prefill's conv_dim / BLOCK_C programs (80 at
+Qwen3.5-27B's 10240 channels) times this fill the GPU."""
 
 
 @triton.jit

@@ -112,10 +112,12 @@ def gated_delta_rule_varlen(
     scale: float | None = None,
     use_qk_l2norm: bool = True,
     block_v: int = BLOCK_V,
+    out: torch.Tensor | None = None,  # [num_tokens, Hv, Dv]: written at the sequences' rows
 ) -> torch.Tensor:  # [num_tokens, Hv, Dv] in v's dtype
     """gdn_ref.gated_delta_rule_varlen on the GPU (or the interpreter), token by token. q, k, v
     may be strided views (e.g. of the conv output) with a unit-stride last dim; g and beta any
-    float dtype with a unit-stride head dim; states contiguous."""
+    float dtype with a unit-stride head dim; states contiguous. Rows are absolute:
+    query_start_loc may be a slice of a bigger batch's (its decodes), writing into `out`."""
     check_delta_rule(q, k, v, g, beta, states)
     check_batch("gated_delta_rule_varlen", q.shape[0], query_start_loc, slots, fresh, q.device)
     for label, t in (("q", q), ("k", k), ("v", v), ("g", g), ("beta", beta)):
@@ -128,7 +130,13 @@ def gated_delta_rule_varlen(
         raise ValueError("gated_delta_rule_varlen: states must be contiguous")
     num_tokens, num_k_heads, key_dim = q.shape
     num_v_heads, value_dim = v.shape[1:]
-    out = torch.empty(num_tokens, num_v_heads, value_dim, dtype=v.dtype, device=v.device)
+    if out is None:
+        out = torch.empty(num_tokens, num_v_heads, value_dim, dtype=v.dtype, device=v.device)
+    elif out.shape != v.shape or out.dtype != v.dtype or not out.is_contiguous():
+        raise ValueError(
+            f"gated_delta_rule_varlen: out must be contiguous {tuple(v.shape)} {v.dtype}, got "
+            f"{tuple(out.shape)} {out.dtype}"
+        )
     num_seqs = slots.shape[0]
     block_v = min(block_v, next_power_of_2(value_dim))
     if num_seqs == 0:

@@ -1,6 +1,7 @@
-"""Compile the Gated DeltaNet kernels (engine/kernels/gdn.py, conv1d.py) for sm_90 with Triton
-and its bundled ptxas, no GPU needed, as the wrappers launch them at Qwen3.5's layer shape
-(bf16 activations, fp32 state, Dk = Dv = 128, two value heads a key head, conv kernel 4). Run as
+"""Compile the Gated DeltaNet kernels (engine/kernels/gdn.py, gdn_chunked.py, conv1d.py) for
+sm_90 with Triton and its bundled ptxas, no GPU needed, as the wrappers launch them at
+Qwen3.5-27B's layer shape (bf16 activations, the chunked kernels also fp32; fp32 state,
+Dk = Dv = 128, three value heads a key head, conv kernel 4). Run as
 `python -m tests.support.gdn_sm90_compile` (tests/test_gdn_kernels.py does, in a fresh process,
 under the venv's Triton and the H200's 3.6). Prints one line per variant, then the count."""
 
@@ -10,15 +11,17 @@ import os
 
 os.environ.pop("TRITON_INTERPRET", None)  # before triton is imported
 
+import torch  # noqa: E402
 import triton  # noqa: E402
 
 from tests.support.sm90_compile import compile_sm90  # noqa: E402
 
-SHAPE = dict(NUM_V_HEADS=32, GROUP=2, KEY_DIM=128, VALUE_DIM=128, BLOCK_K=128)
+SHAPE = dict(NUM_V_HEADS=48, GROUP=3, KEY_DIM=128, VALUE_DIM=128, BLOCK_K=128)
 
 
 def main() -> None:
     print(f"triton {triton.__version__}")
+    from engine.kernels import gdn_chunked
     from engine.kernels.conv1d import BLOCK_C, BLOCK_T, _conv_kernel
     from engine.kernels.gdn import BLOCK_V, _recurrent_kernel
 
@@ -43,6 +46,27 @@ def main() -> None:
         cubin = compile_sm90(_conv_kernel, types, consts, num_warps=4)
         print(f"ok conv1d{' bias' * bias}: {len(cubin)} bytes")
         count += 1
+    for act, dtype in (("bf16", torch.bfloat16), ("fp32", torch.float32)):
+        chunked = dict(SHAPE, CHUNK=gdn_chunked.CHUNK, L2NORM=True)
+        chunked |= dict(PRECISION=gdn_chunked.PRECISION, DOT=gdn_chunked._DOT_DTYPES[dtype])
+        del chunked["VALUE_DIM"]
+        types = {"k_ptr": f"*{act}", "g_ptr": "*fp32", "beta_ptr": "*fp32", "inv_ptr": "*fp32"}
+        types |= {"query_start_loc_ptr": "*i32", "chunk_offsets_ptr": "*i32"}
+        types |= {name: "i32" for name in ("stride_kt", "stride_kh", "stride_gt", "stride_bt")}
+        types |= {"eps": "fp32"}
+        kernel = gdn_chunked._inverse_kernel
+        cubin = compile_sm90(kernel, types, chunked, num_warps=8, num_stages=1)
+        print(f"ok chunk inverses {act}: {len(cubin)} bytes")
+        types = {name: f"*{act}" for name in ("q_ptr", "k_ptr", "v_ptr", "out_ptr")}
+        types |= {"g_ptr": "*fp32", "beta_ptr": "*fp32", "states_ptr": "*fp32"}
+        types |= {"inv_ptr": "*fp32", "query_start_loc_ptr": "*i32", "chunk_offsets_ptr": "*i32"}
+        types |= {"slots_ptr": "*i32", "fresh_ptr": "*i1"}
+        types |= {name: "i32" for name in (*strides, "stride_gt", "stride_bt")}
+        types |= {"scale": "fp32", "eps": "fp32"}
+        consts = dict(chunked, VALUE_DIM=SHAPE["VALUE_DIM"], BLOCK_V=gdn_chunked.BLOCK_V)
+        cubin = compile_sm90(gdn_chunked._scan_kernel, types, consts, num_warps=8, num_stages=1)
+        print(f"ok chunk scan {act}: {len(cubin)} bytes")
+        count += 2
     print(f"variants: {count}")
 
 
