@@ -151,20 +151,37 @@ def _fastest_gemv_silu(pairs: list, config: tuple[int, int, int] | None):
 def choose_rope_store(model: nn.Module, choices: KernelChoices) -> None:
     """Decide on the device whether decode steps fuse RoPE with the KV-cache write (CUDA, fused
     kernels on, a 16-bit cache bound; before capturing the decode graphs) and tell each
-    attention layer (PagedAttention.fuse_rope_store)."""
-    layers = [m for m in model.modules() if isinstance(m, PagedAttention)]
-    ropes = (m for m in model.modules() if isinstance(m, RotaryEmbedding) and not m.is_partial)
-    rope = next(ropes, None)  # a partial RoPE never fuses (PagedAttention.rope_and_store)
-    if not layers or rope is None or not fused_kernels_enabled():
+    attention layer (PagedAttention.fuse_rope_store): once per layer shape, with that shape's
+    RoPE tables (Gemma 4's full layers are wider than its sliding ones)."""
+    if not fused_kernels_enabled():
         return
-    attn = layers[0]
-    if attn.k_scales is not None or not attn.k_cache.is_cuda:
-        return
-    dtype = attn.k_cache.dtype  # a 16-bit cache holds the activation dtype
-    shape = (attn.num_heads, attn.num_kv_heads, attn.head_dim)
-    won = rope_store_wins(choices, *shape, dtype, rope.cos, rope.sin, len(layers))
-    for layer in layers:
-        layer.fuse_rope_store = won
+    for (num_heads, num_kv_heads, head_dim), (rope, layers) in rope_store_groups(model).items():
+        attn = layers[0]
+        if attn.k_scales is not None or attn.k_cache is None or not attn.k_cache.is_cuda:
+            continue
+        dtype = attn.k_cache.dtype  # a 16-bit cache holds the activation dtype
+        shape = (num_heads, num_kv_heads, head_dim)
+        won = rope_store_wins(choices, *shape, dtype, rope.cos, rope.sin, len(layers))
+        for layer in layers:
+            layer.fuse_rope_store = won
+
+
+def rope_store_groups(
+    model: nn.Module,
+) -> dict[tuple[int, int, int], tuple[RotaryEmbedding, list[PagedAttention]]]:
+    """The attention layers that may fuse RoPE with the KV write, by (heads, KV heads, head
+    dim): each with the RoPE its layers rotate by. Left out: layers with a partial RoPE (never
+    fused, PagedAttention.rope_and_store) and layers that read another layer's K/V."""
+    groups: dict[tuple[int, int, int], tuple[RotaryEmbedding, list[PagedAttention]]] = {}
+    for module in model.modules():
+        attn, rope = getattr(module, "attn", None), getattr(module, "rope", None)
+        if not isinstance(attn, PagedAttention) or not isinstance(rope, RotaryEmbedding):
+            continue
+        if rope.is_partial or attn.kv_shared:
+            continue
+        shape = (attn.num_heads, attn.num_kv_heads, attn.head_dim)
+        groups.setdefault(shape, (rope, []))[1].append(attn)
+    return groups
 
 
 def rope_store_wins(
