@@ -179,12 +179,15 @@ def _expand(
         presence=rep(t.presence),
         frequency=rep(t.frequency),
     )
+    if t.output_counts is None and t.seen_mask is None:
+        return out
+    one_hot = torch.zeros(num_seqs, max_k, vocab, device=drafts.device)
+    one_hot.scatter_(-1, drafts[..., None], is_draft[..., None].float())
+    before = torch.zeros(num_seqs, width, vocab, device=drafts.device)
+    before[:, 1:] = one_hot.cumsum(1)  # [num_seqs, max_k + 1, vocab]: drafts before row j
     if t.output_counts is not None:
-        one_hot = torch.zeros(num_seqs, max_k, vocab, device=drafts.device)
-        one_hot.scatter_(-1, drafts[..., None], is_draft[..., None].float())
-        before = torch.zeros(num_seqs, width, vocab, device=drafts.device)
-        before[:, 1:] = one_hot.cumsum(1)  # [num_seqs, max_k + 1, vocab]: drafts before row j
         out.output_counts = (t.output_counts[:, None] + before).view(-1, vocab)
+    if t.seen_mask is not None:
         out.seen_mask = (t.seen_mask[:, None] | (before > 0)).view(-1, vocab)
     return out
 
