@@ -6,7 +6,10 @@ token comes from the model). Greedy speculation emits the same answer, so this m
 acceptance without the verification loop.
 
     .venv/bin/python scripts/bench_spec_acceptance.py [--max-tokens 128] [--per-kind 8]
-        [--min-n 2] [--max-n 4] [--json out.json]
+        [--min-n 2] [--max-n 4] [--json out.json] [--answers answers.json]
+
+--answers keeps the generated answers in that file and reuses them when it exists (the replay
+with other n-gram sizes takes seconds; the generation takes minutes).
 
 Prints, per prompt kind and k = 1..8: the acceptance rate (accepted / drafted tokens), the mean
 accepted length (accepted drafts per step that had a draft) and the tokens per forward (answer
@@ -75,14 +78,11 @@ def replay(prompt: list[int], answer: list[int], k: int, drafter: NgramDrafter) 
     tally = Tally(tokens=len(answer))
     pos = 0
     while pos < len(answer):
-        draft = drafter.propose([seq], k)[0].token_ids
+        # no drafts past the answer's end (its last token: EOS or max_tokens)
+        draft = drafter.propose([seq], min(k, len(answer) - pos))[0].token_ids
         matched = 0
-        while matched < len(draft) and pos + matched < len(answer):
-            if draft[matched] != answer[pos + matched]:
-                break
+        while matched < len(draft) and draft[matched] == answer[pos + matched]:
             matched += 1
-        if pos + matched == len(answer):  # the last token was drafted: nothing left to emit
-            matched = max(matched - 1, 0)
         tally.drafted += len(draft)
         tally.accepted += matched
         tally.steps += 1
@@ -94,6 +94,31 @@ def replay(prompt: list[int], answer: list[int], k: int, drafter: NgramDrafter) 
     return tally
 
 
+def generate(rows: list[dict], max_tokens: int, cache: Path | None, console: Console):
+    """(prompt ids, greedy answer ids) per row, from `cache` when it holds these prompts."""
+    if cache is not None and cache.exists():
+        saved = json.loads(cache.read_text())
+        if saved["rows"] == rows and saved["max_tokens"] == max_tokens:
+            console.print(f"answers from {cache}")
+            return saved["prompts"], saved["answers"]
+    llm = LLM(None, device="cpu", dtype="float32")
+    prompts = [
+        llm.engine.apply_chat_template([{"role": "user", "content": r["prompt"]}]) for r in rows
+    ]
+    start = time.perf_counter()
+    outs = llm.generate(prompts, SamplingParams(max_tokens=max_tokens, temperature=0.0))
+    elapsed = time.perf_counter() - start
+    answers = [o.token_ids for o in outs]
+    console.print(
+        f"{len(rows)} prompts, {sum(map(len, answers))} answer tokens generated greedily "
+        f"(max {max_tokens} each) in {elapsed:.1f} s"
+    )
+    if cache is not None:
+        data = {"rows": rows, "max_tokens": max_tokens, "prompts": prompts, "answers": answers}
+        cache.write_text(json.dumps(data))
+    return prompts, answers
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--max-tokens", type=int, default=128)
@@ -101,6 +126,7 @@ def main() -> None:
     ap.add_argument("--min-n", type=int, default=DEFAULT_MIN_N)
     ap.add_argument("--max-n", type=int, default=DEFAULT_MAX_N)
     ap.add_argument("--json", type=Path, help="write the per-kind, per-k figures here")
+    ap.add_argument("--answers", type=Path, help="cache of the generated answers")
     args = ap.parse_args()
     rows = [json.loads(line) for line in PROMPTS_FILE.read_text().splitlines() if line.strip()]
     unknown = {r["kind"] for r in rows} - set(KINDS)
@@ -108,23 +134,13 @@ def main() -> None:
         raise SystemExit(f"{PROMPTS_FILE}: unknown kinds {sorted(unknown)}; known: {KINDS}")
     rows = [r for kind in KINDS for r in [x for x in rows if x["kind"] == kind][: args.per_kind]]
     console = Console()
-    llm = LLM(None, device="cpu", dtype="float32")
-    prompts = [
-        llm.engine.apply_chat_template([{"role": "user", "content": r["prompt"]}]) for r in rows
-    ]
-    start = time.perf_counter()
-    outs = llm.generate(prompts, SamplingParams(max_tokens=args.max_tokens, temperature=0.0))
-    elapsed = time.perf_counter() - start
-    num_tokens = sum(len(o.token_ids) for o in outs)
-    console.print(
-        f"{len(rows)} prompts ({args.per_kind} a kind at most), {num_tokens} answer tokens "
-        f"generated greedily in {elapsed:.1f} s; n-gram sizes {args.max_n}..{args.min_n}"
-    )
+    prompts, answers = generate(rows, args.max_tokens, args.answers, console)
+    console.print(f"n-gram sizes {args.max_n}..{args.min_n}")
     drafter = NgramDrafter(args.min_n, args.max_n)
     tallies = {(kind, k): Tally() for kind in KINDS + ("all",) for k in KS}
-    for row, prompt, out in zip(rows, prompts, outs):
+    for row, prompt, answer in zip(rows, prompts, answers):
         for k in KS:
-            t = replay(prompt, out.token_ids, k, drafter)
+            t = replay(prompt, answer, k, drafter)
             tallies[(row["kind"], k)].add(t)
             tallies[("all", k)].add(t)
     metrics = (

@@ -4,6 +4,7 @@ tokens incrementally (placeholders skipped, a changed sequence re-indexed)."""
 
 from __future__ import annotations
 
+import json
 import random
 from dataclasses import dataclass, field
 
@@ -89,7 +90,9 @@ def test_follows_requests_incrementally():
 def test_index_grows_by_one_entry_per_size_and_token():
     index = NgramIndex(min_n=2, max_n=4)
     index.extend(list(range(100)))
-    assert {n: len(index.after[n]) for n in index.sizes} == {4: 96, 3: 97, 2: 98}
+    assert {n: len(index.after[n]) for n in index.after} == {2: 98, 3: 97, 4: 96}
+    with pytest.raises(ValueError, match="token ids"):
+        index.extend([-1])
 
 
 def test_bad_arguments():
@@ -102,3 +105,19 @@ def test_bad_arguments():
         drafter.propose([Req("a", [1, 2])], [1, 2])
     with pytest.raises(ValueError, match="non-negative"):
         drafter.propose([Req("a", [1, 2])], -1)
+
+
+def test_acceptance_replay_counts_a_greedy_speculative_run():
+    from scripts.bench_spec_acceptance import KINDS, PROMPTS_FILE, replay
+
+    prompt = [1, 2, 3, 4, 5, 6]
+    answer = [1, 2, 3, 4, 9, 1, 2]
+    t = replay(prompt, answer, 3, NgramDrafter(min_n=1, max_n=2))
+    # step 1: [6] never seen before: the model's token 1. Step 2: [1] -> drafts 2 3 4, all
+    # right, then the model's 9. Step 3: [9] unseen: 1. Step 4: [1] -> one draft (one token
+    # left), 2, right: the answer is complete
+    assert (t.steps, t.drafted, t.accepted, t.steps_with_draft) == (4, 4, 4, 2)
+    assert t.tokens_per_step == 7 / 4
+    rows = [json.loads(line) for line in PROMPTS_FILE.read_text().splitlines()]
+    assert 20 <= len(rows) <= 40
+    assert {r["kind"] for r in rows} == set(KINDS)
