@@ -265,3 +265,27 @@ def test_bad_inputs_get_clear_errors():
     with pytest.raises(ValueError, match="draft_probs"):
         verify(logits, drafts, [2, 1], t, draft_probs=torch.zeros(2, 2, VOCAB + 1))
     assert math.isfinite(float(verify(logits, drafts, [2, 1], t).num_emitted.sum()))
+
+
+def test_mixed_draft_counts_logprobs_and_both_paths_agree_on_greedy_rows():
+    g = torch.Generator().manual_seed(3)
+    ks = [0, 3, 1, 2]
+    logits = torch.randn(sum(ks) + len(ks), VOCAB, generator=g) * 2
+    drafts = torch.randint(0, VOCAB, (len(ks), 3), generator=g)
+    drafts[1, 0] = logits[1].argmax()  # sequence 1's first draft is right
+    t = _tensors(torch.arange(len(ks), dtype=torch.int64), temperature=0.0)
+    t.max_logprobs = 2
+    one_hot = verify(logits, drafts, ks, t)
+    q = torch.rand(len(ks), 3, VOCAB, generator=g).softmax(-1)
+    with_q = verify(logits, drafts, ks, t, draft_probs=q)
+    for out in (one_hot, with_q):
+        assert out.num_emitted[0] == 1 and out.num_emitted[1] >= 2
+        assert torch.equal(out.token_ids, one_hot.token_ids)
+        starts = [0, 1, 5, 7]
+        raw = logits.log_softmax(-1)
+        for i, (start, n) in enumerate(zip(starts, out.num_emitted.tolist())):
+            rows = raw[start : start + n]  # the rows the emitted tokens were sampled from
+            ids = out.token_ids[i, :n]
+            assert torch.equal(ids, rows.argmax(-1))
+            assert torch.allclose(out.logprobs[i, :n], rows.gather(-1, ids[:, None]).squeeze(-1))
+            assert torch.equal(out.top_ids[i, :n], rows.topk(2).indices)
