@@ -93,8 +93,9 @@ class NgramDrafter(Drafter):
         self._indexes.pop(request_id, None)
 
     def _synced(self, req: DraftInput) -> NgramIndex:
-        """The request's index, extended by the tokens read back since the last call (rebuilt
-        if the sequence no longer extends what was indexed)."""
+        """The request's index, extended by the tokens read back since the last call; rebuilt
+        when the sequence is shorter than what was indexed or differs at its last indexed
+        token (the engine only appends, so a full comparison would be wasted work)."""
         known = len(req.token_ids) - req.num_pending  # placeholders are not tokens yet
         index = self._indexes.get(req.request_id)
         if index is not None:
