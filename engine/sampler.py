@@ -27,10 +27,19 @@ def _mix32(x: torch.Tensor) -> torch.Tensor:
 
 def hashed_uniform(seeds: torch.Tensor, steps: torch.Tensor, vocab_size: int) -> torch.Tensor:
     """[num_seqs, vocab] uniforms in (0, 1) from per-row (seed, step) and the token id."""
+    token_ids = torch.arange(vocab_size, device=seeds.device, dtype=torch.int64)
+    return hashed_uniform_at(seeds, steps, token_ids[None, :])
+
+
+def hashed_uniform_at(
+    seeds: torch.Tensor, steps: torch.Tensor, token_ids: torch.Tensor
+) -> torch.Tensor:
+    """hashed_uniform's values at the given token ids only: [num_seqs, m] for token_ids
+    [num_seqs or 1, m] (any id below 2**32, also ones past the vocabulary)."""
     row = _mix32(_mix32(seeds) ^ _mix32((seeds >> 32) + 0x632BE5AB))
     row = _mix32(row + (steps * 0x9E3779B9))  # [num_seqs]
-    cols = _mix32(torch.arange(vocab_size, device=seeds.device, dtype=torch.int64) + 0x5BD1E995)
-    bits = _mix32(row[:, None] ^ cols[None, :]) >> 8  # 24 random bits, exact in fp32
+    cols = _mix32(token_ids + 0x5BD1E995)  # [num_seqs or 1, m]
+    bits = _mix32(row[:, None] ^ cols) >> 8  # 24 random bits, exact in fp32
     return (bits.float() + 0.5) / float(1 << 24)
 
 
@@ -97,6 +106,14 @@ def _filter(logits: torch.Tensor, t: SamplingTensors) -> torch.Tensor:
     return torch.empty_like(logits).scatter_(-1, order, sorted_logits)
 
 
+def scale_and_filter(logits: torch.Tensor, t: SamplingTensors) -> torch.Tensor:
+    """[num_seqs, vocab] fp32 logits (penalties applied) -> the logits the sampler draws from:
+    divided by the temperature (greedy rows: by 1) and masked by top-k/top-p/min-p.
+    softmax of the result is the request's sampling distribution p."""
+    temp = torch.where(t.temperature > 0, t.temperature, torch.ones_like(t.temperature))
+    return _filter(logits / temp[:, None], t)
+
+
 def sample(logits: torch.Tensor, t: SamplingTensors) -> SamplerOutput:
     """logits: [num_seqs, vocab] (raw model output, any float dtype: widened to fp32 here
     unless every row is plain greedy, where argmax of the 16-bit values picks the same id)."""
@@ -109,8 +126,7 @@ def sample(logits: torch.Tensor, t: SamplingTensors) -> SamplerOutput:
     if t.all_greedy:
         tokens = greedy
     else:
-        temp = torch.where(t.temperature > 0, t.temperature, torch.ones_like(t.temperature))
-        scaled = _filter(logits / temp[:, None], t)
+        scaled = scale_and_filter(logits, t)
         uniform = hashed_uniform(t.seeds, t.steps, logits.shape[-1])
         # Gumbel-max: argmax(log p - log(-log u)) draws from softmax(scaled)
         drawn = (scaled - torch.log(-torch.log(uniform))).argmax(-1)
