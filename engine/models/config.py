@@ -229,19 +229,28 @@ class ModelConfig:
 
     def param_counts(self) -> ParamCounts:
         """Parameters by kind: attention (per layer's head_dim; a layer sharing another's K/V
-        has no k/v projections), dense MLPs or experts (gate, up, down each), norms (q/k norms
-        and post-norms included), routers."""
+        has no k/v projections; an output gate doubles q_proj) or linear attention
+        (LinearAttention.projection_params), dense MLPs or experts (gate, up, down each), norms
+        (q/k norms and post-norms included), routers."""
         h, v = self.hidden_size, self.vocab_size
         linear = rows = active = other = experts = expert_rows = 0
         for i in range(self.num_layers):
-            att = self.layer_attention(i)
-            q = self.num_heads * att.head_dim
-            kv = 0 if att.kv_shared_from is not None else att.num_kv_heads * att.head_dim
-            kv *= 1 if att.k_eq_v else 2  # K and V, or K alone
-            attn = h * (q + kv) + q * h
-            linear, rows, active = linear + attn, rows + q + kv + h, active + attn
-            other += (4 if self.post_norms else 2) * h + (self.num_heads if att.sinks else 0)
-            other += 2 * att.head_dim if self.qk_norm else 0
+            other += (4 if self.post_norms else 2) * h
+            if self.layer_type(i) == LINEAR:
+                shape = self.linear_attention
+                attn, attn_rows = shape.projection_params(h), shape.projection_rows(h)
+                linear, rows, active = linear + attn, rows + attn_rows, active + attn
+                other += shape.other_params()
+            else:
+                att = self.layer_attention(i)
+                q = self.num_heads * att.head_dim
+                kv = 0 if att.kv_shared_from is not None else att.num_kv_heads * att.head_dim
+                kv *= 1 if att.k_eq_v else 2  # K and V, or K alone
+                q_out = 2 * q if self.attn_output_gate else q  # the gate rides on q_proj
+                attn = h * (q_out + kv) + q * h
+                linear, rows, active = linear + attn, rows + q_out + kv + h, active + attn
+                other += self.num_heads if att.sinks else 0
+                other += 2 * att.head_dim if self.qk_norm else 0
             if self.is_moe_layer(i):
                 e, k, mi = self.num_experts, self.num_experts_per_tok, self.moe_intermediate_size
                 linear, rows = linear + e * 3 * h * mi, rows + e * (2 * mi + h)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import math
 
 from engine.models.config import ModelConfig
+from engine.models.linear_attention import RECURRENT_STATE_BYTES
 
 GIB, MIB = 1024**3, 1024**2
 WEIGHT_FORMATS = ("none", "int8", "int4")
@@ -98,6 +99,12 @@ def kv_bytes_per_token(m: ModelConfig, kv_dtype: str) -> int:
     """2 x layers x KV heads x head_dim x bytes (int8 adds a 16-bit scale per token and head):
     the engine's own formula (ModelConfig.kv_cache_bytes_per_token)."""
     return m.kv_cache_bytes_per_token(kv_dtype)
+
+
+def state_bytes_per_sequence(m: ModelConfig, dtype_bytes: int) -> int:
+    """One sequence's slot in the state pool: every LINEAR layer's float32 recurrent state and
+    its conv state in the activation dtype (0 for a model without linear layers)."""
+    return m.state_bytes_per_sequence(RECURRENT_STATE_BYTES, dtype_bytes)
 
 
 def mlp_peak_per_token(m: ModelConfig) -> int:
