@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from engine.models.linear_attention import LINEAR, LinearAttention
-from engine.models.registry import ARCHITECTURES, GEMMA3_NAMES, supported_names
+from engine.models.registry import ARCHITECTURES, GEMMA3_NAMES, QWEN3_5_NAMES, supported_names
 
 SLIDING, FULL = "sliding_attention", "full_attention"
 """Layer types, by config.json's `layer_types` names."""
@@ -229,27 +229,24 @@ class ModelConfig:
 
     def param_counts(self) -> ParamCounts:
         """Parameters by kind: attention (per layer's head_dim; a layer sharing another's K/V
-        has no k/v projections; an output gate doubles q_proj) or linear attention
-        (LinearAttention.projection_params), dense MLPs or experts (gate, up, down each), norms
-        (q/k norms and post-norms included), routers."""
+        has no k/v projections), dense MLPs or experts (gate, up, down each), norms (q/k norms
+        and post-norms included), routers."""
         h, v = self.hidden_size, self.vocab_size
         linear = rows = active = other = experts = expert_rows = 0
         for i in range(self.num_layers):
-            other += (4 if self.post_norms else 2) * h
             if self.layer_type(i) == LINEAR:
-                shape = self.linear_attention
-                attn, attn_rows = shape.projection_params(h), shape.projection_rows(h)
-                linear, rows, active = linear + attn, rows + attn_rows, active + attn
-                other += shape.other_params()
+                mix, mix_rows, mix_other = self.linear_attention_params()
+                linear, rows, active = linear + mix, rows + mix_rows, active + mix
+                other += mix_other + 2 * h
             else:
                 att = self.layer_attention(i)
                 q = self.num_heads * att.head_dim
                 kv = 0 if att.kv_shared_from is not None else att.num_kv_heads * att.head_dim
                 kv *= 1 if att.k_eq_v else 2  # K and V, or K alone
-                q_out = 2 * q if self.attn_output_gate else q  # the gate rides on q_proj
-                attn = h * (q_out + kv) + q * h
-                linear, rows, active = linear + attn, rows + q_out + kv + h, active + attn
-                other += self.num_heads if att.sinks else 0
+                q_rows = 2 * q if self.attn_output_gate else q  # the gate comes with q
+                attn = h * (q_rows + kv) + q * h
+                linear, rows, active = linear + attn, rows + q_rows + kv + h, active + attn
+                other += (4 if self.post_norms else 2) * h + (self.num_heads if att.sinks else 0)
                 other += 2 * att.head_dim if self.qk_norm else 0
             if self.is_moe_layer(i):
                 e, k, mi = self.num_experts, self.num_experts_per_tok, self.moe_intermediate_size
@@ -262,6 +259,19 @@ class ModelConfig:
                 linear, rows, active = linear + 3 * h * mi, rows + 2 * mi + h, active + 3 * h * mi
         embed = v * h * (1 if self.tie_word_embeddings else 2)
         return ParamCounts(linear, rows, embed, other + h, active, experts, expert_rows)
+
+    def linear_attention_params(self) -> tuple[int, int, int]:
+        """One LINEAR layer's (projection weights, their output rows, other parameters): the
+        q/k/v, z (output gate), b (beta) and a (decay) input projections and out_proj; the
+        conv1d taps, A_log, dt_bias and the gated norm's weight."""
+        shape, h = self.linear_attention, self.hidden_size
+        if shape is None:
+            raise ValueError("a config with linear_attention layers needs their shape")
+        hv = shape.num_value_heads
+        in_rows = shape.conv_dim + shape.value_dim + 2 * hv
+        weights = h * in_rows + shape.value_dim * h
+        other = shape.conv_dim * shape.conv_kernel + 2 * hv + shape.value_head_dim
+        return weights, in_rows + h, other
 
     @property
     def num_params(self) -> int:
@@ -288,6 +298,12 @@ class ModelConfig:
             raw = gemma3_config.text_config(raw)
             family = gemma3_config.gemma3_fields(raw)
             rope = gemma3_config.rope_by_layer_type(raw)[0]  # the full layers'
+        elif arch in QWEN3_5_NAMES:
+            from engine.models import qwen3_5_config
+
+            raw = qwen3_5_config.text_config(raw)
+            family = qwen3_5_config.qwen3_5_fields(raw)
+            rope = qwen3_5_config.rope_parameters(raw)
         else:
             rope = dict(raw.get("rope_parameters") or raw.get("rope_scaling") or {})
         act = raw.get("hidden_act") or raw.get("hidden_activation") or "silu"

@@ -63,18 +63,3 @@ class LinearAttention:
             self.recurrent_state_elements() * recurrent_bytes
             + self.conv_state_elements() * conv_bytes
         )
-
-    def projection_params(self, hidden_size: int) -> int:
-        """Weights of the layer's projections: in_proj_qkv (the conv channels), in_proj_z (the
-        output gate), in_proj_b and in_proj_a (one row per value head each) and out_proj."""
-        h, v = hidden_size, self.value_dim
-        return h * (self.conv_dim + v + 2 * self.num_value_heads) + v * h
-
-    def projection_rows(self, hidden_size: int) -> int:
-        """Output rows of those projections."""
-        return self.conv_dim + self.value_dim + 2 * self.num_value_heads + hidden_size
-
-    def other_params(self) -> int:
-        """The depthwise conv's taps, A_log and dt_bias per value head, the gated norm's
-        weight (over value_head_dim)."""
-        return self.conv_dim * self.conv_kernel + 2 * self.num_value_heads + self.value_head_dim

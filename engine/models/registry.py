@@ -24,6 +24,9 @@ _GEMMA3 = "engine.models.gemma3:Gemma3ForCausalLM"
 GEMMA3_NAMES = ("Gemma3ForCausalLM", "Gemma3ForConditionalGeneration")
 """Gemma 3's architectures: the text model; a multimodal checkpoint runs its text part."""
 
+QWEN3_5_NAMES = ("Qwen3_5ForCausalLM", "Qwen3_5ForConditionalGeneration")
+"""Qwen3.5's architectures: the text model; a multimodal checkpoint runs its text part."""
+
 ARCHITECTURES: dict[str, Architecture] = {
     a.name: a
     for a in (
@@ -34,6 +37,7 @@ ARCHITECTURES: dict[str, Architecture] = {
         *(Architecture(name, _GEMMA3, ("gelu_pytorch_tanh",)) for name in GEMMA3_NAMES),
         Architecture("Qwen3MoeForCausalLM", "engine.models.qwen3_moe:Qwen3MoeForCausalLM"),
         Architecture("GptOssForCausalLM", "engine.models.gpt_oss:GptOssForCausalLM"),
+        *(Architecture(n, "engine.models.qwen3_5:Qwen3_5ForCausalLM") for n in QWEN3_5_NAMES),
     )
 }
 
