@@ -150,3 +150,18 @@ def test_profile_shows_kv_per_token_state_per_sequence_and_both_pools(capsys):
     dense = capsys.readouterr().out
     assert "2 x 32 layers x 8 KV heads x 128 x 2 B (bfloat16)" in dense
     assert "state" not in dense
+
+
+def test_the_memory_check_predicts_and_lists_the_state_pool():
+    from engine.memory_check import MemoryItems, MemoryReport
+
+    p = plan(Q35, gpu(80))
+    items = MemoryItems.from_plan(p)
+    assert items.state_pool == p.state_pool_bytes
+    parts = p.weight_bytes + p.activation_bytes + p.graph_pool_bytes + p.kv_pool_bytes
+    assert items.total == parts + p.allocator_bytes + p.cuda_context_bytes + p.state_pool_bytes
+    report = MemoryReport(items, items, items.total, items.total, p.num_kv_blocks, 0, 1)
+    assert "state_pool" in [row[0] for row in report.rows()]
+    dense = MemoryItems.from_plan(plan(LLAMA3, gpu(80)))
+    report = MemoryReport(dense, dense, dense.total, dense.total, 1, 0, 1)
+    assert "state_pool" not in [row[0] for row in report.rows()]
