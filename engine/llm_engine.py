@@ -21,7 +21,7 @@ from engine.models.config import ModelConfig
 from engine.models.loader import resolve_model_folder
 from engine.pending_step import PendingStep
 from engine.planner import Device
-from engine.planning import TORCH_DTYPES, plan_engine, resolve_device
+from engine.planning import TORCH_DTYPES, plan_engine, prefix_caching_for, resolve_device
 from engine.request import Request, RequestOutput, RequestStatus
 from engine.sampling_params import SamplingParams
 from engine.scheduler import Scheduler
@@ -63,6 +63,7 @@ class LLMEngine:
             self.plan, self.config = plan_engine(
                 pins, self.model_config, self.device.type, device_info
             )
+            self.config = prefix_caching_for(self.model_config, self.config)
         with timer.phase("tokenizer"):
             self.tokenizer = None  # random-weight benchmarks may come without one: token ids
             if (

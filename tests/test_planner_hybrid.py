@@ -165,3 +165,19 @@ def test_the_memory_check_predicts_and_lists_the_state_pool():
     dense = MemoryItems.from_plan(plan(LLAMA3, gpu(80)))
     report = MemoryReport(dense, dense, dense.total, dense.total, 1, 0, 1)
     assert "state_pool" not in [row[0] for row in report.rows()]
+
+
+def test_prefix_caching_is_turned_off_for_a_hybrid_model_with_one_log_line(caplog):
+    from engine.config import EngineConfig
+    from engine.planning import prefix_caching_for
+
+    config = EngineConfig.from_kwargs(dtype="bfloat16")
+    with caplog.at_level("INFO", logger="engine.planning"):
+        off = prefix_caching_for(Q35, config)
+        assert prefix_caching_for(LLAMA3, config).prefix_caching  # a dense model keeps it
+        assert not prefix_caching_for(Q35, replace(config, prefix_caching=False)).prefix_caching
+    assert config.prefix_caching and not off.prefix_caching
+    lines = [r.getMessage() for r in caplog.records if "prefix caching" in r.getMessage()]
+    assert len(lines) == 1
+    assert lines[0].startswith("prefix caching off: the model's 48 linear-attention layers")
+    assert f"{state_bytes_per_sequence(Q35, 2)} bytes" in lines[0]
