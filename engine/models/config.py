@@ -8,7 +8,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from engine.models.linear_attention import LINEAR, LinearAttention
-from engine.models.registry import ARCHITECTURES, GEMMA3_NAMES, QWEN3_5_NAMES, supported_names
+from engine.models.registry import (
+    ARCHITECTURES,
+    GEMMA3_NAMES,
+    QWEN3_5_MOE_NAMES,
+    QWEN3_5_NAMES,
+    supported_names,
+)
 
 SLIDING, FULL = "sliding_attention", "full_attention"
 """Layer types, by config.json's `layer_types` names."""
@@ -142,6 +148,9 @@ class ModelConfig:
     type (Gemma 4's small models)."""
     linear_attention: LinearAttention | None = None
     """The shape of the LINEAR layers (Qwen3.5), which keep a state per sequence, no KV."""
+    shared_expert_intermediate_size: int = 0
+    """Each MoE layer's shared expert, a gated MLP every token runs beside its routed experts,
+    scaled by a sigmoid gate (Qwen3.5-MoE); 0: none."""
     attn_output_gate: bool = False
     """Attention's output is multiplied by sigmoid of a gate the q projection also computes
     (Qwen3.5's full layers)."""
@@ -254,6 +263,14 @@ class ModelConfig:
                 experts, expert_rows = experts + e * 3 * h * mi, expert_rows + e * (2 * mi + h)
                 active += k * 3 * h * mi
                 other += h * e  # the router
+                si = self.shared_expert_intermediate_size
+                if si:  # the shared expert runs for every token; its gate is one row
+                    linear, rows, active = (
+                        linear + 3 * h * si,
+                        rows + 2 * si + h,
+                        active + 3 * h * si,
+                    )
+                    other += h
             else:
                 mi = self.intermediate_size
                 linear, rows, active = linear + 3 * h * mi, rows + 2 * mi + h, active + 3 * h * mi
@@ -298,12 +315,16 @@ class ModelConfig:
             raw = gemma3_config.text_config(raw)
             family = gemma3_config.gemma3_fields(raw)
             rope = gemma3_config.rope_by_layer_type(raw)[0]  # the full layers'
-        elif arch in QWEN3_5_NAMES:
+        elif arch in QWEN3_5_NAMES or arch in QWEN3_5_MOE_NAMES:
             from engine.models import qwen3_5_config
 
             raw = qwen3_5_config.text_config(raw)
             family = qwen3_5_config.qwen3_5_fields(raw)
             rope = qwen3_5_config.rope_parameters(raw)
+            if arch in QWEN3_5_MOE_NAMES:
+                from engine.models.moe_config import qwen3_5_moe_fields
+
+                family.update(qwen3_5_moe_fields(raw))
         else:
             rope = dict(raw.get("rope_parameters") or raw.get("rope_scaling") or {})
         act = raw.get("hidden_act") or raw.get("hidden_activation") or "silu"

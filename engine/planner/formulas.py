@@ -113,12 +113,13 @@ def mlp_peak_per_token(m: ModelConfig) -> int:
     intermediate_size). An MoE layer holds what a step really routes, not intermediate_size
     (Qwen3-30B-A3B's config names one no layer uses): num_experts_per_tok rows per token, each
     with its gate_up output, activation and down output (3 x moe_intermediate_size + hidden),
-    plus the router's logits and their fp32 softmax (3 x num_experts 16-bit elements)."""
+    plus the router's logits and their fp32 softmax (3 x num_experts 16-bit elements), plus a
+    shared expert's gate_up and activation outputs where there is one (3 x its size)."""
     dense = 3 * _dense_intermediate(m)
     if not m.num_experts:
         return dense
     routed = m.num_experts_per_tok * (3 * m.moe_intermediate_size + m.hidden_size)
-    return max(dense, routed + 3 * m.num_experts)
+    return max(dense, routed + 3 * m.num_experts + 3 * m.shared_expert_intermediate_size)
 
 
 def gate_up_per_token(m: ModelConfig) -> int:
