@@ -1,0 +1,119 @@
+"""Qwen3.5-MoE (qwen3_5_moe): config parsing and parameter counts against transformers' own
+model, the shared expert on MoEBlock against transformers' sparse MoE block, and the text model
+end to end on the CPU: greedy tokens agree with transformers' Qwen3_5MoeForCausalLM with the same
+tiny random fp32 weights (short and long prompts, chunked prefill, a tight KV pool forcing
+preemption)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, Qwen3_5MoeTextConfig
+
+from engine.models.config import FULL, ModelConfig
+from engine.models.linear_attention import LINEAR
+
+NUM_EXPERTS, TOP_K = 8, 2
+
+
+def tiny_moe_config(**overrides) -> Qwen3_5MoeTextConfig:
+    """4 layers: linear, linear, linear, full; 8 experts, 2 per token, a shared expert of a
+    different size than the routed ones."""
+    fields = dict(
+        vocab_size=320,
+        hidden_size=64,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=32,
+        linear_num_key_heads=2,
+        linear_num_value_heads=4,
+        linear_key_head_dim=16,
+        linear_value_head_dim=8,
+        linear_conv_kernel_dim=4,
+        num_experts=NUM_EXPERTS,
+        num_experts_per_tok=TOP_K,
+        moe_intermediate_size=32,
+        shared_expert_intermediate_size=48,
+        architectures=["Qwen3_5MoeForCausalLM"],
+    )
+    return Qwen3_5MoeTextConfig(**{**fields, **overrides})
+
+
+def test_fields_from_a_text_config():
+    cfg = ModelConfig.from_dict(tiny_moe_config().to_dict())
+    assert cfg.architecture == "Qwen3_5MoeForCausalLM"
+    assert cfg.layer_types == (LINEAR, LINEAR, LINEAR, FULL)
+    assert (cfg.num_experts, cfg.num_experts_per_tok, cfg.moe_intermediate_size) == (8, 2, 32)
+    assert cfg.shared_expert_intermediate_size == 48 and cfg.norm_topk_prob
+    assert cfg.dense_layers == () and all(cfg.is_moe_layer(i) for i in range(4))
+    assert cfg.attn_output_gate and cfg.qk_norm and cfg.partial_rotary_factor == 0.25
+
+
+def test_a_multimodal_checkpoint_reads_its_text_config():
+    text = tiny_moe_config().to_dict()
+    raw = {
+        "architectures": ["Qwen3_5MoeForConditionalGeneration"],
+        "model_type": "qwen3_5_moe",
+        "text_config": {k: v for k, v in text.items() if k != "architectures"},
+        "vision_config": {"depth": 2},
+    }
+    cfg = ModelConfig.from_dict(raw)
+    assert cfg.architecture == "Qwen3_5MoeForConditionalGeneration"
+    assert cfg.num_params == ModelConfig.from_dict(text).num_params
+
+
+def test_param_counts_equal_transformers_numel():
+    config = tiny_moe_config()
+    torch.manual_seed(0)
+    hf = AutoModelForCausalLM.from_config(config)
+    cfg = ModelConfig.from_dict(config.to_dict())
+    counts = cfg.param_counts()
+    assert counts.total == sum(p.numel() for p in hf.parameters())
+    experts = sum(p.numel() for n, p in hf.named_parameters() if ".mlp.experts." in n)
+    assert counts.experts == experts
+    # one token reads 2 of each layer's 8 experts, the shared expert and everything else
+    assert counts.total - counts.active == experts * (NUM_EXPERTS - TOP_K) // NUM_EXPERTS
+
+
+def test_a_bad_expert_count_is_refused():
+    with pytest.raises(ValueError, match="num_experts_per_tok=9 must be between 1 and"):
+        ModelConfig.from_dict(tiny_moe_config(num_experts_per_tok=9).to_dict())
+
+
+def test_moe_block_with_a_shared_expert_equals_transformers_sparse_block():
+    from transformers.models.qwen3_5_moe.modeling_qwen3_5_moe import Qwen3_5MoeSparseMoeBlock
+
+    from engine.models.llama import MLP
+    from engine.models.moe import MoEBlock, softmax_topk_renormalized
+
+    config = tiny_moe_config()
+    cfg = ModelConfig.from_dict(config.to_dict())
+    torch.manual_seed(1)
+    hf = Qwen3_5MoeSparseMoeBlock(config)
+    with torch.no_grad():
+        for p in hf.parameters():
+            p.normal_(0.0, 0.2)
+    ours = MoEBlock(
+        64,
+        32,
+        NUM_EXPERTS,
+        TOP_K,
+        softmax_topk_renormalized,
+        shared_expert=MLP(cfg, cfg.shared_expert_intermediate_size),
+    )
+    with torch.no_grad():
+        ours.gate.weight.copy_(hf.gate.weight)
+        ours.w_gate_up.copy_(hf.experts.gate_up_proj)
+        ours.w_down.copy_(hf.experts.down_proj)
+        shared = hf.shared_expert
+        ours.shared_expert.gate_up_proj.weight.copy_(
+            torch.cat([shared.gate_proj.weight, shared.up_proj.weight])
+        )
+        ours.shared_expert.down_proj.weight.copy_(shared.down_proj.weight)
+        ours.shared_expert_gate.weight.copy_(hf.shared_expert_gate.weight)
+    x = torch.randn(5, 64, generator=torch.Generator().manual_seed(2))  # [num_tokens, hidden]
+    with torch.no_grad():
+        want = hf(x[None])[0]  # [5, hidden]
+        got = ours(x)
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
