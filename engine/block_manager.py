@@ -15,6 +15,12 @@ references it: it waits in the free list, most recently freed last, and a later 
 the same prefix takes it back. Allocation takes the block at the head (the least recently
 used) and drops its key. Blocks that hold no cached prefix are freed to the head, so they are
 reused before any cached one.
+
+State slots: a model with linear-attention layers (Qwen3.5) also keeps a fixed-size state per
+sequence (engine/state_pool.py). With `slots`, a sequence takes a slot when it is admitted
+(allocate_with_prefix, or take_state_slot) and gives it back in `free` (finish, abort,
+preemption); such a model runs without the prefix cache, since a cached prefix would skip the
+tokens its state is built from.
 """
 
 from __future__ import annotations
@@ -22,7 +28,10 @@ from __future__ import annotations
 import hashlib
 from array import array
 from collections import OrderedDict
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    from engine.state_pool import SlotAllocator
 
 ROOT_KEY = b""
 
@@ -56,12 +65,21 @@ def block_key(parent: bytes, token_ids: list[int], extra: bytes = b"") -> bytes:
 
 class BlockManager:
     def __init__(
-        self, num_blocks: int, block_size: int, caching: bool = True, extra_key: bytes = b""
+        self,
+        num_blocks: int,
+        block_size: int,
+        caching: bool = True,
+        extra_key: bytes = b"",
+        slots: SlotAllocator | None = None,
     ) -> None:
         """caching: keep full blocks' keys for later requests (the prefix cache). extra_key:
-        hashed into every key (what else makes equal token ids mean different KV)."""
+        hashed into every key (what else makes equal token ids mean different KV). slots: the
+        state slots of a model with linear-attention layers (then caching must be off)."""
         if num_blocks <= 0 or block_size <= 0:
             raise ValueError("num_blocks and block_size must be positive")
+        if slots is not None and caching:
+            raise ValueError("a model with per-sequence state slots runs without prefix caching")
+        self.slots = slots
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.caching = caching
@@ -109,12 +127,28 @@ class BlockManager:
 
     def free(self, seq: HasBlockTable) -> None:
         """Drop `seq`'s references; blocks nobody references go back to the free list (the
-        last block first, so a prefix's later blocks are reused before its earlier ones)."""
+        last block first, so a prefix's later blocks are reused before its earlier ones). Its
+        state slot, if it holds one, goes back too."""
         for block in reversed(seq.block_table):
             self._release(block)
         seq.block_table = []
         if hasattr(seq, "block_keys"):
             seq.block_keys = []
+        slot = getattr(seq, "state_slot", None)
+        if slot is not None and self.slots is not None:
+            self.slots.free(slot)
+            seq.state_slot = None
+
+    def take_state_slot(self, seq) -> bool:
+        """Give `seq` a state slot unless it holds one or the model keeps no state; False,
+        changing nothing, when every slot is in use."""
+        if self.slots is None or seq.state_slot is not None:
+            return True
+        slot = self.slots.take()
+        if slot is None:
+            return False
+        seq.state_slot = slot
+        return True
 
     # --- the prefix cache ----------------------------------------------------------------------
     def match_prefix(self, seq: CachedSeq, max_tokens: int) -> list[int]:
@@ -141,7 +175,7 @@ class BlockManager:
         cached block nobody references counts against the free ones)."""
         idle = sum(1 for b in cached if self.ref_counts[b] == 0)
         grow = self.blocks_for(num_tokens) - len(cached)
-        if max(grow, 0) > len(self._free) - idle:
+        if max(grow, 0) > len(self._free) - idle or not self.take_state_slot(seq):
             return False
         for block in cached:
             if self.ref_counts[block] == 0:
@@ -175,6 +209,8 @@ class BlockManager:
     def set_caching(self, enabled: bool) -> None:
         """Turn the prefix cache on or off, dropping every key (what was cached is forgotten;
         the blocks and their references stay). Benchmarks compare both on one engine."""
+        if enabled and self.slots is not None:
+            raise ValueError("a model with per-sequence state slots runs without prefix caching")
         self.caching = enabled
         self._key_of.clear()
         self._block_of.clear()

@@ -32,6 +32,12 @@ class AttentionMetadata:
     seq_lens_cpu: list[int]
     decode_num_splits: int | None = None
     """Fixed split count for decode attention (CUDA graphs); None = chosen per call."""
+    state_slots: torch.Tensor | None = None
+    """[num_seqs] int64: each sequence's state-pool slot (models with linear-attention layers,
+    engine/state_pool.py; -1: a CUDA-graph padding row); None for a model without them."""
+    state_fresh: torch.Tensor | None = None
+    """[num_seqs] bool: the sequence starts from a zero state (its first prefill chunk)
+    instead of its slot's."""
 
     @property
     def num_seqs(self) -> int:

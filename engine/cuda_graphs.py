@@ -3,7 +3,9 @@
 replayed with padded inputs.
 
 Padding rows get slot -1 (their K/V is not stored) and seq_len 0 (attention returns zeros),
-so they never touch real sequences. Logits and sampling run after the replay, eagerly.
+so they never touch real sequences; in a model with linear-attention layers they also get
+state slot -1 (the kernels neither read nor write it). Logits and sampling run after the
+replay, eagerly.
 """
 
 from __future__ import annotations
@@ -27,7 +29,10 @@ class DecodeGraphs:
         dtype: torch.dtype,
         device: torch.device,
         num_splits: dict[int, int],
+        has_state: bool = False,
     ) -> None:
+        """has_state: the model has linear-attention layers (each row carries its state slot
+        and fresh flag)."""
         self.model = model
         self.sizes = graph_batch_sizes(max_num_seqs)
         self.max_model_len = max_model_len
@@ -40,6 +45,9 @@ class DecodeGraphs:
         self.block_tables = torch.zeros(n, max_blocks_per_seq, dtype=torch.int32, device=device)
         self.query_start_loc = torch.arange(n + 1, dtype=torch.int32, device=device)
         self.hidden = torch.zeros(n, hidden_size, dtype=dtype, device=device)
+        self.state_slots = torch.full((n,), -1, dtype=torch.int64, device=device)
+        self.state_fresh = torch.zeros(n, dtype=torch.bool, device=device)
+        self.has_state = has_state
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.pool = None
 
@@ -59,6 +67,8 @@ class DecodeGraphs:
             query_start_loc_cpu=list(range(bs + 1)),
             seq_lens_cpu=[0] * bs,
             decode_num_splits=self.num_splits[bs],
+            state_slots=self.state_slots[:bs] if self.has_state else None,
+            state_fresh=self.state_fresh[:bs] if self.has_state else None,
         )
 
     @torch.inference_mode()
@@ -104,5 +114,9 @@ class DecodeGraphs:
         self.seq_lens[n:bs].fill_(0)
         width = meta.block_tables.shape[1]
         self.block_tables[:n, :width].copy_(meta.block_tables, non_blocking=True)
+        if self.has_state:
+            self.state_slots[:n].copy_(meta.state_slots, non_blocking=True)
+            self.state_slots[n:bs].fill_(-1)
+            self.state_fresh[:n].copy_(meta.state_fresh, non_blocking=True)
         self.graphs[bs].replay()
         return self.hidden[:n]

@@ -87,9 +87,11 @@ def prepare_inputs(
     for r in batch.requests:
         tables += r.block_table
         tables += pad[: max_blocks - len(r.block_table)]
-    ids, pos, slot_mapping, qsl, lens, flat_tables, logits_rows, dst, src = upload(
+    state = _state_lists(batch)  # [] for a model without linear-attention layers
+    ids, pos, slot_mapping, qsl, lens, flat_tables, logits_rows, dst, src, *state = upload(
         [input_ids, positions, slots, query_start_loc, seq_lens, tables, logits_indices]
-        + [fill_dst, fill_src],
+        + [fill_dst, fill_src]
+        + state,
         torch.int64,
         device,
     )
@@ -104,7 +106,23 @@ def prepare_inputs(
         query_start_loc_cpu=query_start_loc,
         seq_lens_cpu=seq_lens,
     )
+    if state:
+        meta.state_slots, meta.state_fresh = state[0], state[1].bool()
     return ids, pos, meta, logits_rows, PendingFill(dst, src) if fill_dst else None
+
+
+def _state_lists(batch: ScheduledBatch) -> list[list[int]]:
+    """[state slots, fresh flags] of the batch's sequences when they hold state slots (a
+    model with linear-attention layers): fresh (1) for a sequence's first chunk, which starts
+    from a zero state; [] when they hold none."""
+    reqs = batch.requests
+    if reqs[0].state_slot is None:
+        return []
+    slots = [r.state_slot for r in reqs]
+    if None in slots:
+        missing = reqs[slots.index(None)].request_id
+        raise RuntimeError(f"request {missing} was scheduled without a state slot")
+    return [slots, [int(r.num_computed_tokens == 0) for r in reqs]]
 
 
 def prepare_sampling(reqs: list[Request], vocab: int, device: torch.device) -> SamplingTensors:

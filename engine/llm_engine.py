@@ -26,6 +26,7 @@ from engine.request import Request, RequestOutput, RequestStatus
 from engine.sampling_params import SamplingParams
 from engine.scheduler import Scheduler
 from engine.startup import StartupTimer, startup_line
+from engine.state_pool import SlotAllocator
 from engine.structured.llguidance_backend import llguidance_pool
 from engine.structured.pool import GrammarPool
 from engine.structured.state import start_tokens
@@ -121,7 +122,11 @@ class LLMEngine:
     def _new_scheduler(self, num_blocks: int) -> None:
         cfg = self.config
         extra = f"{cfg.dtype}|{cfg.kv_cache_dtype}|{cfg.quantization}".encode()
-        self.block_manager = BlockManager(num_blocks, cfg.block_size, cfg.prefix_caching, extra)
+        # A model with linear-attention layers keeps a state slot per running sequence and no
+        # prefix cache: a cached prefix would skip the tokens its state is built from.
+        slots = SlotAllocator(cfg.max_num_seqs) if self.model_config.linear_layer_ids() else None
+        caching = cfg.prefix_caching and slots is None
+        self.block_manager = BlockManager(num_blocks, cfg.block_size, caching, extra, slots)
         self.scheduler = Scheduler(self.config, self.block_manager)
 
     def _reset_counters(self) -> None:

@@ -5,7 +5,8 @@ per call.
 
 KV cache: engine/kv_pool.py's KVPool (one tensor per group of layers with the same KV heads and
 head dim; each attention layer gets its K and V views, see engine/kernels/torch_ref.py for the
-layout).
+layout). A model with linear-attention layers also gets engine/state_pool.py's StatePool beside
+it: max_num_seqs slots of per-sequence state, allocated and released with the KV pool.
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ from engine.quant.format import resolve_weight_quant
 from engine.sampler import SamplingTensors, sample
 from engine.scheduler import ScheduledBatch
 from engine.startup import StartupTimer
+from engine.state_pool import StatePool
 from engine.structured.bitmask import apply_bitmask
 from engine.tuning import KernelChoices, choose_kernels
 
@@ -73,6 +75,7 @@ class ModelRunner:
         )
         self.block_size = config.block_size
         self.kv_pool = KVPool.empty()
+        self.state_pool = StatePool.empty()
         self.graphs: DecodeGraphs | None = None
         self.kernel_choices = KernelChoices()  # this engine's alone (engine/tuning.py)
         self.max_blocks_per_seq = -(-config.max_model_len // config.block_size)
@@ -87,15 +90,30 @@ class ModelRunner:
         for attn in layers:
             attn.backend = backend
         self.backend = backend
+        if self.model_config.linear_layer_ids():
+            self.state_pool = StatePool.allocate(
+                self.model_config,
+                self.model.linear_layers(),
+                self.config.max_num_seqs,
+                self.dtype,
+                self.device,
+            )
 
     @property
     def kv_pool_bytes(self) -> int:
         return self.kv_pool.nbytes
 
+    @property
+    def state_pool_bytes(self) -> int:
+        return self.state_pool.nbytes
+
     def release_kv_cache(self) -> None:
         """Drop every reference to the pool, so a smaller one never sits beside it."""
         KVPool.unbind(self.model.attention_layers())
         self.kv_pool = KVPool.empty()
+        if self.model_config.linear_layer_ids():
+            StatePool.unbind(self.model.linear_layers())
+        self.state_pool = StatePool.empty()
         gc.collect()
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
@@ -143,6 +161,7 @@ class ModelRunner:
             self.dtype,
             self.device,
             splits,
+            has_state=bool(cfg.linear_layer_ids()),
         )
         self.graphs.capture()
 

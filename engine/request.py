@@ -128,6 +128,9 @@ class Request:
         """The parent key of the first block: the request's prefix-cache namespace."""
         self.num_computed_tokens = 0
         """Tokens whose K/V is in the cache."""
+        self.state_slot: int | None = None
+        """The state-pool slot of a model with linear-attention layers (engine/state_pool.py),
+        held from admission until finish, abort or preemption."""
         self.num_pending = 0
         """Sampled tokens not read back from the device yet: the last num_pending entries of
         token_ids are PLACEHOLDER (an overlapped step launched before its tokens came back)."""

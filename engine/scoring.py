@@ -41,6 +41,9 @@ def iter_next_token_logprobs(
             f"scoring {n} tokens needs {blocks.blocks_for(n)} free KV blocks, "
             f"{blocks.num_free_blocks} are free"
         )
+    if not blocks.take_state_slot(seq):  # a model with linear-attention layers
+        blocks.free(seq)
+        raise RuntimeError("scoring needs a free state slot; every one is held by a request")
     try:
         targets_all = torch.tensor(token_ids[1:] + [0], dtype=torch.int64)
         for lo in range(0, n - 1, chunk_size):

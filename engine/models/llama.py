@@ -20,7 +20,9 @@ from engine.models.rope import RotaryEmbedding
 class Attention(nn.Module):
     """Layer `layer`'s attention, built from cfg.layer_attention(layer): its head dim, window
     (Mistral, Qwen2's upper layers, Gemma 3, gpt-oss), soft-cap and sinks (gpt-oss); q/k
-    RMSNorm where cfg.qk_norm; the scale from query_pre_attn_scalar where set (Gemma 3)."""
+    RMSNorm where cfg.qk_norm; the scale from query_pre_attn_scalar where set (Gemma 3); with
+    cfg.attn_output_gate (Qwen3.5) the q projection also gives a gate, each head's q then its
+    gate, and the output is multiplied by sigmoid(gate) before o_proj."""
 
     def __init__(self, cfg: ModelConfig, rope: RotaryEmbedding, layer: int) -> None:
         super().__init__()
@@ -32,7 +34,10 @@ class Attention(nn.Module):
         )
         self.q_size = cfg.num_heads * att.head_dim
         self.kv_size = cfg.num_kv_heads * att.head_dim
-        self.qkv_proj = Linear(cfg.hidden_size, self.q_size + 2 * self.kv_size, bias=cfg.qkv_bias)
+        self.gate_size = self.q_size if cfg.attn_output_gate else 0
+        self.qkv_proj = Linear(
+            cfg.hidden_size, self.q_size + self.gate_size + 2 * self.kv_size, bias=cfg.qkv_bias
+        )
         self.o_proj = Linear(self.q_size, cfg.hidden_size, bias=cfg.o_bias)
         self.q_norm = RMSNorm(att.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
         self.k_norm = RMSNorm(att.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
@@ -50,8 +55,12 @@ class Attention(nn.Module):
 
     def forward(self, positions: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         num_tokens = x.shape[0]
-        qkv = self.qkv_proj(x)  # [num_tokens, q_size + 2 * kv_size]
-        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        qkv = self.qkv_proj(x)  # [num_tokens, q_size + gate_size + 2 * kv_size]
+        q, k, v = qkv.split([self.q_size + self.gate_size, self.kv_size, self.kv_size], dim=-1)
+        gate = None
+        if self.gate_size:  # per head: head_dim of q, then head_dim of gate
+            q = q.view(num_tokens, self.num_heads, 2 * self.head_dim)
+            q, gate = q[..., : self.head_dim].contiguous(), q[..., self.head_dim :]
         q = q.view(num_tokens, self.num_heads, self.head_dim)
         k = k.view(num_tokens, self.num_kv_heads, self.head_dim)
         v = v.view(num_tokens, self.num_kv_heads, self.head_dim)
@@ -61,7 +70,10 @@ class Attention(nn.Module):
         if out is None:
             q, k = self.rope(positions, q, k)
             out = self.attn(q, k, v)  # [num_tokens, num_heads, head_dim]
-        return self.o_proj(out.reshape(num_tokens, self.q_size))
+        out = out.reshape(num_tokens, self.q_size)
+        if gate is not None:
+            out = out * torch.sigmoid(gate.reshape(num_tokens, self.q_size))
+        return self.o_proj(out)
 
 
 class MLP(nn.Module):

@@ -1,0 +1,192 @@
+"""Our Qwen3.5 text model: a hybrid of Gated DeltaNet layers (LINEAR: a state per sequence,
+engine/models/gated_deltanet.py) and gated full-attention layers (llama.py's Attention with q/k
+RMSNorm, partial RoPE and the sigmoid output gate), each followed by a SwiGLU MLP.
+
+Qwen3.5's RMSNorms (the layer norms, q/k norms, the final norm) compute x * (1 + w): the 1 is
+added at load, once, so our RMSNorm (x * weight) serves them as it is; the Gated DeltaNet's
+gated norm uses w as it is. Checkpoints: Qwen3_5ForCausalLM's (`model.`) or the text part of
+Qwen3_5ForConditionalGeneration's (`model.language_model.`); its vision tower (`model.visual.`)
+and the multi-token-prediction head (`mtp.`) are skipped with one log line.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable
+
+import torch
+from torch import nn
+
+from engine.models.config import ModelConfig
+from engine.models.gated_deltanet import GatedDeltaNet
+from engine.models.layers import Linear, PagedAttention, RMSNorm
+from engine.models.linear_attention import LINEAR
+from engine.models.llama import MLP, Attention
+from engine.models.rope import RotaryEmbedding
+
+logger = logging.getLogger(__name__)
+
+TEXT_PREFIXES = ("model.language_model.", "model.")
+"""Checkpoint prefixes of the text model's weights, tried in order: a multimodal checkpoint, a
+text-only one."""
+SKIPPED_PREFIXES = ("model.visual.", "visual.", "mtp.")
+"""The vision tower and the multi-token-prediction head: not used for text generation."""
+
+FUSED = {
+    "self_attn.q_proj": ("self_attn.qkv_proj", 0),
+    "self_attn.k_proj": ("self_attn.qkv_proj", 1),
+    "self_attn.v_proj": ("self_attn.qkv_proj", 2),
+    "mlp.gate_proj": ("mlp.gate_up_proj", 0),
+    "mlp.up_proj": ("mlp.gate_up_proj", 1),
+    "linear_attn.in_proj_qkv": ("linear_attn.in_proj_qkvz", 0),
+    "linear_attn.in_proj_z": ("linear_attn.in_proj_qkvz", 1),
+    "linear_attn.in_proj_b": ("linear_attn.in_proj_ba", 0),
+    "linear_attn.in_proj_a": ("linear_attn.in_proj_ba", 1),
+    "linear_attn.conv1d": ("linear_attn.conv_weight", None),
+}
+"""Checkpoint module (within a layer) -> (our parameter's module, shard index; None: the whole
+parameter)."""
+
+
+class Qwen3_5DecoderLayer(nn.Module):
+    def __init__(self, cfg: ModelConfig, rope: RotaryEmbedding | None, layer: int) -> None:
+        super().__init__()
+        self.is_linear = cfg.layer_type(layer) == LINEAR
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        if self.is_linear:
+            self.linear_attn = GatedDeltaNet(cfg)
+        else:
+            self.self_attn = Attention(cfg, rope, layer)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.mlp = MLP(cfg)
+
+    def forward(
+        self, positions: torch.Tensor, x: torch.Tensor, residual: torch.Tensor | None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        if residual is None:
+            residual = x
+            x = self.input_layernorm(x)
+        else:
+            x, residual = self.input_layernorm(x, residual)
+        x = self.linear_attn(x) if self.is_linear else self.self_attn(positions, x)
+        x, residual = self.post_attention_layernorm(x, residual)
+        return self.mlp(x), residual
+
+
+class Qwen3_5ForCausalLM(nn.Module):
+    def __init__(self, cfg: ModelConfig, max_positions: int) -> None:
+        super().__init__()
+        if cfg.linear_attention is None or not cfg.attn_output_gate:
+            raise ValueError("a Qwen3.5 config needs linear_attention and attn_output_gate")
+        self.config = cfg
+        full = cfg.attention_layer_ids()
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.rope = RotaryEmbedding.for_layer(cfg.layer_attention(full[0]), max_positions)
+        self.layers = nn.ModuleList(
+            Qwen3_5DecoderLayer(cfg, self.rope, i) for i in range(cfg.num_layers)
+        )
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.lm_head = Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        if cfg.tie_word_embeddings:
+            self.lm_head.weight = self.embed_tokens.weight
+
+    def init_buffers(self, device: torch.device) -> None:
+        """Build the buffers that were made on meta (the RoPE tables) on `device`, in fp32."""
+        self.rope.init_buffers(device)
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        x = self.embed_tokens(input_ids)  # [num_tokens, hidden]
+        residual = None
+        for layer in self.layers:
+            x, residual = layer(positions, x, residual)
+        x, _ = self.norm(x, residual)
+        return x
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """[num_seqs, vocab] logits in the LM head's dtype."""
+        return self.lm_head(hidden)
+
+    def attention_layers(self) -> list[PagedAttention]:
+        """The full-attention layers' paged attention, in layer order (the KV pool binds)."""
+        return [layer.self_attn.attn for layer in self.layers if not layer.is_linear]
+
+    def linear_layers(self) -> list[GatedDeltaNet]:
+        """The Gated DeltaNet layers, in layer order (the state pool binds)."""
+        return [layer.linear_attn for layer in self.layers if layer.is_linear]
+
+    def _shard_sizes(self) -> dict[str, list[int]]:
+        cfg, s = self.config, self.config.linear_attention
+        q, kv = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
+        return {
+            "qkv_proj": [2 * q, kv, kv],  # q_proj holds each head's query and gate
+            "gate_up_proj": [cfg.intermediate_size] * 2,
+            "in_proj_qkvz": [s.conv_dim, s.value_dim],
+            "in_proj_ba": [s.num_value_heads] * 2,
+        }
+
+    @torch.no_grad()
+    def load_weights(
+        self,
+        weights: Iterable[tuple[str, torch.Tensor]],
+        copy: Callable[[torch.Tensor, torch.Tensor], object] = torch.Tensor.copy_,
+    ) -> None:
+        """Copy Hugging Face-named tensors into our (fused) parameters; check none is missing
+        and none is unknown. `copy(dst, src)` does each copy (as in llama.py). The RMSNorm
+        weights w become 1 + w (computed in fp32, rounded once to the model's dtype)."""
+        params = dict(self.named_parameters(remove_duplicate=False))
+        shard_sizes = self._shard_sizes()
+        tied = self.config.tie_word_embeddings
+        loaded: set[str] = set()
+        num_skipped = 0
+        for name, tensor in weights:
+            if name.startswith(SKIPPED_PREFIXES):
+                num_skipped += 1
+                continue
+            name = next((name[len(p) :] for p in TEXT_PREFIXES if name.startswith(p)), name)
+            if "rotary_emb" in name or (name == "lm_head.weight" and tied):
+                continue
+            target, shard = _our_name(name)
+            if target not in params:
+                raise ValueError(f"unexpected weight {name!r} in a Qwen3.5 checkpoint")
+            dst = params[target]
+            if shard is not None:
+                sizes = shard_sizes[target.split(".")[-2]]
+                dst = dst.narrow(0, sum(sizes[:shard]), sizes[shard])
+            if target.endswith("conv_weight") and tensor.dim() == 3:
+                tensor = tensor.squeeze(1)  # Conv1d's [conv_dim, 1, kernel]
+            if dst.shape != tensor.shape:
+                raise ValueError(
+                    f"weight {name!r}: shape {tuple(tensor.shape)}, expected {tuple(dst.shape)}"
+                )
+            is_norm = target.endswith("norm.weight") and ".linear_attn." not in target
+            copy(dst, tensor.float() + 1.0 if is_norm else tensor)
+            loaded.add(f"{target}#{shard}")
+        if num_skipped:
+            logger.info(
+                "skipped %d vision tower and multi-token-prediction weights (text generation only)",
+                num_skipped,
+            )
+        self._check_complete(params, loaded, shard_sizes)
+
+    def _check_complete(self, params: dict, loaded: set[str], shard_sizes: dict) -> None:
+        expected = set()
+        for pname in params:
+            fused = pname.split(".")[-2] if "." in pname else ""
+            if fused in shard_sizes:
+                expected.update(f"{pname}#{i}" for i in range(len(shard_sizes[fused])))
+            elif not (pname == "lm_head.weight" and self.config.tie_word_embeddings):
+                expected.add(f"{pname}#None")
+        missing = sorted(expected - loaded)
+        if missing:
+            raise ValueError(
+                f"Qwen3.5 checkpoint is missing weights: {missing[:5]}"
+                + (f" and {len(missing) - 5} more" if len(missing) > 5 else "")
+            )
+
+
+def _our_name(name: str) -> tuple[str, int | None]:
+    """A checkpoint weight's name (prefix removed) -> (our parameter, shard index or None)."""
+    for part, (ours, shard) in FUSED.items():
+        if f".{part}." in name:
+            return name.replace(part if shard is not None else f"{part}.weight", ours, 1), shard
+    return name, None
