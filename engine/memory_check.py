@@ -142,15 +142,9 @@ def measure_cuda(runner, workload: Callable[[], None]) -> Measurement:
     model = runner.model
     weights = sum(t.nbytes for t in model.parameters()) + sum(t.nbytes for t in model.buffers())
     kv = runner.kv_pool_bytes
-    state = state_pool_bytes(runner)
+    state = runner.state_pool_bytes
     graph_pool = base - before
     allocator = max(0, peak_reserved - weights - kv - state - activation - graph_pool)
     items = MemoryItems(weights, activation, graph_pool, kv, outside, allocator, state)
     return Measurement(items, outside + peak_reserved)
 
-
-def state_pool_bytes(runner) -> int:
-    """The bytes of the runner's linear-attention state pool (engine/state_pool.py); 0 where
-    the runner keeps none (a model without linear layers)."""
-    pool = getattr(runner, "state_pool", None)
-    return pool.nbytes if pool is not None else 0
