@@ -117,3 +117,94 @@ def test_moe_block_with_a_shared_expert_equals_transformers_sparse_block():
         want = hf(x[None])[0]  # [5, hidden]
         got = ours(x)
     torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+
+
+# --- the model end to end ------------------------------------------------------------------------
+PROMPT_LENS = [1, 2, 17, 150]
+"""Shorter than the conv's 3 remembered inputs, under one chunk of the delta rule (64), three."""
+
+
+def _prompts(lens=PROMPT_LENS, seed=2) -> list[list[int]]:
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randint(0, 256, (n,), generator=g).tolist() for n in lens]
+
+
+def _greedy(max_tokens: int = 8):
+    from engine import SamplingParams
+
+    return SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True, logprobs=0)
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    from tests.support.tiny_models import EOS_ID, VOCAB, make_tiny_model
+
+    config = tiny_moe_config(vocab_size=VOCAB, eos_token_id=EOS_ID, max_position_embeddings=1024)
+    folder = make_tiny_model(config, tmp_path_factory.mktemp("qwen3_5_moe"))
+    return folder, AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
+
+
+def _llm(folder, **kwargs):
+    from engine import LLM
+
+    return LLM(str(folder), device="cpu", max_model_len=256, **kwargs)
+
+
+def test_greedy_agrees_short_and_long_prompts(tiny):
+    from engine.models.moe import MoEBlock
+    from tests.support.greedy_reference import assert_greedy_agrees
+
+    folder, hf = tiny
+    llm = _llm(folder)
+    model = llm.engine.runner.model
+    assert type(model).__name__ == "Qwen3_5MoeForCausalLM"
+    assert all(isinstance(layer.mlp, MoEBlock) for layer in model.layers)
+    outs = llm.generate(_prompts(), _greedy())
+    assert_greedy_agrees(hf, _prompts(), outs, logprob_atol=1e-4)
+
+
+def test_chunked_prefill_and_prefills_beside_decodes(tiny):
+    """Chunks of at most 24 tokens carry the linear layers' state across steps; three requests
+    at once put later prompts' chunks beside earlier ones' decodes."""
+    from tests.support.greedy_reference import assert_greedy_agrees
+
+    folder, hf = tiny
+    prompts = _prompts([5, 70, 150])
+    llm = _llm(folder, max_num_batched_tokens=24, max_num_seqs=3)
+    outs = llm.generate(prompts, _greedy())
+    assert max(o.metrics.num_prefill_chunks for o in outs) >= 6  # 150 tokens by 24 or fewer
+    assert_greedy_agrees(hf, prompts, outs, logprob_atol=1e-4)
+
+
+def test_tight_kv_pool_preempts_and_recomputes(tiny):
+    from tests.support.greedy_reference import generate_under_pressure
+
+    folder, hf = tiny
+    # 3 prompts of up to 76 tokens in 16-token blocks need up to 14 blocks; 8 preempt
+    outs = generate_under_pressure(
+        folder,
+        hf,
+        _prompts([40, 50, 60]),
+        _greedy(16),
+        num_kv_blocks=8,
+        step_tokens=32,
+        max_model_len=128,
+    )
+    assert all(len(o.token_ids) == 16 for o in outs)
+
+
+def test_a_checkpoint_missing_an_expert_is_refused(tiny, tmp_path):
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    folder, _ = tiny
+    broken = tmp_path / "broken"
+    shutil.copytree(folder, broken)
+    (weights,) = broken.glob("*.safetensors")
+    tensors = load_file(weights)
+    missing = next(n for n in tensors if n.endswith("layers.2.mlp.experts.7.up_proj.weight"))
+    del tensors[missing]
+    save_file(tensors, weights, metadata={"format": "pt"})
+    with pytest.raises(ValueError, match=r"missing expert weights.*layers\.2\.mlp\.experts\.7"):
+        _llm(broken)
