@@ -250,6 +250,8 @@ TARGETS = {
     "GPTOSS-A": (">= 60% of floor", lambda achieved, floor: achieved >= 0.6 * floor),
     "Q35-B": (">= 80% of floor", lambda achieved, floor: achieved >= 0.8 * floor),
     "Q35-A": (">= 60% of floor", lambda achieved, floor: achieved >= 0.6 * floor),
+    "Q35MOE-B": (">= 80% of floor", lambda achieved, floor: achieved >= 0.8 * floor),
+    "Q35MOE-A": (">= 60% of floor", lambda achieved, floor: achieved >= 0.6 * floor),
 }
 
 

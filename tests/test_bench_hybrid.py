@@ -46,6 +46,19 @@ def test_qwen3_5_27b_preset_has_the_public_shape():
     assert cfg.num_params == pytest.approx(26.90e9, rel=0.002)
 
 
+def test_qwen3_5_35b_a3b_preset_has_the_public_shape():
+    cfg = config("qwen3.5-35b-a3b")
+    assert len(cfg.linear_layer_ids()) == 30 and len(cfg.attention_layer_ids()) == 10
+    assert (cfg.num_experts, cfg.num_experts_per_tok, cfg.moe_intermediate_size) == (256, 8, 512)
+    assert cfg.shared_expert_intermediate_size == 512 and cfg.norm_topk_prob
+    assert cfg.kv_cache_bytes_per_token("bfloat16") == 10 * 2 * 2 * 256 * 2  # 20 KiB
+    # 30 x (32 x 128 x 128 x 4 B + (2 x 16 x 128 + 32 x 128) x 3 x 2 B)
+    assert cfg.state_bytes_per_sequence(4, 2) == 30 * (32 * 128 * 128 * 4 + 8192 * 3 * 2)
+    # "35B-A3B": the text model's total and active parameters
+    assert cfg.num_params == pytest.approx(34.66e9, rel=0.002)
+    assert cfg.num_active_params == pytest.approx(3.45e9, rel=0.005)
+
+
 def test_qwen3_32b_preset_has_the_public_shape():
     cfg = config("qwen3-32b")
     assert (cfg.num_layers, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim) == (64, 64, 8, 128)
@@ -117,3 +130,20 @@ def test_memory_per_sequence_measured_from_the_engines_pools_on_the_cpu():
         got = bench_state_memory.measured(cfg, 256, "bfloat16", device)
         want = bench_state_memory.planned(cfg, 256, "bfloat16")
         assert (got["kv_bytes"], got["state_bytes"]) == (want["kv_bytes"], want["state_bytes"])
+
+
+def test_tiny_q35moe_family_run_on_cpu(tmp_path):
+    """Qwen3.5-35B-A3B's architecture with 8 tiny experts, top-2, and a shared expert; the
+    batch-1 floor reads the active weights and the state."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        argv = ["--device", "cpu", "--tiny", "--workloads", "q35moe", "--out", str(tmp_path)]
+        rc = bench_gpu.main(argv)
+    finally:
+        torch.set_num_threads(threads)
+    rows = json.loads((tmp_path / "bench_gpu.json").read_text())["rows"]
+    assert rc == 0 and [r["workload"] for r in rows] == ["Q35MOE-B", "Q35MOE-A"]
+    cfg = config("qwen3.5-35b-a3b", tiny=True)
+    assert (cfg.num_experts, cfg.shared_expert_intermediate_size) == (8, 32)
+    assert rows[0]["detail"]["floor_weight_bytes"] == cfg.num_active_params * 4  # fp32
