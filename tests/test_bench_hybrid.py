@@ -147,3 +147,15 @@ def test_tiny_q35moe_family_run_on_cpu(tmp_path):
     cfg = config("qwen3.5-35b-a3b", tiny=True)
     assert (cfg.num_experts, cfg.shared_expert_intermediate_size) == (8, 32)
     assert rows[0]["detail"]["floor_weight_bytes"] == cfg.num_active_params * 4  # fp32
+
+
+@pytest.mark.gpu
+def test_memory_per_sequence_at_32k_measured_on_the_gpu():
+    """The engine's pools for one 32k sequence, allocated on the GPU: what the allocator hands
+    out equals the planner's figures (every tensor a multiple of the allocator's 512 B)."""
+    rows = bench_state_memory.compare(32768, "bfloat16", torch.device("cuda"))
+    for row in rows:
+        planned, measured = row["planned"], row["measured"]
+        assert measured["kv_allocated"] == measured["kv_bytes"] == planned["kv_bytes"]
+        assert measured["state_allocated"] == measured["state_bytes"] == planned["state_bytes"]
+    assert rows[0]["measured"]["total_bytes"] == 2 * GIB + STATE_27B
