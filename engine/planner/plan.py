@@ -217,7 +217,8 @@ def _kv_blocks(d: _Draft) -> None:
         state = ""
         if d.state_seq:
             culprit = "max_num_seqs" if req.max_num_seqs else culprit
-            state = f", a state pool of {d.slots} slots ({size_text(d.slots * d.state_seq)}),"
+            slots = f"{d.slots} slot{'s' if d.slots != 1 else ''}"
+            state = f", a state pool of {slots} ({size_text(d.slots * d.state_seq)}),"
         raise Misfit(
             3,
             culprit,
