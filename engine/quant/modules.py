@@ -19,8 +19,12 @@ from engine.quant.dispatch import QuantKernels, fused_silu, quant_linear
 from engine.quant.format import QuantizedWeight, WeightQuant, check_int4_group
 from engine.quant.reference import dequantize_ref, dequantize_to
 
-QUANTIZED_LINEARS = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")
-"""Our (fused) projection names whose weights are quantized."""
+QUANTIZED_LINEARS = (
+    *("qkv_proj", "o_proj", "gate_up_proj", "down_proj"),
+    *("in_proj_qkvz", "in_proj_ba", "out_proj"),  # Qwen3.5's Gated DeltaNet layers
+)
+"""Our (fused) projection names whose weights are quantized (ModelConfig.param_counts counts
+them as `linear`)."""
 
 
 class QuantLinear(nn.Module):
