@@ -34,7 +34,7 @@ def tiny_moe_config(**overrides) -> Qwen3_5MoeTextConfig:
         num_experts=NUM_EXPERTS,
         num_experts_per_tok=TOP_K,
         moe_intermediate_size=32,
-        shared_expert_intermediate_size=48,
+        shared_expert_intermediate_size=64,
         architectures=["Qwen3_5MoeForCausalLM"],
     )
     return Qwen3_5MoeTextConfig(**{**fields, **overrides})
@@ -45,7 +45,7 @@ def test_fields_from_a_text_config():
     assert cfg.architecture == "Qwen3_5MoeForCausalLM"
     assert cfg.layer_types == (LINEAR, LINEAR, LINEAR, FULL)
     assert (cfg.num_experts, cfg.num_experts_per_tok, cfg.moe_intermediate_size) == (8, 2, 32)
-    assert cfg.shared_expert_intermediate_size == 48 and cfg.norm_topk_prob
+    assert cfg.shared_expert_intermediate_size == 64 and cfg.norm_topk_prob
     assert cfg.dense_layers == () and all(cfg.is_moe_layer(i) for i in range(4))
     assert cfg.attn_output_gate and cfg.qk_norm and cfg.partial_rotary_factor == 0.25
 
@@ -208,3 +208,45 @@ def test_a_checkpoint_missing_an_expert_is_refused(tiny, tmp_path):
     save_file(tensors, weights, metadata={"format": "pt"})
     with pytest.raises(ValueError, match=r"missing expert weights.*layers\.2\.mlp\.experts\.7"):
         _llm(broken)
+
+
+PROJECTIONS = {"gate_proj", "up_proj", "down_proj", "q_proj", "k_proj", "v_proj", "o_proj"}
+PROJECTIONS |= {"in_proj_qkv", "in_proj_z", "in_proj_a", "in_proj_b", "out_proj"}
+"""The checkpoint's quantized projections: experts, the shared expert, attention and the
+Gated DeltaNet's; the routers, the shared expert's gate, norms and conv taps stay 16-bit."""
+
+
+@pytest.mark.parametrize("kind", ["int8", "int4"])
+def test_quantized_generates_what_its_dequantized_weights_do(tiny, kind, tmp_path):
+    """int8 / int4 quantize the experts (each expert's rows as one weight's) and the shared
+    expert like every projection; the engine then generates what it generates in fp32 from the
+    same weights quantized and dequantized."""
+    pytest.importorskip("bitsandbytes")
+    from safetensors.torch import load_file, save_file
+
+    from engine.quant.bnb import code_table, quantize_4bit, quantize_int8
+    from engine.quant.modules import QuantLinear
+    from engine.quant.reference import dequantize_ref
+
+    folder, _ = tiny
+    group = 32  # divides every projection's input width
+    tensors = load_file(folder / "model.safetensors")
+    for name, w in tensors.items():
+        if name.rsplit(".", 2)[-2] not in PROJECTIONS:
+            continue
+        if kind == "int8":
+            tensors[name] = dequantize_ref(*quantize_int8(w), None, 0)
+        else:
+            q, scales = quantize_4bit(w, group, "nf4")
+            tensors[name] = dequantize_ref(q, scales, code_table("nf4"), group)
+    save_file(tensors, tmp_path / "model.safetensors")
+    for name in ("config.json", "tokenizer.json", "tokenizer_config.json"):
+        (tmp_path / name).write_bytes((folder / name).read_bytes())
+    quantized = _llm(folder, quantization=kind, quant_block_size=group)
+    block = quantized.engine.runner.model.layers[0].mlp
+    assert block.quant is not None and block.quant.kind == kind
+    assert isinstance(block.shared_expert.gate_up_proj, QuantLinear)
+    prompts = _prompts([5, 70])
+    ours = quantized.generate(prompts, _greedy())
+    want = _llm(tmp_path).generate(prompts, _greedy())
+    assert [o.token_ids for o in ours] == [o.token_ids for o in want]
