@@ -147,4 +147,3 @@ def measure_cuda(runner, workload: Callable[[], None]) -> Measurement:
     allocator = max(0, peak_reserved - weights - kv - state - activation - graph_pool)
     items = MemoryItems(weights, activation, graph_pool, kv, outside, allocator, state)
     return Measurement(items, outside + peak_reserved)
-
