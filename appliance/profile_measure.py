@@ -16,6 +16,7 @@ LABELS = {
     "activation": "activation peak",
     "graph_pool": "CUDA graph pool",
     "kv_pool": "KV pool",
+    "state_pool": "state pool",
     "context": "CUDA context + others",
     "allocator": "allocator cache",
     "peak": "peak in use",

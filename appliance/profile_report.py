@@ -9,6 +9,7 @@ from dataclasses import asdict
 from appliance.probe import Probe
 from appliance.profile_measure import memory_table
 from engine.planner import GIB, Device, Plan
+from engine.planner.formulas import ELEMENT_BYTES
 
 
 def probe_dict(found: Probe) -> dict:
@@ -28,6 +29,35 @@ def params_text(model) -> str:
     if model.num_active_params != model.num_params:
         text += f", {model.num_active_params / 1e9:.2f} B active"
     return text
+
+
+def kv_text(model, p: Plan) -> str:
+    """The KV formula with the model's numbers: "2 x 32 layers x 8 KV heads x 128 x 2 B
+    (bfloat16)", counting only the layers that hold K/V (a hybrid model's full layers), and
+    naming the layers' head dims where they differ."""
+    layers = model.kv_layers()
+    shapes = sorted({(a.num_kv_heads, a.head_dim) for a in map(model.layer_attention, layers)})
+    heads, dim = shapes[-1]
+    per_element = p.kv_bytes_per_token // (
+        2 * sum(a.num_kv_heads * a.head_dim for a in map(model.layer_attention, layers))
+    )
+    which = "layers" if len(layers) == model.num_layers else "layers holding K/V"
+    if len(shapes) > 1:
+        dims = " / ".join(f"{h} KV heads x {d}" for h, d in shapes)
+        return f"2 x {len(layers)} {which} x ({dims}) x {per_element} B ({p.kv_cache_dtype})"
+    return (
+        f"2 x {len(layers)} {which} x {heads} KV heads x {dim} x {per_element} B "
+        f"({p.kv_cache_dtype})"
+    )
+
+
+def state_text(model, p: Plan) -> str:
+    """The state formula with the model's numbers: linear layers x (fp32 recurrent state +
+    conv state)."""
+    shape = model.linear_attention
+    rec = f"{shape.num_value_heads} x {shape.key_head_dim} x {shape.value_head_dim} x 4 B"
+    conv = f"{shape.conv_dim} x {shape.conv_kernel - 1} x {ELEMENT_BYTES[p.dtype]} B"
+    return f"{len(model.linear_layer_ids())} linear layers x ({rec} recurrent + {conv} conv)"
 
 
 def print_tables(
@@ -67,7 +97,6 @@ def print_tables(
     console.print(hw)
 
     g = lambda n: f"{n / GIB:.2f} GiB"  # noqa: E731
-    kv_b = p.kv_bytes_per_token // (2 * model.num_layers * model.num_kv_heads * model.head_dim)
     mem = Table(title=f"Memory plan: {name}", show_header=True)
     for col in ("item", "bytes", "arithmetic"):
         mem.add_column(col)
@@ -82,12 +111,18 @@ def print_tables(
     mem.add_row("allocator cache", g(p.allocator_bytes), "cached blocks beyond live tensors")
     mem.add_row("CUDA context", g(p.cuda_context_bytes), "from the class profile")
     mem.add_row("safety margin", g(p.margin_bytes), "3% of the budget, at least 256 MiB")
-    mem.add_row(
-        "KV bytes / token",
-        f"{p.kv_bytes_per_token:,} B",
-        f"2 x {model.num_layers} layers x {model.num_kv_heads} KV heads x "
-        f"{model.head_dim} x {kv_b} B ({p.kv_cache_dtype})",
-    )
+    mem.add_row("KV bytes / token", f"{p.kv_bytes_per_token:,} B", kv_text(model, p))
+    if p.state_bytes_per_sequence:
+        mem.add_row(
+            "state / sequence",
+            f"{p.state_bytes_per_sequence:,} B",
+            state_text(model, p),
+        )
+        mem.add_row(
+            "state pool",
+            g(p.state_pool_bytes),
+            f"{p.max_num_seqs} slots x {p.state_bytes_per_sequence:,} B (before the KV pool)",
+        )
     mem.add_row(
         "KV pool",
         g(p.kv_pool_bytes),
@@ -99,14 +134,13 @@ def print_tables(
         f"{p.concurrency_at_typical_len} @ a typical {p.typical_len} tokens",
     )
     if device.bandwidth_gbs:
-        floor_s = (p.decode_weight_bytes(1) + p.typical_len * p.kv_bytes_per_token) / (
-            device.bandwidth_gbs * 1e9
-        )
+        floor_s = p.decode_bytes([p.typical_len]) / (device.bandwidth_gbs * 1e9)
         read = "active weights" if p.expert_bytes else "weights"
+        read += " + KV + state read and written" if p.state_bytes_per_sequence else " + KV"
         mem.add_row(
             "decode floor",
             f"{1 / floor_s:,.0f} tok/s",
-            f"one sequence: ({read} + KV) / {device.bandwidth_gbs:.0f} GB/s",
+            f"one sequence: ({read}) / {device.bandwidth_gbs:.0f} GB/s",
         )
     console.print(mem)
 

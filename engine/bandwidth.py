@@ -4,7 +4,9 @@ A decode step reads every weight once plus the KV cache of every sequence's cont
 performance model of docs/design.md): bytes = weight bytes + sum(context tokens) x KV bytes per
 token, both from the plan (engine.planner's weight_bytes and kv_bytes_per_token, which count
 all layers). A mixture-of-experts model reads only the experts its batch routes to: at most
-min(num_experts, sequences x num_experts_per_tok) per layer (Plan.decode_weight_bytes). Like
+min(num_experts, sequences x num_experts_per_tok) per layer (Plan.decode_weight_bytes). A
+hybrid model's linear layers read and write each sequence's state once a step: 2 x state bytes
+per sequence (Plan.decode_bytes). Like
 the project's decode floor, the other weights count in full, an untied input embedding
 included (a step gathers only its sequences' rows of that table), so the share is
 floor time / step time. Steps that carry prefill tokens read the same bytes but are bound by
@@ -42,13 +44,16 @@ class BandwidthMeter:
         window_s: float = WINDOW_S,
         clock: Callable[[], float] = time.perf_counter,
         step_weight_bytes: Callable[[int], int] | None = None,
+        state_bytes_per_sequence: int = 0,
     ) -> None:
         """step_weight_bytes(num_seqs): the weight bytes a decode step of num_seqs sequences
-        reads (fewer than weight_bytes where experts go unrouted); None: weight_bytes."""
+        reads (fewer than weight_bytes where experts go unrouted); None: weight_bytes.
+        state_bytes_per_sequence: each sequence's linear-attention state (0: none)."""
         if weight_bytes <= 0 or kv_bytes_per_token <= 0:
             raise ValueError("weight_bytes and kv_bytes_per_token must be positive")
         self.weight_bytes, self.kv_bytes_per_token = weight_bytes, kv_bytes_per_token
         self.step_weight_bytes = step_weight_bytes
+        self.state_bytes_per_sequence = state_bytes_per_sequence
         self.peak_gbs = peak_gbs if peak_gbs else None
         self.peak_source = peak_source if self.peak_gbs else None
         self.window_s, self.clock = window_s, clock
@@ -57,13 +62,15 @@ class BandwidthMeter:
     @classmethod
     def for_plan(cls, plan) -> BandwidthMeter:
         """The meter of an engine built on `plan` (engine.planner's Plan): its weight and KV
-        bytes, its peak bandwidth, and with experts the bytes a step of n sequences reads."""
+        bytes, its peak bandwidth, with experts the bytes a step of n sequences reads, and
+        with linear layers the state bytes per sequence."""
         return cls(
             plan.weight_bytes,
             plan.kv_bytes_per_token,
             plan.bandwidth_gbs,
             plan.bandwidth_source,
             step_weight_bytes=plan.decode_weight_bytes if plan.expert_bytes else None,
+            state_bytes_per_sequence=plan.state_bytes_per_sequence,
         )
 
     def reset(self) -> None:
@@ -81,11 +88,13 @@ class BandwidthMeter:
     def read_bytes(self, context_lens: list[int]) -> int:
         """Bytes one decode step reads: every weight once (with experts, the ones the batch can
         route to), plus each sequence's context (the tokens its attention reads, the new one
-        included) x KV bytes per token."""
+        included) x KV bytes per token, plus each sequence's state read and written back
+        (the same sum as Plan.decode_bytes)."""
         weights = self.weight_bytes
         if self.step_weight_bytes is not None:
             weights = self.step_weight_bytes(len(context_lens))
-        return weights + sum(context_lens) * self.kv_bytes_per_token
+        state = 2 * len(context_lens) * self.state_bytes_per_sequence
+        return weights + sum(context_lens) * self.kv_bytes_per_token + state
 
     def launched(self, key: object, start: float, context_lens: list[int] | None) -> None:
         """A step began at `start` (the clock's time); context_lens: each sequence's context

@@ -21,7 +21,7 @@ from engine.models.config import ModelConfig
 from engine.models.loader import resolve_model_folder
 from engine.pending_step import PendingStep
 from engine.planner import Device
-from engine.planning import TORCH_DTYPES, plan_engine, resolve_device
+from engine.planning import TORCH_DTYPES, plan_engine, prefix_caching_for, resolve_device
 from engine.request import Request, RequestOutput, RequestStatus
 from engine.sampling_params import SamplingParams
 from engine.scheduler import Scheduler
@@ -64,6 +64,7 @@ class LLMEngine:
             self.plan, self.config = plan_engine(
                 pins, self.model_config, self.device.type, device_info
             )
+            self.config = prefix_caching_for(self.model_config, self.config)
         with timer.phase("tokenizer"):
             self.tokenizer = None  # random-weight benchmarks may come without one: token ids
             if (
@@ -384,12 +385,16 @@ class LLMEngine:
             detok.finish()
 
     def stats(self) -> dict:
+        slots = self.block_manager.slots
         return {
             "num_running": len(self.scheduler.running),
             "num_waiting": len(self.scheduler.waiting) + len(self.grammars or ()),
             "kv_blocks_used": self.block_manager.num_used_blocks,
             "kv_blocks_total": self.block_manager.num_blocks,
             "kv_blocks_cached": self.block_manager.num_cached_blocks,
+            # a hybrid model's state slots (one per running sequence); None without linear layers
+            "state_slots_used": slots.num_used if slots is not None else None,
+            "state_slots_total": slots.num_slots if slots is not None else None,
             "prefix_caching": self.block_manager.caching,
             "prefix_cache_queries_total": self.scheduler.prefix_queries,
             "prefix_cache_hits_total": self.scheduler.prefix_hits,

@@ -19,7 +19,8 @@ GIB = 1024**3
 class MemoryItems:
     """Device memory by item, bytes. `context`: what the caching allocator does not manage
     (CUDA context, library workspaces, other processes). `allocator`: what the allocator holds
-    at the peak beyond live tensors (blocks cached between steps of other shapes)."""
+    at the peak beyond live tensors (blocks cached between steps of other shapes).
+    `state_pool`: a hybrid model's linear-attention state slots (0 for other models)."""
 
     weights: int = 0
     activation: int = 0
@@ -27,6 +28,7 @@ class MemoryItems:
     kv_pool: int = 0
     context: int = 0
     allocator: int = 0
+    state_pool: int = 0
 
     @property
     def total(self) -> int:
@@ -43,6 +45,7 @@ class MemoryItems:
             kv_pool=plan.kv_pool_bytes,
             context=plan.cuda_context_bytes + max(0, plan.others_bytes),
             allocator=plan.allocator_bytes,
+            state_pool=plan.state_pool_bytes,
         )
 
 
@@ -68,11 +71,13 @@ class MemoryReport:
     block_bytes: int
 
     def rows(self) -> list[tuple[str, int, int]]:
-        """(item, predicted, measured) per item, then the total."""
+        """(item, predicted, measured) per item (the state pool only where there is one), then
+        the total."""
         out = [
             (f.name, getattr(self.predicted, f.name), getattr(self.measured, f.name))
             for f in fields(MemoryItems)
         ]
+        out = [row for row in out if row[0] != "state_pool" or row[1] or row[2]]
         out.append(("peak", self.predicted.total, self.measured_peak))
         return out
 
@@ -137,7 +142,8 @@ def measure_cuda(runner, workload: Callable[[], None]) -> Measurement:
     model = runner.model
     weights = sum(t.nbytes for t in model.parameters()) + sum(t.nbytes for t in model.buffers())
     kv = runner.kv_pool_bytes
+    state = runner.state_pool_bytes
     graph_pool = base - before
-    allocator = max(0, peak_reserved - weights - kv - activation - graph_pool)
-    items = MemoryItems(weights, activation, graph_pool, kv, outside, allocator)
+    allocator = max(0, peak_reserved - weights - kv - state - activation - graph_pool)
+    items = MemoryItems(weights, activation, graph_pool, kv, outside, allocator, state)
     return Measurement(items, outside + peak_reserved)

@@ -1,17 +1,22 @@
 """The engine's side of the memory plan: the torch device, the caller's pins, the checkpoint's
 own weight format, and the plan (engine.planner) turned into a complete EngineConfig and the
-torch dtypes it names."""
+torch dtypes it names; prefix caching turned off for models it cannot serve exactly."""
 
 from __future__ import annotations
 
+import logging
 from dataclasses import replace
 
 import torch
 
 from engine.config import EngineConfig
 from engine.models.config import ModelConfig
+from engine.models.linear_attention import RECURRENT_STATE_BYTES
 from engine.planner import Device, Plan, PlanRequest, plan, read_device
+from engine.planner.formulas import ELEMENT_BYTES
 from engine.quant.format import resolve_weight_quant
+
+logger = logging.getLogger(__name__)
 
 TORCH_DTYPES = {
     "float32": torch.float32,
@@ -53,3 +58,21 @@ def plan_engine(
     info = device_info or read_device(device_kind)
     result = plan(model, info, PlanRequest.from_config(pins, **targets))
     return result, replace(pins, **result.engine_kwargs())
+
+
+def prefix_caching_for(model: ModelConfig, config: EngineConfig) -> EngineConfig:
+    """`config` with prefix caching off, said in one log line, for a model with
+    linear-attention layers (Qwen3.5): a cached prefix would skip the prefill that builds each
+    sequence's recurrent state, and caching that state at block boundaries would cost a copy of
+    the whole state (every linear layer's) per block of every prompt (docs/design.md, "Prefix
+    caching and hybrid models"). Other models keep the setting as it is."""
+    if not config.prefix_caching or not model.linear_layer_ids():
+        return config
+    logger.info(
+        "prefix caching off: the model's %d linear-attention layers keep a recurrent state per "
+        "sequence that a cached prefix would skip building (caching it at block boundaries "
+        "would copy %d bytes of state per block)",
+        len(model.linear_layer_ids()),
+        model.state_bytes_per_sequence(RECURRENT_STATE_BYTES, ELEMENT_BYTES[config.dtype]),
+    )
+    return replace(config, prefix_caching=False)

@@ -13,6 +13,11 @@ The model (docs/performance.md, "How the GPU figures are measured"):
 - Weight bytes = all parameters x element size, as the design counts them (the published ~266
   tok/s floor of workload B). That floor is slightly loose for untied models: a decode step
   gathers only a few rows of the input embedding table (Llama-3-8B: 6.5% of its bytes).
+- Hybrid models (Qwen3.5): only the full-attention layers keep K/V (kv_layers) and do
+  softmax attention; each linear-attention layer keeps a fixed state per sequence, which a
+  decode step reads and writes back: 2 x state bytes per sequence per sequence and step. The
+  linear layers' own FLOPs (about 7 per state element and token: 0.5% of Qwen3.5-27B's
+  per-token matmul FLOPs) are left out.
 - Mixture of experts: a decode step of B sequences reads the non-expert weights plus at most
   min(num_experts, B x num_experts_per_tok) experts per layer (batch 1: the active
   parameters; engine.planner.formulas.decode_weight_bytes), and every token's FLOPs are those
@@ -68,6 +73,14 @@ class ModelShape:
     kv_token_bytes: int | None = None
     """KV-cache bytes per token where the layers differ (Gemma 4: full layers with their own
     head dim and KV heads, layers reading another's K/V); None: the uniform formula."""
+    kv_layers: int | None = None
+    """Layers with softmax attention over a KV cache; None: every layer."""
+    state_bytes_per_seq: int = 0
+    """A sequence's linear-attention state over every linear layer (0: none)."""
+
+    @property
+    def attention_layers(self) -> int:
+        return self.num_layers if self.kv_layers is None else self.kv_layers
 
     @property
     def weight_bytes(self) -> int:
@@ -91,12 +104,19 @@ class ModelShape:
         if self.kv_token_bytes is not None:
             return self.kv_token_bytes
         return kv_bytes_per_token(
-            self.num_layers, self.num_kv_heads, self.head_dim, self.kv_bytes_per_elem
+            self.attention_layers, self.num_kv_heads, self.head_dim, self.kv_bytes_per_elem
         )
+
+    def state_traffic(self, num_seqs: int) -> int:
+        """State bytes one decode step of num_seqs sequences reads and writes back."""
+        return 2 * num_seqs * self.state_bytes_per_seq
 
     @classmethod
     def from_model_config(cls, mc, weight_bytes: int = 2, kv_bytes: int = 2) -> ModelShape:
-        """From engine.models.config.ModelConfig (or anything with the same attributes)."""
+        """From engine.models.config.ModelConfig (or anything with the same attributes): the
+        state in the recurrent state's fp32 and the conv state in the weights' dtype."""
+        from engine.models.linear_attention import RECURRENT_STATE_BYTES
+
         counts = mc.param_counts()
         return cls(
             counts.total,
@@ -111,6 +131,8 @@ class ModelShape:
             num_experts=mc.num_experts,
             num_experts_per_tok=mc.num_experts_per_tok,
             kv_token_bytes=mc.kv_bytes_per_token(kv_bytes),
+            kv_layers=len(mc.kv_layers()),
+            state_bytes_per_seq=mc.state_bytes_per_sequence(RECURRENT_STATE_BYTES, weight_bytes),
         )
 
 
@@ -121,7 +143,7 @@ def kv_bytes_per_token(num_layers: int, num_kv_heads: int, head_dim: int, elem_b
 
 def attention_flops(shape: ModelShape, num_pairs: int) -> float:
     """QK^T and PV FLOPs over `num_pairs` (query, key) pairs, all layers and query heads."""
-    return 4.0 * shape.num_layers * shape.num_heads * shape.head_dim * num_pairs
+    return 4.0 * shape.attention_layers * shape.num_heads * shape.head_dim * num_pairs
 
 
 def prefill_flops(shape: ModelShape, num_tokens: int) -> float:
@@ -137,7 +159,7 @@ def ttft_floor_s(shape: ModelShape, hw: Hardware, prompt_len: int) -> float:
 
 def decode_step_floor_s(shape: ModelShape, hw: Hardware, batch: int, context_sum: int) -> float:
     """One decode step of `batch` sequences whose contexts (incl. the new token) sum to this."""
-    weights = shape.decode_weight_bytes(batch)
+    weights = shape.decode_weight_bytes(batch) + shape.state_traffic(batch)
     mem = (weights + context_sum * shape.kv_bytes_per_token) / hw.bandwidth
     flops = 2.0 * shape.flop_params * batch + attention_flops(shape, context_sum)
     return max(mem, flops / hw.matmul_flops)
@@ -146,13 +168,13 @@ def decode_step_floor_s(shape: ModelShape, hw: Hardware, batch: int, context_sum
 def batch1_decode_floor_tok_s(
     shape: ModelShape, hw: Hardware, prompt_len: int, output_len: int
 ) -> float:
-    """Workload B: bandwidth / (weight bytes + average context x KV bytes/token); the weight
-    bytes one sequence reads (with experts: the active ones).
+    """Workload B: bandwidth / (weight bytes + average context x KV bytes/token + the state
+    read and written); the weight bytes one sequence reads (with experts: the active ones).
 
     Decode step j (1 .. output_len - 1) attends over prompt_len + j tokens.
     """
     avg_context = prompt_len + output_len / 2
-    weights = shape.decode_weight_bytes(1)
+    weights = shape.decode_weight_bytes(1) + shape.state_traffic(1)
     return hw.bandwidth / (weights + avg_context * shape.kv_bytes_per_token)
 
 
@@ -236,6 +258,10 @@ TARGETS = {
     "G4MOE-A": (">= 60% of floor", lambda achieved, floor: achieved >= 0.6 * floor),
     "GPTOSS-B": (">= 80% of floor", lambda achieved, floor: achieved >= 0.8 * floor),
     "GPTOSS-A": (">= 60% of floor", lambda achieved, floor: achieved >= 0.6 * floor),
+    "Q35-B": (">= 80% of floor", lambda achieved, floor: achieved >= 0.8 * floor),
+    "Q35-A": (">= 60% of floor", lambda achieved, floor: achieved >= 0.6 * floor),
+    "Q35MOE-B": (">= 80% of floor", lambda achieved, floor: achieved >= 0.8 * floor),
+    "Q35MOE-A": (">= 60% of floor", lambda achieved, floor: achieved >= 0.6 * floor),
 }
 
 

@@ -9,14 +9,16 @@ Measures copy bandwidth and bf16 matmul rate, builds random-weight engines in re
 (time to first token, 1,024 / 4,096 tokens), D (256 requests, Qwen3-0.6B, out tok/s), a family's
 shape where --workloads names it (G3: Gemma 3 12B; G4: Gemma 4 31B; Q3MOE: Qwen3-30B-A3B and
 G4MOE: Gemma 4 26B-A4B, whose floors count the experts a step can route to, the active weights
-at batch 1: batch-1 decode and A's requests each), and prints achieved / floor / target per
-workload (floor model: scripts/bench_floor.py). Results go to DIR/bench_gpu.json, rewritten
-after every workload. Each workload runs under a share of --time-budget (SIGALRM); a failure or
-timeout becomes a row with its error. `--compare-hf` also runs transformers' generate_batch and
-our engine on a reduced workload A. `--device cpu --tiny` runs tiny shapes on the CPU (the
-tests' end-to-end check). `--planned` builds each engine as a plain `LLM(folder)`: the planner
-chooses every setting (max_num_seqs, the step's token budget, max_model_len, the KV pool). Exit
-status 1 if a workload raised.
+at batch 1; Q35: Qwen3.5-27B, whose floors count the full layers' K/V and each sequence's
+linear-attention state read and written back; Q35MOE: Qwen3.5-35B-A3B, both: batch-1 decode
+and A's requests each), and prints achieved / floor / target per workload (floor model:
+scripts/bench_floor.py). Results go to DIR/bench_gpu.json, rewritten after every workload. Each
+workload runs under a share of --time-budget (SIGALRM); a failure or timeout becomes a row with
+its error. `--compare-hf` also runs transformers' generate_batch and our engine on a reduced
+workload A. `--device cpu --tiny` runs tiny shapes on the CPU (the tests' end-to-end check).
+`--planned` builds each engine as a plain `LLM(folder)`: the planner chooses every setting
+(max_num_seqs, the step's token budget, max_model_len, the KV pool). Exit status 1 if a
+workload raised.
 """
 
 from __future__ import annotations
@@ -65,6 +67,8 @@ FAMILIES = {
     "Q3MOE": "qwen3-30b-a3b",
     "G4MOE": "gemma-4-26b-a4b",
     "GPTOSS": "gpt-oss-20b",
+    "Q35": "qwen3.5-27b",
+    "Q35MOE": "qwen3.5-35b-a3b",
 }
 """Workload code -> a family's preset: rows CODE-B (batch-1 decode, B's sizes) and CODE-A
 (workload A's requests), each against its floor; run when --workloads names the code."""

@@ -22,7 +22,17 @@ TINY_DIMS = dict(
     head_dim=16,
 )
 TINY_MOE_DIMS = dict(num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32)
-"""With TINY_DIMS, for presets with experts."""
+"""With TINY_DIMS, for presets with experts (and a shared expert of the same size where the
+preset has one)."""
+TINY_LINEAR_DIMS = dict(
+    num_hidden_layers=4,
+    linear_num_key_heads=2,
+    linear_num_value_heads=4,
+    linear_key_head_dim=16,
+    linear_value_head_dim=16,
+)
+"""With TINY_DIMS, for presets with linear-attention layers (Qwen3.5): three linear layers and
+a full one (the preset's layer_types give way to full_attention_interval's default, 4)."""
 
 
 def load_preset(name: str, tiny: bool = False) -> dict:
@@ -37,7 +47,10 @@ def load_preset(name: str, tiny: bool = False) -> dict:
     moe = dict(TINY_MOE_DIMS) if config.get("num_experts") else {}
     if moe and "top_k_experts" in config:  # Gemma 4's name for num_experts_per_tok
         moe["top_k_experts"] = moe["num_experts_per_tok"]
-    tiny_config = {**config, **TINY_DIMS, **moe}
+    if config.get("shared_expert_intermediate_size"):
+        moe["shared_expert_intermediate_size"] = TINY_MOE_DIMS["moe_intermediate_size"]
+    linear = TINY_LINEAR_DIMS if config.get("linear_num_value_heads") else {}
+    tiny_config = {**config, **TINY_DIMS, **moe, **linear}
     tiny_config.pop("layer_types", None)
     return tiny_config
 

@@ -55,3 +55,20 @@ def test_plan_screen_without_a_plan_or_check_says_so():
     doc["plan"] = {**_served_plan(), "memory_check": None}  # a CPU server checks nothing
     text = _text(doc)
     assert "Memory plan" in text and "Memory check" not in text
+
+
+def test_plan_screen_shows_a_hybrid_models_state_pool_and_hides_a_dense_ones():
+    model = ModelConfig.from_dict(json.loads((PRESETS / "qwen3.5-27b.json").read_text()))
+    result = plan(model, Device(kind="cuda", name="80 GiB", total_bytes=80 * GIB), PlanRequest())
+    items = MemoryItems.from_plan(result)
+    report = MemoryReport(items, items, items.total, items.total, result.num_kv_blocks, 0, 1)
+    doc = make_doc(1)
+    doc["plan"] = {**result.to_dict(), "memory_check": report.to_dict()}
+    text = _text(doc)
+    lines = [line.split() for line in text.splitlines()]
+    assert ["state", "pool", f"{result.state_pool_bytes / GIB:.2f}", "GiB"] in lines
+    check = text.split("Memory check after warm-up")[1]
+    assert "state_pool" in check
+    dense = make_doc(1)
+    dense["plan"] = _served_plan()
+    assert "state" not in _text(dense).split("Engine configuration")[0]

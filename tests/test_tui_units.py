@@ -21,7 +21,7 @@ from tests.support.tui_screen import screen_text, wait_for
 from tui import format as fmt
 from tui import model
 from tui.screens.trace import grammar_line, summary
-from tui.widgets.kv import hit_cells
+from tui.widgets.kv import hit_cells, state_cell
 from tui.widgets.timeline import bar
 
 
@@ -111,6 +111,15 @@ def test_kv_panel_hit_rate_cells():
     assert hit_cells(view) == ("hit   off", "")
     del view.doc["kv"]["prefix_cache"]  # a server that does not say
     assert hit_cells(view) == ("hit   n/a", "")
+
+
+def test_kv_panel_state_slots_cell():
+    view = model.History().push(make_doc(2))
+    assert state_cell(view) == ""  # a model without linear-attention layers keeps no state
+    view.doc["engine"].update(state_slots_used=3, state_slots_total=64)
+    assert state_cell(view) == " · state 3/64 slots"
+    view.doc["engine"].update(state_slots_used=None, state_slots_total=None)
+    assert state_cell(view) == ""
 
 
 def test_trace_summary_shows_cached_tokens():

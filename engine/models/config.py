@@ -13,6 +13,7 @@ from engine.models.registry import (
     ARCHITECTURES,
     GEMMA3_NAMES,
     GEMMA4_NAMES,
+    QWEN3_5_MOE_NAMES,
     QWEN3_5_NAMES,
     supported_names,
 )
@@ -134,6 +135,9 @@ class ModelConfig:
     post-norms, a router scale [hidden] and per-expert scales (Gemma 4)."""
     linear_attention: LinearAttention | None = None
     """The shape of the LINEAR layers (Qwen3.5), which keep a state per sequence, no KV."""
+    shared_expert_intermediate_size: int = 0
+    """Each MoE layer's shared expert, a gated MLP every token runs beside its routed experts,
+    scaled by a sigmoid gate (Qwen3.5-MoE); 0: none."""
     attn_output_gate: bool = False
     """Attention's output is multiplied by sigmoid of a gate the q projection also computes
     (Qwen3.5's full layers)."""
@@ -255,12 +259,16 @@ class ModelConfig:
             raw = gemma3_config.text_config(raw)
             family = gemma3_config.gemma3_fields(raw)
             rope = gemma3_config.rope_by_layer_type(raw)[0]  # the full layers'
-        elif arch in QWEN3_5_NAMES:
+        elif arch in QWEN3_5_NAMES or arch in QWEN3_5_MOE_NAMES:
             from engine.models import qwen3_5_config
 
             raw = qwen3_5_config.text_config(raw)
             family = qwen3_5_config.qwen3_5_fields(raw)
             rope = qwen3_5_config.rope_parameters(raw)
+            if arch in QWEN3_5_MOE_NAMES:
+                from engine.models.moe_config import qwen3_5_moe_fields
+
+                family.update(qwen3_5_moe_fields(raw))
         elif arch in GEMMA4_NAMES:
             from engine.models import gemma4_config
 

@@ -67,7 +67,8 @@ class MoEBlock(nn.Module):
     """A router (`gate`: Linear hidden -> num_experts) and num_experts gated MLPs stacked as
     `w_gate_up` [num_experts, 2 * inter, hidden] (the gate's rows first) and `w_down`
     [num_experts, hidden, inter], with optional biases `b_gate_up` and `b_down`. Each token
-    runs through the k experts `routing` picks, weighted by their routing weights.
+    runs through the k experts `routing` picks, weighted by their routing weights, and through
+    the shared expert where there is one.
 
     quantize_experts turns the experts into int8 or int4 (engine/quant/format.py's layouts,
     each expert's rows as one weight's): `w_gate_up` and `w_down` then hold the codes,
@@ -84,7 +85,10 @@ class MoEBlock(nn.Module):
         activation: str = "silu",
         router_bias: bool = False,
         expert_bias: bool = False,
+        shared_expert: nn.Module | None = None,
     ) -> None:
+        """shared_expert: an MLP every token runs beside its routed experts, its output scaled
+        by sigmoid(shared_expert_gate(x)) (a Linear hidden -> 1) and added (Qwen3.5-MoE)."""
         super().__init__()
         if not 0 < top_k <= num_experts:
             raise ValueError(
@@ -106,6 +110,10 @@ class MoEBlock(nn.Module):
         self.b_down = nn.Parameter(torch.empty(num_experts, hidden_size)) if expert_bias else None
         self.quant: WeightQuant | None = None
         """The experts' format once quantize_experts ran; None: in the activation dtype."""
+        self.shared_expert = shared_expert
+        self.shared_expert_gate = (
+            nn.Linear(hidden_size, 1, bias=False) if shared_expert is not None else None
+        )
 
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """[num_tokens, hidden] -> (topk_weights fp32, topk_ids), [num_tokens, k] each."""
@@ -133,7 +141,7 @@ class MoEBlock(nn.Module):
                 code=self.code,
                 group_size=self.quant.group_size,
             )
-        return kernel(
+        out = kernel(
             x,
             *weights,
             topk_weights,
@@ -142,7 +150,11 @@ class MoEBlock(nn.Module):
             self.b_gate_up,
             self.b_down,
             **quantized,
-        )
+        )  # [num_tokens, hidden]
+        if self.shared_expert is not None:
+            gate = torch.sigmoid(self.shared_expert_gate(x))  # [num_tokens, 1]
+            out = out + gate * self.shared_expert(x)
+        return out
 
     @torch.no_grad()
     def quantize_experts(self, quant: WeightQuant) -> None:

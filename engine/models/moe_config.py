@@ -1,5 +1,5 @@
-"""config.json fields of the mixture-of-experts families, read into ModelConfig's: Qwen3-MoE
-and gpt-oss. Torch-free (the planner reads configs)."""
+"""config.json fields of the mixture-of-experts families, read into ModelConfig's: Qwen3-MoE,
+gpt-oss and Qwen3.5-MoE. Torch-free (the planner reads configs)."""
 
 from __future__ import annotations
 
@@ -61,4 +61,32 @@ def gpt_oss_fields(raw: dict) -> dict:
         attention_sinks=True,
         layer_types=types,
         swiglu=(raw.get("swiglu_alpha"), raw.get("swiglu_limit")),
+    )
+
+
+QWEN3_5_MOE_DEFAULTS = {
+    "num_experts": 256,
+    "num_experts_per_tok": 8,
+    "moe_intermediate_size": 512,
+    "shared_expert_intermediate_size": 512,
+}
+"""transformers' Qwen3_5MoeTextConfig defaults (Qwen3.5-35B-A3B's values) for the expert
+fields a config.json may leave out."""
+
+
+def qwen3_5_moe_fields(raw: dict) -> dict:
+    """Qwen3.5-MoE's expert fields (`raw`: the text config): every layer has num_experts
+    experts of moe_intermediate_size, num_experts_per_tok of them per token with their softmax
+    weights renormalized to sum to one (transformers' Qwen3_5MoeTopKRouter always divides by
+    their sum), and a shared expert of shared_expert_intermediate_size."""
+    get = {k: raw.get(k) or default for k, default in QWEN3_5_MOE_DEFAULTS.items()}
+    num_experts, k = get["num_experts"], get["num_experts_per_tok"]
+    if not 0 < k <= num_experts:
+        raise ValueError(f"num_experts_per_tok={k} must be between 1 and num_experts={num_experts}")
+    return dict(
+        num_experts=num_experts,
+        num_experts_per_tok=k,
+        moe_intermediate_size=get["moe_intermediate_size"],
+        shared_expert_intermediate_size=get["shared_expert_intermediate_size"],
+        norm_topk_prob=True,
     )

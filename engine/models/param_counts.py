@@ -66,6 +66,10 @@ def count_params(cfg: ModelConfig) -> ParamCounts:
             active += k * 3 * h * mi
             other += h * e  # the router
             other += 3 * h + h + e if cfg.moe_beside_mlp else 0  # norms, router scales
+            si = cfg.shared_expert_intermediate_size
+            if si:  # the shared expert runs for every token; its gate is one row
+                linear, rows, active = linear + 3 * h * si, rows + 2 * si + h, active + 3 * h * si
+                other += h
         if not cfg.is_moe_layer(i) or cfg.moe_beside_mlp:
             mi = cfg.mlp_size(i)
             linear, rows, active = linear + 3 * h * mi, rows + 2 * mi + h, active + 3 * h * mi

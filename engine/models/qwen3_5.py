@@ -12,7 +12,7 @@ and the multi-token-prediction head (`mtp.`) are skipped with one log line.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Collection, Iterable
 
 import torch
 from torch import nn
@@ -38,6 +38,8 @@ FUSED = {
     "self_attn.v_proj": ("self_attn.qkv_proj", 2),
     "mlp.gate_proj": ("mlp.gate_up_proj", 0),
     "mlp.up_proj": ("mlp.gate_up_proj", 1),
+    "mlp.shared_expert.gate_proj": ("mlp.shared_expert.gate_up_proj", 0),  # Qwen3.5-MoE's
+    "mlp.shared_expert.up_proj": ("mlp.shared_expert.gate_up_proj", 1),
     "linear_attn.in_proj_qkv": ("linear_attn.in_proj_qkvz", 0),
     "linear_attn.in_proj_z": ("linear_attn.in_proj_qkvz", 1),
     "linear_attn.in_proj_b": ("linear_attn.in_proj_ba", 0),
@@ -49,7 +51,14 @@ parameter)."""
 
 
 class Qwen3_5DecoderLayer(nn.Module):
-    def __init__(self, cfg: ModelConfig, rope: RotaryEmbedding | None, layer: int) -> None:
+    def __init__(
+        self,
+        cfg: ModelConfig,
+        rope: RotaryEmbedding | None,
+        layer: int,
+        mlp: nn.Module | None = None,
+    ) -> None:
+        """`mlp`: the feed-forward block ([num_tokens, hidden] -> same); None: a dense MLP."""
         super().__init__()
         self.is_linear = cfg.layer_type(layer) == LINEAR
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
@@ -58,7 +67,7 @@ class Qwen3_5DecoderLayer(nn.Module):
         else:
             self.self_attn = Attention(cfg, rope, layer)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.mlp = MLP(cfg)
+        self.mlp = MLP(cfg) if mlp is None else mlp
 
     def forward(
         self, positions: torch.Tensor, x: torch.Tensor, residual: torch.Tensor | None
@@ -83,12 +92,16 @@ class Qwen3_5ForCausalLM(nn.Module):
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
         self.rope = RotaryEmbedding.for_layer(cfg.layer_attention(full[0]), max_positions)
         self.layers = nn.ModuleList(
-            Qwen3_5DecoderLayer(cfg, self.rope, i) for i in range(cfg.num_layers)
+            Qwen3_5DecoderLayer(cfg, self.rope, i, self.make_mlp(i)) for i in range(cfg.num_layers)
         )
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.lm_head = Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
+
+    def make_mlp(self, layer: int) -> nn.Module:
+        """Layer `layer`'s feed-forward block: a dense SwiGLU MLP (Qwen3.5-MoE: experts)."""
+        return MLP(self.config)
 
     def init_buffers(self, device: torch.device) -> None:
         """Build the buffers that were made on meta (the RoPE tables) on `device`, in fp32."""
@@ -129,10 +142,12 @@ class Qwen3_5ForCausalLM(nn.Module):
         self,
         weights: Iterable[tuple[str, torch.Tensor]],
         copy: Callable[[torch.Tensor, torch.Tensor], object] = torch.Tensor.copy_,
+        loaded_elsewhere: Collection[str] = (),
     ) -> None:
         """Copy Hugging Face-named tensors into our (fused) parameters; check none is missing
         and none is unknown. `copy(dst, src)` does each copy (as in llama.py). The RMSNorm
-        weights w become 1 + w (computed in fp32, rounded once to the model's dtype)."""
+        weights w become 1 + w (computed in fp32, rounded once to the model's dtype).
+        `loaded_elsewhere`: our parameter names the caller fills (a subclass's experts)."""
         params = dict(self.named_parameters(remove_duplicate=False))
         shard_sizes = self._shard_sizes()
         tied = self.config.tie_word_embeddings
@@ -166,11 +181,15 @@ class Qwen3_5ForCausalLM(nn.Module):
                 "skipped %d vision tower and multi-token-prediction weights (text generation only)",
                 num_skipped,
             )
-        self._check_complete(params, loaded, shard_sizes)
+        self._check_complete(params, loaded, shard_sizes, loaded_elsewhere)
 
-    def _check_complete(self, params: dict, loaded: set[str], shard_sizes: dict) -> None:
+    def _check_complete(
+        self, params: dict, loaded: set[str], shard_sizes: dict, loaded_elsewhere: Collection[str]
+    ) -> None:
         expected = set()
         for pname in params:
+            if pname in loaded_elsewhere:
+                continue
             fused = pname.split(".")[-2] if "." in pname else ""
             if fused in shard_sizes:
                 expected.update(f"{pname}#{i}" for i in range(len(shard_sizes[fused])))

@@ -29,6 +29,8 @@ GEMMA4_NAMES = ("Gemma4ForCausalLM", "Gemma4ForConditionalGeneration")
 
 QWEN3_5_NAMES = ("Qwen3_5ForCausalLM", "Qwen3_5ForConditionalGeneration")
 """Qwen3.5's architectures: the text model; a multimodal checkpoint runs its text part."""
+QWEN3_5_MOE_NAMES = ("Qwen3_5MoeForCausalLM", "Qwen3_5MoeForConditionalGeneration")
+"""Qwen3.5-MoE's (Qwen3.5-35B-A3B's): the text model, or a multimodal checkpoint's text part."""
 
 ARCHITECTURES: dict[str, Architecture] = {
     a.name: a
@@ -42,6 +44,10 @@ ARCHITECTURES: dict[str, Architecture] = {
         Architecture("Qwen3MoeForCausalLM", "engine.models.qwen3_moe:Qwen3MoeForCausalLM"),
         Architecture("GptOssForCausalLM", "engine.models.gpt_oss:GptOssForCausalLM"),
         *(Architecture(n, "engine.models.qwen3_5:Qwen3_5ForCausalLM") for n in QWEN3_5_NAMES),
+        *(
+            Architecture(n, "engine.models.qwen3_5_moe:Qwen3_5MoeForCausalLM")
+            for n in QWEN3_5_MOE_NAMES
+        ),
     )
 }
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import math
 
 from engine.models.config import ModelConfig
+from engine.models.linear_attention import RECURRENT_STATE_BYTES
 
 GIB, MIB = 1024**3, 1024**2
 WEIGHT_FORMATS = ("none", "int8", "int4")
@@ -100,18 +101,25 @@ def kv_bytes_per_token(m: ModelConfig, kv_dtype: str) -> int:
     return m.kv_cache_bytes_per_token(kv_dtype)
 
 
+def state_bytes_per_sequence(m: ModelConfig, dtype_bytes: int) -> int:
+    """One sequence's slot in the state pool: every LINEAR layer's float32 recurrent state and
+    its conv state in the activation dtype (0 for a model without linear layers)."""
+    return m.state_bytes_per_sequence(RECURRENT_STATE_BYTES, dtype_bytes)
+
+
 def mlp_peak_per_token(m: ModelConfig) -> int:
     """Elements the feed-forward sub-layer holds per token at its peak, the larger over the
     model's layers. A dense MLP: its gate_up output and SiLU-and-mul output (3 x
     intermediate_size). An MoE layer holds what a step really routes, not intermediate_size
     (Qwen3-30B-A3B's config names one no layer uses): num_experts_per_tok rows per token, each
     with its gate_up output, activation and down output (3 x moe_intermediate_size + hidden),
-    plus the router's logits and their fp32 softmax (3 x num_experts 16-bit elements)."""
+    plus the router's logits and their fp32 softmax (3 x num_experts 16-bit elements), plus a
+    shared expert's gate_up and activation outputs where there is one (3 x its size)."""
     dense = 3 * _dense_intermediate(m)
     if not m.num_experts:
         return dense
     routed = m.num_experts_per_tok * (3 * m.moe_intermediate_size + m.hidden_size)
-    return max(dense, routed + 3 * m.num_experts)
+    return max(dense, routed + 3 * m.num_experts + 3 * m.shared_expert_intermediate_size)
 
 
 def gate_up_per_token(m: ModelConfig) -> int:

@@ -4,20 +4,23 @@ The budget splits as (docs/design.md, "Memory: the KV-cache formula and the plan
 
     budget    = total x utilization - memory other processes hold
     KV pool   = budget - weights - activation peak - CUDA graph pool - CUDA context
-                - allocator cache - margin
+                - allocator cache - margin - state pool
     KV blocks = KV pool // (block_size x KV bytes per token)
-    KV bytes per token = 2 (K and V) x layers x KV heads x head_dim x bytes per element
+    KV bytes per token = 2 (K and V) x layers holding K/V x KV heads x head_dim x bytes
+    state pool = max_num_seqs x state bytes per sequence (a hybrid model's linear layers:
+                 fp32 recurrent state + conv state; 0 without linear layers)
 
 Choices, in order, each with a one-line reason: the weight format (the best that leaves room for
 target_num_seqs sequences of useful_context tokens), the KV dtype, the KV blocks,
-max_model_len, max_num_seqs and max_num_batched_tokens. Pinned values are kept; pins that cannot
-fit raise PlanError naming one setting and the value to give it (engine.planner.refusal).
+max_model_len, max_num_seqs and max_num_batched_tokens, then the state pool's slots. Pinned
+values are kept; pins that cannot fit raise PlanError naming one setting and the value to give
+it (engine.planner.refusal).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from math import floor
+from math import ceil, floor
 
 from engine.models.config import ModelConfig
 from engine.planner.device import Device
@@ -34,6 +37,7 @@ from engine.planner.formulas import (
     kv_bytes_per_token,
     model_length_limit,
     size_text,
+    state_bytes_per_sequence,
     weight_bytes,
 )
 from engine.planner.request import Plan, PlanRequest
@@ -76,6 +80,7 @@ def attempt(m: ModelConfig, dev: Device, req: PlanRequest) -> Plan:
     _kv_blocks(d)
     _max_model_len(d)
     _max_num_seqs(d)
+    _state_pool(d)
     return _finish(d)
 
 
@@ -89,6 +94,7 @@ def _budget(d: _Draft) -> None:
     if d.dtype == "bfloat16" and not dev.bf16_supported:
         raise Misfit(1, "dtype", f"{dev.name} has no bfloat16", "float16")
     d.dtype_bytes = ELEMENT_BYTES[d.dtype]
+    d.state_seq = state_bytes_per_sequence(d.m, d.dtype_bytes)
     d.limit, why = model_length_limit(d.m, dev.kind)
     if req.max_model_len is not None and req.max_model_len > d.limit:
         raise Misfit(
@@ -118,25 +124,27 @@ def _overheads(d: _Draft, fmt: str, rows: float) -> dict[str, int]:
     }
 
 
-def _sized_rooms(d: _Draft, options: list, weights: dict) -> tuple[dict, dict]:
-    """Per option (KV dtype, weight format): the sequences its overheads are sized for, and
-    the room left for its KV cache. A pinned max_num_seqs sizes them for itself. Otherwise
-    they are sized for the typical requests the option's pool holds with overheads sized for
-    the class's cap (at most that cap, unrounded: the count grows smoothly with memory, so a
-    little more memory never plans fewer blocks), and the memory that frees goes to the KV
+def _sized_rooms(d: _Draft, options: list, weights: dict) -> tuple[dict, dict, dict]:
+    """Per option (KV dtype, weight format): the sequences its overheads are sized for, the
+    state-pool slots reserved for them (whole slots), and the room left for its KV cache. A
+    pinned max_num_seqs sizes them for itself. Otherwise they are sized for the typical
+    requests (KV blocks and a state slot each) the option's memory holds with overheads sized
+    for the class's cap (at most that cap, unrounded: the count grows smoothly with memory, so
+    a little more memory never plans fewer blocks), and the memory that frees goes to the KV
     cache."""
     fixed = d.context + d.margin
     typical = min(d.req.typical_len, d.limit, d.req.max_model_len or d.limit)
-    rows, room = {}, {}
+    rows, slots, room = {}, {}, {}
     for kv, fmt in options:
         capped = d.budget - fixed - weights[fmt] - sum(_overheads(d, fmt, d.seqs_cap).values())
         rows[kv, fmt] = float(d.seqs_cap)
         if d.req.max_num_seqs is None:
-            request = -(-typical // d.bs) * d.bs * kv_bytes_per_token(d.m, kv)
+            request = -(-typical // d.bs) * d.bs * kv_bytes_per_token(d.m, kv) + d.state_seq
             rows[kv, fmt] = min(float(d.seqs_cap), max(1.0, capped / request))
         used = sum(_overheads(d, fmt, rows[kv, fmt]).values())
-        room[kv, fmt] = d.budget - fixed - weights[fmt] - used
-    return rows, room
+        slots[kv, fmt] = ceil(rows[kv, fmt])
+        room[kv, fmt] = d.budget - fixed - weights[fmt] - used - slots[kv, fmt] * d.state_seq
+    return rows, slots, room
 
 
 def _weights_and_kv_dtype(d: _Draft) -> None:
@@ -155,16 +163,20 @@ def _weights_and_kv_dtype(d: _Draft) -> None:
         f: weight_bytes(m, f, d.dtype_bytes, req.quantize_embeddings, req.quant_block_size)
         for f in formats
     }
-    rows, room = _sized_rooms(d, options, weights)
-    need = {o: target_tokens * kv_bytes_per_token(m, o[0]) for o in options}
+    rows, slots, room = _sized_rooms(d, options, weights)
+    # the target's KV, and the state of the target's sequences beyond the slots reserved
+    unreserved = {o: max(0, req.target_num_seqs - slots[o]) * d.state_seq for o in options}
+    need = {o: target_tokens * kv_bytes_per_token(m, o[0]) + unreserved[o] for o in options}
     fit = [o for o in options if room[o] >= need[o]]
     d.kv_dtype, d.fmt = chosen = fit[0] if fit else options[-1]
     d.weights, d.room, d.rows, d.target_met = weights[d.fmt], room[chosen], rows[chosen], bool(fit)
+    d.slots = slots[chosen]
     sized = _overheads(d, d.fmt, d.rows)
     d.act, d.allocator, d.graphs = sized["act"], sized["alloc"], sized["graphs"]
     d.fixed = d.act + d.allocator + d.graphs + d.context + d.margin
     name = {f: FORMAT_NAMES[f] or d.dtype for f in WEIGHT_FORMATS}
-    target = f"{req.target_num_seqs} x {d.useful} tokens ({size_text(need[chosen])} of KV)"
+    of = "of KV and state" if d.state_seq else "of KV"
+    target = f"{req.target_num_seqs} x {d.useful} tokens ({size_text(need[chosen])} {of})"
     best, w = options[0], size_text(d.weights)
     if req.quantization:
         d.why["quantization"] = f"{name[d.fmt]} weights ({w}): pinned"
@@ -202,11 +214,17 @@ def _kv_blocks(d: _Draft) -> None:
     d.left = size_text(d.room)
     if pool_blocks < 1:
         culprit = "quantization" if req.quantization else "gpu_memory_utilization"
+        state = ""
+        if d.state_seq:
+            culprit = "max_num_seqs" if req.max_num_seqs else culprit
+            slots = f"{d.slots} slot{'s' if d.slots != 1 else ''}"
+            state = f", a state pool of {slots} ({size_text(d.slots * d.state_seq)}),"
         raise Misfit(
             3,
             culprit,
             f"{d.format_name} weights ({size_text(d.weights)}) and overheads "
-            f"({size_text(d.fixed)}) leave no room for a KV cache in {size_text(d.budget)}",
+            f"({size_text(d.fixed)}){state} leave no room for a KV cache in "
+            f"{size_text(d.budget)}",
         )
     if req.num_kv_blocks is not None and req.num_kv_blocks > pool_blocks:
         raise Misfit(
@@ -275,13 +293,28 @@ def _max_num_seqs(d: _Draft) -> None:
         by_typical = d.blocks // -(-d.typical // d.bs)
         seqs = max(1, min(floor(d.rows), by_typical))
         d.seqs = seqs // 8 * 8 if seqs >= 8 else seqs
+        held, what = by_typical, "memory"
+        if d.state_seq:  # the rows were sized with a state slot per request
+            held, what = min(by_typical, max(1, floor(d.rows))), "KV and state memory"
         d.why["max_num_seqs"] = (
-            f"memory for {by_typical} requests of a typical {d.typical} "
+            f"{what} for {held} requests of a typical {d.typical} "
             f"tokens (class cap {dev.max_num_seqs})"
         )
     if dev.kind == "cpu" and req.num_kv_blocks is None and d.seqs * d.per_seq < d.blocks:
         d.blocks = d.seqs * d.per_seq  # RAM is shared: never more than the worst case needs
         d.why["num_kv_blocks"] = f"every one of {d.seqs} sequences at {d.max_len} tokens (CPU)"
+
+
+def _state_pool(d: _Draft) -> None:
+    """Stage 7: the state pool holds one slot per max_num_seqs sequence; the slots reserved
+    beyond that (max_num_seqs rounds down) go back to the KV pool, unless the blocks are
+    pinned or capped."""
+    d.state_pool = d.seqs * d.state_seq
+    spare = max(0, d.slots - d.seqs) * d.state_seq
+    if spare and d.req.num_kv_blocks is None and "num_kv_blocks" not in d.why:
+        d.blocks += spare // d.block_bytes
+        d.room += spare
+        d.left = size_text(d.room)
 
 
 AUTO_DTYPE_REASONS = {
@@ -302,6 +335,11 @@ def _finish(d: _Draft) -> Plan:
         "num_kv_blocks",
         "pinned" if req.num_kv_blocks else f"{d.left} left / {d.bs} tokens x {d.kv_tok} B a token",
     )
+    if d.state_seq:
+        why["max_num_seqs"] += (
+            f"; a state slot each: {size_text(d.state_seq)} a sequence, "
+            f"{size_text(d.state_pool)} in all"
+        )
     return Plan(
         device=d.dev.kind,
         dtype=d.dtype,
@@ -335,4 +373,6 @@ def _finish(d: _Draft) -> Plan:
         expert_bytes=expert_bytes(d.m, d.fmt, d.dtype_bytes, d.req.quant_block_size),
         num_experts=d.m.num_experts,
         num_experts_per_tok=d.m.num_experts_per_tok,
+        state_bytes_per_sequence=d.state_seq,
+        state_pool_bytes=d.state_pool,
     )

@@ -147,6 +147,12 @@ class Plan:
     """The model's parameters, every expert included; None = not known."""
     num_active_params: int | None = None
     """The parameters one token's forward reads (with experts: num_experts_per_tok of them)."""
+    state_bytes_per_sequence: int = 0
+    """One sequence's linear-attention state (formulas.state_bytes_per_sequence); 0 for a
+    model without linear layers."""
+    state_pool_bytes: int = 0
+    """The state pool: max_num_seqs slots of state_bytes_per_sequence, reserved before the KV
+    pool."""
     expert_bytes: int = 0
     """Every expert's weight bytes, all MoE layers (part of weight_bytes); 0 for a dense model."""
     num_experts: int = 0
@@ -162,6 +168,14 @@ class Plan:
             self.num_experts_per_tok,
             num_seqs,
         )
+
+    def decode_bytes(self, context_lens: list[int]) -> int:
+        """What one decode step reads: the weights it can route to, each sequence's context
+        (the new token included) x KV bytes per token, and each sequence's state, read and
+        written back (2 x state_bytes_per_sequence)."""
+        kv = sum(context_lens) * self.kv_bytes_per_token
+        state = 2 * len(context_lens) * self.state_bytes_per_sequence
+        return self.decode_weight_bytes(len(context_lens)) + kv + state
 
     def engine_kwargs(self) -> dict:
         """The planned settings as EngineConfig keyword arguments."""

@@ -66,7 +66,10 @@ BUDGET_ITEMS = (
     ("CUDA context", "cuda_context_bytes"),
     ("safety margin", "margin_bytes"),
     ("KV pool", "kv_pool_bytes"),
+    ("state pool", "state_pool_bytes"),
 )
+OPTIONAL_ITEMS = ("state_pool_bytes", "state_pool")
+"""Items shown only where non-zero: a hybrid model's state pool (plan key, memory-check key)."""
 
 
 def gib(n: object) -> str:
@@ -81,7 +84,7 @@ def plan_table(plan: dict) -> Table:
     for key, why in (plan.get("reasons") or {}).items():
         t.add_row(key, value_text(plan.get(key)), str(why))
     for label, key in BUDGET_ITEMS:
-        if key in plan:
+        if key in plan and (plan[key] or key not in OPTIONAL_ITEMS):
             t.add_row(label, gib(plan[key]), "")
     return t
 
@@ -93,7 +96,11 @@ def check_table(check: dict) -> Table:
     for name in ("predicted", "measured", "diff"):
         t.add_column(name, justify="right")
     predicted, measured = check.get("predicted") or {}, check.get("measured") or {}
-    rows = [(k, predicted.get(k), measured.get(k)) for k in measured]
+    rows = [
+        (k, predicted.get(k), measured.get(k))
+        for k in measured
+        if k not in OPTIONAL_ITEMS or predicted.get(k) or measured.get(k)
+    ]
     total = sum(predicted.values()) if predicted else None
     rows.append(("peak", total, check.get("measured_peak")))
     for item, pred, meas in rows:

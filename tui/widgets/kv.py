@@ -1,6 +1,7 @@
-"""KVPanel: KV-cache blocks used of total as a gauge, their history, the prefix cache's hit
-rate over the last minute (with its history) and the blocks it holds, how much of the used
-cache the largest requests hold, and the preemptions so far."""
+"""KVPanel: KV-cache blocks used of total as a gauge, their history, a hybrid model's state
+slots in use, the prefix cache's hit rate over the last minute (with its history) and the
+blocks it holds, how much of the used cache the largest requests hold, and the preemptions so
+far."""
 
 from __future__ import annotations
 
@@ -39,7 +40,8 @@ class KVPanel(Panel):
         if preempted is None:
             preempted = view.get("engine", "num_preemptions_total")
         self.query_one("#kv-blocks", Label).update(
-            f"{fmt.integer(used)}/{fmt.integer(total)} blocks · preempted {fmt.integer(preempted)}"
+            f"{fmt.integer(used)}/{fmt.integer(total)} blocks{state_cell(view)} · "
+            f"preempted {fmt.integer(preempted)}"
         )
         self.query_one("#kv-spark", Sparkline).data = list(view.kv_perc)
         hit, cached = hit_cells(view)
@@ -49,6 +51,17 @@ class KVPanel(Panel):
         share, holders = top_lines(view)
         self.query_one("#kv-top", Label).update(share)
         self.query_one("#kv-top-ids", Label).update(holders)
+
+
+def state_cell(view: View) -> str:
+    """` · state 3/64 slots`: a hybrid model's linear-attention state slots in use of the pool's
+    (the engine's state_slots_used / state_slots_total, one slot per running sequence); empty
+    for a model that keeps no state (the engine leaves them out or None)."""
+    total = fmt.num(view.get("engine", "state_slots_total"))
+    if not total:
+        return ""
+    used = fmt.integer(view.get("engine", "state_slots_used"))
+    return f" · state {used}/{fmt.integer(total)} slots"
 
 
 def hit_cells(view: View) -> tuple[str, str]:
