@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 from engine.bandwidth import BandwidthMeter
 from engine.models.config import FULL
 from engine.models.linear_attention import LINEAR, LinearAttention
+from engine.models.param_counts import linear_attention_params
 from engine.planner import GIB, PlanError, PlanRequest, plan
 from engine.planner.formulas import state_bytes_per_sequence
 from tests.test_planner import LLAMA3, gpu
@@ -58,7 +59,7 @@ def test_kv_counts_the_full_layers_and_the_state_the_linear_ones():
 def test_param_counts_follow_the_linear_and_gated_layers():
     h = 5120
     qkvz_ba_out = h * (2 * 16 * 128 + 48 * 128) + h * 48 * 128 + 2 * h * 48 + 48 * 128 * h
-    assert Q35.linear_attention_params()[0] == qkvz_ba_out
+    assert linear_attention_params(Q35)[0] == qkvz_ba_out
     full_attn = h * (2 * 24 * 256 + 2 * 4 * 256) + 24 * 256 * h  # q_proj twice as wide: the gate
     mlp = 3 * h * 17408
     linear = 48 * qkvz_ba_out + 16 * full_attn + 64 * mlp
