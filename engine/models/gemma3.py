@@ -24,6 +24,7 @@ from engine.models.config import FULL, SLIDING, ModelConfig
 from engine.models.layers import Linear, PagedAttention, RMSNorm
 from engine.models.llama import Attention
 from engine.models.rope import RotaryEmbedding
+from engine.models.weights import QKV_GATE_UP, fused_name, load_fused
 
 logger = logging.getLogger(__name__)
 
@@ -90,15 +91,6 @@ class Gemma3DecoderLayer(nn.Module):
 
 
 class Gemma3ForCausalLM(nn.Module):
-    # checkpoint name fragment -> (our fused parameter fragment, shard index)
-    _FUSED = {
-        "q_proj": ("qkv_proj", 0),
-        "k_proj": ("qkv_proj", 1),
-        "v_proj": ("qkv_proj", 2),
-        "gate_proj": ("gate_up_proj", 0),
-        "up_proj": ("gate_up_proj", 1),
-    }
-
     def __init__(self, cfg: ModelConfig, max_positions: int) -> None:
         super().__init__()
         if cfg.query_pre_attn_scalar is None:
@@ -159,49 +151,23 @@ class Gemma3ForCausalLM(nn.Module):
         RMSNorm (x * weight) and its fused kernel serve Gemma as they are. (1 + w) is computed
         in fp32 and rounded once to the model's dtype; transformers keeps w and adds 1 in fp32
         at every call, so in bfloat16 the two differ by that one rounding (equal in fp32)."""
-        params = dict(self.named_parameters(remove_duplicate=False))
         cfg = self.config
         q, kv = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
-        shard_sizes = {"qkv_proj": [q, kv, kv], "gate_up_proj": [cfg.intermediate_size] * 2}
-        tied = cfg.tie_word_embeddings
-        loaded: set[str] = set()
-        num_vision = 0
-        for name, tensor in weights:
-            if name.startswith(VISION_PREFIXES):
-                num_vision += 1
-                continue
-            name = next((name[len(p) :] for p in TEXT_PREFIXES if name.startswith(p)), name)
-            if "rotary_emb" in name or (name == "lm_head.weight" and tied):
-                continue
-            target, shard = name, None
-            for part, (fused, index) in self._FUSED.items():
-                if f".{part}." in name:
-                    target, shard = name.replace(part, fused), index
-                    break
-            if target not in params:
-                raise ValueError(f"unexpected weight {name!r} in a Gemma 3 checkpoint")
-            dst = params[target]
-            if shard is not None:
-                sizes = shard_sizes[target.split(".")[-2]]
-                dst = dst.narrow(0, sum(sizes[:shard]), sizes[shard])
-            if dst.shape != tensor.shape:
-                raise ValueError(
-                    f"weight {name!r}: shape {tuple(tensor.shape)}, expected {tuple(dst.shape)}"
-                )
-            copy(dst, tensor.float() + 1.0 if target.endswith("norm.weight") else tensor)
-            loaded.add(f"{target}#{shard}")
-        if num_vision:
-            logger.info("skipped %d vision tower weights (text generation only)", num_vision)
-        expected = set()
-        for pname in params:
-            fused = pname.split(".")[-2] if "." in pname else ""
-            if fused in shard_sizes:
-                expected.update(f"{pname}#{i}" for i in range(len(shard_sizes[fused])))
-            elif not (pname == "lm_head.weight" and tied):
-                expected.add(f"{pname}#None")
-        missing = sorted(expected - loaded)
-        if missing:
-            raise ValueError(
-                f"Gemma 3 checkpoint is missing weights: {missing[:5]}"
-                + (f" and {len(missing) - 5} more" if len(missing) > 5 else "")
-            )
+        load_fused(
+            self,
+            weights,
+            copy,
+            {"qkv_proj": [q, kv, kv], "gate_up_proj": [cfg.intermediate_size] * 2},
+            lambda name: fused_name(name, QKV_GATE_UP),
+            family="Gemma 3",
+            prefixes=TEXT_PREFIXES,
+            skipped=VISION_PREFIXES,
+            skipped_what="vision tower weights",
+            logger=logger,
+            transform=_one_plus_norm,
+        )
+
+
+def _one_plus_norm(target: str, tensor: torch.Tensor) -> torch.Tensor:
+    """A norm weight w as the 1 + w our RMSNorm multiplies by (in fp32); others as stored."""
+    return tensor.float() + 1.0 if target.endswith("norm.weight") else tensor

@@ -25,6 +25,7 @@ from engine.kernels.moe_ref import SWIGLU_OAI_ALPHA, SWIGLU_OAI_LIMIT
 from engine.models.config import ModelConfig
 from engine.models.llama import LlamaForCausalLM
 from engine.models.moe import MoEBlock, topk_softmax
+from engine.models.weights import missing_error
 from engine.quant.mxfp4 import dequantize_mxfp4, gate_up_rows_first
 
 _EXPERTS = re.compile(
@@ -123,10 +124,7 @@ class GptOssForCausalLM(LlamaForCausalLM):
             if (i, ours) not in loaded
         ]
         if missing:
-            raise ValueError(
-                f"checkpoint is missing expert weights: {missing[:5]}"
-                + (f" and {len(missing) - 5} more" if len(missing) > 5 else "")
-            )
+            raise missing_error("checkpoint", missing, "expert weights")
 
 
 _CHECKPOINT_NAME = {

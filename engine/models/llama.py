@@ -15,6 +15,7 @@ from torch import nn
 from engine.models.config import ModelConfig
 from engine.models.layers import Linear, PagedAttention, RMSNorm, silu_and_mul
 from engine.models.rope import RotaryEmbedding
+from engine.models.weights import QKV_GATE_UP, fused_name, load_fused
 
 
 class Attention(nn.Module):
@@ -138,14 +139,7 @@ class DecoderLayer(nn.Module):
 
 
 class LlamaForCausalLM(nn.Module):
-    # checkpoint name fragment -> (our fused parameter fragment, shard index)
-    _FUSED = {
-        "q_proj": ("qkv_proj", 0),
-        "k_proj": ("qkv_proj", 1),
-        "v_proj": ("qkv_proj", 2),
-        "gate_proj": ("gate_up_proj", 0),
-        "up_proj": ("gate_up_proj", 1),
-    }
+    _FUSED = QKV_GATE_UP  # checkpoint name fragment -> (our fused fragment, shard index)
 
     def __init__(self, cfg: ModelConfig, max_positions: int) -> None:
         super().__init__()
@@ -196,50 +190,16 @@ class LlamaForCausalLM(nn.Module):
         `copy(dst, src)` does each copy (engine.models.loader's runs them on threads; the
         caller then waits for them). `loaded_elsewhere`: our parameter names the caller fills
         and checks itself (a subclass's experts)."""
-        params = dict(self.named_parameters(remove_duplicate=False))
         cfg = self.config
         shard_sizes = {
             "qkv_proj": [cfg.num_heads * cfg.head_dim] + [cfg.num_kv_heads * cfg.head_dim] * 2,
             "gate_up_proj": [cfg.intermediate_size] * 2,
         }
-        loaded: set[str] = set()
-        for name, tensor in weights:
-            name = name.removeprefix("model.")
-            if "rotary_emb" in name:
-                continue
-            if name == "lm_head.weight" and cfg.tie_word_embeddings:
-                continue
-            target, shard = name, None
-            for part, (fused, index) in self._FUSED.items():
-                if f".{part}." in name:
-                    target, shard = name.replace(part, fused), index
-                    break
-            if target not in params:
-                raise ValueError(f"unexpected weight {name!r} in checkpoint")
-            param = params[target]
-            if shard is None:
-                dst = param
-            else:
-                sizes = shard_sizes[target.split(".")[-2]]
-                dst = param.narrow(0, sum(sizes[:shard]), sizes[shard])
-            if dst.shape != tensor.shape:
-                raise ValueError(
-                    f"weight {name!r}: shape {tuple(tensor.shape)}, expected {tuple(dst.shape)}"
-                )
-            copy(dst, tensor)
-            loaded.add(f"{target}#{shard}")
-        expected = set()
-        for pname in params:
-            fused = pname.split(".")[-2] if pname.count(".") >= 1 else ""
-            if fused in shard_sizes:
-                expected.update(f"{pname}#{i}" for i in range(len(shard_sizes[fused])))
-            elif pname in loaded_elsewhere:
-                continue
-            elif not (pname == "lm_head.weight" and cfg.tie_word_embeddings):
-                expected.add(f"{pname}#None")
-        missing = sorted(expected - loaded)
-        if missing:
-            raise ValueError(
-                f"checkpoint is missing weights: {missing[:5]}"
-                + (f" and {len(missing) - 5} more" if len(missing) > 5 else "")
-            )
+        load_fused(
+            self,
+            weights,
+            copy,
+            shard_sizes,
+            lambda name: fused_name(name, self._FUSED),
+            loaded_elsewhere=loaded_elsewhere,
+        )

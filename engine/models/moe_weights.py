@@ -16,6 +16,7 @@ from collections.abc import Callable
 import torch
 
 from engine.models.moe import MoEBlock
+from engine.models.weights import check_shape, missing_error
 
 EXPERT = re.compile(
     r"layers\.(\d+)\.mlp\.experts\.(?:(\d+)\.(gate_proj|up_proj|down_proj)\.weight"
@@ -77,10 +78,7 @@ class ExpertWeights:
             if (i, e, p) not in self.loaded
         ]
         if missing:
-            raise ValueError(
-                f"checkpoint is missing expert weights: {missing[:5]}"
-                + (f" and {len(missing) - 5} more" if len(missing) > 5 else "")
-            )
+            raise missing_error("checkpoint", missing, "expert weights")
 
     def _block(self, layer: int, name: str) -> MoEBlock:
         if layer not in self.moe_layers:
@@ -105,10 +103,3 @@ class ExpertWeights:
             dst = dst.narrow(0, half * inter, inter)  # [inter, hidden]
         check_shape(name, tensor, dst)
         self.copy(dst, tensor)
-
-
-def check_shape(name: str, tensor: torch.Tensor, dst: torch.Tensor) -> None:
-    if dst.shape != tensor.shape:
-        raise ValueError(
-            f"weight {name!r}: shape {tuple(tensor.shape)}, expected {tuple(dst.shape)}"
-        )

@@ -23,6 +23,7 @@ from engine.models.layers import Linear, PagedAttention, RMSNorm
 from engine.models.linear_attention import LINEAR
 from engine.models.llama import MLP, Attention
 from engine.models.rope import RotaryEmbedding
+from engine.models.weights import load_fused
 
 logger = logging.getLogger(__name__)
 
@@ -148,59 +149,30 @@ class Qwen3_5ForCausalLM(nn.Module):
         and none is unknown. `copy(dst, src)` does each copy (as in llama.py). The RMSNorm
         weights w become 1 + w (computed in fp32, rounded once to the model's dtype).
         `loaded_elsewhere`: our parameter names the caller fills (a subclass's experts)."""
-        params = dict(self.named_parameters(remove_duplicate=False))
-        shard_sizes = self._shard_sizes()
-        tied = self.config.tie_word_embeddings
-        loaded: set[str] = set()
-        num_skipped = 0
-        for name, tensor in weights:
-            if name.startswith(SKIPPED_PREFIXES):
-                num_skipped += 1
-                continue
-            name = next((name[len(p) :] for p in TEXT_PREFIXES if name.startswith(p)), name)
-            if "rotary_emb" in name or (name == "lm_head.weight" and tied):
-                continue
-            target, shard = _our_name(name)
-            if target not in params:
-                raise ValueError(f"unexpected weight {name!r} in a Qwen3.5 checkpoint")
-            dst = params[target]
-            if shard is not None:
-                sizes = shard_sizes[target.split(".")[-2]]
-                dst = dst.narrow(0, sum(sizes[:shard]), sizes[shard])
-            if target.endswith("conv_weight") and tensor.dim() == 3:
-                tensor = tensor.squeeze(1)  # Conv1d's [conv_dim, 1, kernel]
-            if dst.shape != tensor.shape:
-                raise ValueError(
-                    f"weight {name!r}: shape {tuple(tensor.shape)}, expected {tuple(dst.shape)}"
-                )
-            is_norm = target.endswith("norm.weight") and ".linear_attn." not in target
-            copy(dst, tensor.float() + 1.0 if is_norm else tensor)
-            loaded.add(f"{target}#{shard}")
-        if num_skipped:
-            logger.info(
-                "skipped %d vision tower and multi-token-prediction weights (text generation only)",
-                num_skipped,
-            )
-        self._check_complete(params, loaded, shard_sizes, loaded_elsewhere)
+        load_fused(
+            self,
+            weights,
+            copy,
+            self._shard_sizes(),
+            _our_name,
+            family="Qwen3.5",
+            prefixes=TEXT_PREFIXES,
+            skipped=SKIPPED_PREFIXES,
+            skipped_what="vision tower and multi-token-prediction weights",
+            logger=logger,
+            transform=_as_stored_here,
+            loaded_elsewhere=loaded_elsewhere,
+        )
 
-    def _check_complete(
-        self, params: dict, loaded: set[str], shard_sizes: dict, loaded_elsewhere: Collection[str]
-    ) -> None:
-        expected = set()
-        for pname in params:
-            if pname in loaded_elsewhere:
-                continue
-            fused = pname.split(".")[-2] if "." in pname else ""
-            if fused in shard_sizes:
-                expected.update(f"{pname}#{i}" for i in range(len(shard_sizes[fused])))
-            elif not (pname == "lm_head.weight" and self.config.tie_word_embeddings):
-                expected.add(f"{pname}#None")
-        missing = sorted(expected - loaded)
-        if missing:
-            raise ValueError(
-                f"Qwen3.5 checkpoint is missing weights: {missing[:5]}"
-                + (f" and {len(missing) - 5} more" if len(missing) > 5 else "")
-            )
+
+def _as_stored_here(target: str, tensor: torch.Tensor) -> torch.Tensor:
+    """A checkpoint tensor as our parameter `target` holds it: Conv1d's [conv_dim, 1, kernel]
+    as [conv_dim, kernel]; a norm weight w (the gated delta net's excepted) as 1 + w in fp32."""
+    if target.endswith("conv_weight") and tensor.dim() == 3:
+        tensor = tensor.squeeze(1)  # Conv1d's [conv_dim, 1, kernel]
+    if target.endswith("norm.weight") and ".linear_attn." not in target:
+        return tensor.float() + 1.0
+    return tensor
 
 
 def _our_name(name: str) -> tuple[str, int | None]:
