@@ -55,13 +55,10 @@ def load_gemma4_weights(
 ) -> None:
     """Copy each tensor into `model` (a Gemma4ForCausalLM); raise on an unexpected name, a
     wrong shape, or a parameter left unfilled. `copy(dst, src)` as in llama.py."""
-    loader = WeightLoader(model, copy, "Gemma 4")
-    num_skipped = num_unused = 0
+    loader = WeightLoader(model, copy, "Gemma 4", TEXT_PREFIXES, SKIPPED_PREFIXES)
+    num_unused = 0
     for name, tensor in weights:
-        if name.startswith(SKIPPED_PREFIXES):
-            num_skipped += 1
-            continue
-        name = loader.text_name(name, TEXT_PREFIXES)
+        name = loader.text_name(name)
         if name is None:
             continue
         match = _LAYER_NAME.fullmatch(name)
@@ -81,8 +78,7 @@ def load_gemma4_weights(
             _fused_target(model, name) if layer is not None else (name, None, None)
         )
         loader.load(name, target, shard, sizes, tensor)
-    if num_skipped:
-        logger.info("skipped %d vision and audio tower weights (text generation only)", num_skipped)
+    loader.log_skipped(logger, "vision and audio tower weights")
     if num_unused:
         logger.info("skipped %d k/v weights of the layers that share K/V", num_unused)
 

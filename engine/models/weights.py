@@ -57,30 +57,46 @@ def fused_name(name: str, table: Mapping[str, tuple[str, int]]) -> tuple[str, in
 class WeightLoader:
     """Fills one model's parameters from checkpoint tensors and, at the end, raises on the ones
     left unfilled. `family` names the checkpoint in errors ("Gemma 3": "unexpected weight 'x'
-    in a Gemma 3 checkpoint"; "": "... in checkpoint"). `loaded_elsewhere`: our parameter
-    names the caller fills and checks itself (a subclass's experts)."""
+    in a Gemma 3 checkpoint"; "": "... in checkpoint"). `prefixes`: the text model's name
+    prefixes, tried in order; `skipped`: prefixes of weights not loaded (vision towers), counted.
+    `loaded_elsewhere`: our parameter names the caller fills and checks itself (a subclass's
+    experts)."""
 
     def __init__(
         self,
         model: nn.Module,
         copy: Copy,
         family: str = "",
+        prefixes: tuple[str, ...] = ("model.",),
+        skipped: tuple[str, ...] = (),
         loaded_elsewhere: Collection[str] = (),
     ) -> None:
         self.params = dict(model.named_parameters(remove_duplicate=False))
         self.copy = copy
         self.tied = model.config.tie_word_embeddings
         self.family = family
+        self.prefixes = prefixes
+        self.skipped = skipped
         self.loaded_elsewhere = loaded_elsewhere
         self.loaded: set[str] = set()  # f"{our parameter}#{shard}"
+        self.num_skipped = 0
 
-    def text_name(self, name: str, prefixes: tuple[str, ...]) -> str | None:
-        """`name` without the first of `prefixes` it starts with; None for a weight no family
-        loads (RoPE tables, the LM head of a model tied to its embedding)."""
-        name = next((name[len(p) :] for p in prefixes if name.startswith(p)), name)
+    def text_name(self, name: str) -> str | None:
+        """`name` without the first of the prefixes it starts with; None for a weight not
+        loaded: a skipped one (counted), a RoPE table, the LM head of a model tied to its
+        embedding."""
+        if name.startswith(self.skipped):
+            self.num_skipped += 1
+            return None
+        name = next((name[len(p) :] for p in self.prefixes if name.startswith(p)), name)
         if "rotary_emb" in name or (name == "lm_head.weight" and self.tied):
             return None
         return name
+
+    def log_skipped(self, logger: logging.Logger, what: str) -> None:
+        """One log line counting the skipped weights (`what`: "vision tower weights")."""
+        if self.num_skipped:
+            logger.info("skipped %d %s (text generation only)", self.num_skipped, what)
 
     def unexpected(self, name: str) -> ValueError:
         where = f"a {self.family} checkpoint" if self.family else "checkpoint"
@@ -152,13 +168,9 @@ def load_fused(
     `skipped` are counted and logged (`skipped_what`) on `logger`. `transform(target, tensor)`:
     the tensor to copy into our parameter `target` (e.g. Gemma's 1 + w), before the shape check.
     Raises on an unknown name, a wrong shape, or a parameter left unfilled."""
-    loader = WeightLoader(model, copy, family, loaded_elsewhere)
-    num_skipped = 0
+    loader = WeightLoader(model, copy, family, prefixes, skipped, loaded_elsewhere)
     for name, tensor in weights:
-        if name.startswith(skipped):
-            num_skipped += 1
-            continue
-        name = loader.text_name(name, prefixes)
+        name = loader.text_name(name)
         if name is None:
             continue
         target, shard = our_name(name)
@@ -166,8 +178,8 @@ def load_fused(
         if transform is not None and target in loader.params:
             tensor = transform(target, tensor)
         loader.load(name, target, shard, sizes, tensor)
-    if num_skipped and logger is not None:
-        logger.info("skipped %d %s (text generation only)", num_skipped, skipped_what)
+    if logger is not None:
+        loader.log_skipped(logger, skipped_what)
 
     def num_shards(pname: str) -> int | None:
         fused = pname.split(".")[-2] if "." in pname else ""
