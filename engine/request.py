@@ -136,6 +136,9 @@ class Request:
         token_ids are PLACEHOLDER (an overlapped step launched before its tokens came back)."""
         self.logprobs: list[Logprob] | None = [] if params.logprobs is not None else None
         self.stop_reason: str | int | None = None
+        self.spec_tokens: list[int] = []
+        """Drafted tokens to verify this step after the last token (engine/spec/step.py); the
+        scheduler trims them to the step's budget and the free KV blocks."""
         self.grammar = None
         """The request's GrammarState (engine.structured) once compiled; None = unconstrained."""
         now = time.time() if arrival_time is None else arrival_time
@@ -207,6 +210,20 @@ class Request:
             self.finish(RequestStatus.FINISHED_STOPPED)
         elif self.num_output_tokens - self.num_pending >= params.max_tokens:
             self.finish(RequestStatus.FINISHED_LENGTH)
+
+    def truncate_output(self, num_output: int) -> None:
+        """Keep the first num_output generated tokens (a stop string ended the text inside a
+        step that emitted several: the tokens after it were never generated). A request a
+        dropped token finished (EOS, length) finished on the stop string instead."""
+        end = self.num_prompt_tokens + num_output
+        if end >= len(self.token_ids) - self.num_pending:
+            return
+        del self.token_ids[end:]
+        self.num_pending = 0
+        if self.logprobs is not None:
+            del self.logprobs[num_output:]
+        if self.is_finished:
+            self.status = RequestStatus.FINISHED_STOPPED
 
     def _grammar_ends(self, token_id: int) -> bool:
         """Advance the grammar; True when it ended the request (complete, or refused)."""
