@@ -85,8 +85,9 @@ def prepare_inputs(
     logits_indices = [  # a decode with d drafts: its last d + 1 rows
         row
         for i in batch.sampling_indices
-        for row in range(query_start_loc[i + 1] - 1 - len(batch.requests[i].spec_tokens),
-                         query_start_loc[i + 1])
+        for row in range(
+            query_start_loc[i + 1] - 1 - len(batch.requests[i].spec_tokens), query_start_loc[i + 1]
+        )
     ]
     max_blocks = max(len(r.block_table) for r in batch.requests)
     pad = [0] * max_blocks
