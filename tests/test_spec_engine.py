@@ -4,12 +4,15 @@ strings that land inside a step's accepted drafts; counters and KV blocks add up
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 
 from engine import LLM, SamplingParams
 from engine.spec.drafter import Draft, Drafter, per_request_k
 from engine.spec.step import DEFAULT_NUM_SPECULATIVE_TOKENS
+from engine.structured import StructuredOutput
 
 NEW_TOKENS = 40
 
@@ -198,4 +201,23 @@ def test_seeded_sampling_is_the_same_on_and_off(tiny_llama):
     assert [lp.token_id for lp in lp_on] == [lp.token_id for lp in lp_off]
     assert [lp.logprob for lp in lp_on] == pytest.approx([lp.logprob for lp in lp_off], abs=1e-4)
     assert llm.engine.spec.counters.num_accepted_tokens > 0
+    _assert_all_returned(llm)
+
+
+def test_requests_with_a_grammar_do_not_draft_and_the_rest_are_unchanged(tiny_llama, plain):
+    regex = StructuredOutput("regex", "[a-z]{8,20}")
+    params = [
+        SamplingParams(max_tokens=NEW_TOKENS, temperature=0.0, structured=regex),
+        GREEDY,
+        SamplingParams(max_tokens=NEW_TOKENS, seed=6, structured=StructuredOutput.choice(["x"])),
+        GREEDY,
+    ]
+    off = LLM(str(tiny_llama), device="cpu").generate(_prompts(), params)
+    llm = _spec(tiny_llama, 4)
+    on = llm.generate(_prompts(), params)
+    assert [o.token_ids for o in on] == [o.token_ids for o in off]
+    assert [on[1].token_ids, on[3].token_ids] == [plain[1].token_ids, plain[3].token_ids]
+    assert re.fullmatch("[a-z]{8,20}", on[0].text) and on[2].text == "x"
+    drafted = [any(e.event == "spec" for e in o.trace) for o in on]
+    assert drafted == [False, True, False, True]
     _assert_all_returned(llm)
