@@ -56,6 +56,10 @@ class RequestMetrics:
     num_prefill_chunks: int = 0
     num_cached_tokens: int = 0
     """Prompt tokens whose KV came from the prefix cache at the first admission."""
+    num_draft_tokens: int = 0
+    """Speculative decoding: drafted tokens verified for this request."""
+    num_accepted_tokens: int = 0
+    """Of those, accepted."""
 
     def snapshot(self) -> RequestMetrics:
         """A copy for readers on other threads (4x cheaper than copy.copy)."""
@@ -247,4 +251,7 @@ class Request:
         self.metrics.finished_time = time.time()
         if self.grammar is not None:
             self.record("grammar", **self.grammar.summary())
+        if self.metrics.num_draft_tokens:
+            m = self.metrics
+            self.record("spec", drafted=m.num_draft_tokens, accepted=m.num_accepted_tokens)
         self.record("finished", reason=status.value)

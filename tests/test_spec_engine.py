@@ -26,6 +26,7 @@ def _prompts() -> list[list[int]]:
 
 
 GREEDY = SamplingParams(max_tokens=NEW_TOKENS, temperature=0.0, ignore_eos=True)
+REGEX = StructuredOutput("regex", "[a-z]{8,20}")
 
 
 def _spec(folder, k: int | None = None, **config) -> LLM:
@@ -69,6 +70,8 @@ def test_greedy_tokens_are_the_same_at_each_k(tiny_llama, plain, k):
     assert all(o.finish_reason == "length" for o in outs)
     c = llm.engine.spec.counters
     assert 0 < c.num_accepted_tokens < c.num_draft_tokens  # some accepted, some rejected
+    assert sum(o.metrics.num_accepted_tokens for o in outs) == c.num_accepted_tokens
+    assert sum(o.metrics.num_draft_tokens for o in outs) == c.num_draft_tokens
     assert c.num_draft_tokens <= k * c.num_drafts
     stats = llm.engine.stats()["spec_decode"]
     assert stats["acceptance_rate"] == c.num_accepted_tokens / c.num_draft_tokens
@@ -205,9 +208,8 @@ def test_seeded_sampling_is_the_same_on_and_off(tiny_llama):
 
 
 def test_requests_with_a_grammar_do_not_draft_and_the_rest_are_unchanged(tiny_llama, plain):
-    regex = StructuredOutput("regex", "[a-z]{8,20}")
     params = [
-        SamplingParams(max_tokens=NEW_TOKENS, temperature=0.0, structured=regex),
+        SamplingParams(max_tokens=NEW_TOKENS, temperature=0.0, structured=REGEX),
         GREEDY,
         SamplingParams(max_tokens=NEW_TOKENS, seed=6, structured=StructuredOutput.choice(["x"])),
         GREEDY,
@@ -217,7 +219,25 @@ def test_requests_with_a_grammar_do_not_draft_and_the_rest_are_unchanged(tiny_ll
     on = llm.generate(_prompts(), params)
     assert [o.token_ids for o in on] == [o.token_ids for o in off]
     assert [on[1].token_ids, on[3].token_ids] == [plain[1].token_ids, plain[3].token_ids]
-    assert re.fullmatch("[a-z]{8,20}", on[0].text) and on[2].text == "x"
-    drafted = [any(e.event == "spec" for e in o.trace) for o in on]
-    assert drafted == [False, True, False, True]
+    assert re.fullmatch(REGEX.value, on[0].text) and on[2].text == "x"
+    assert [o.metrics.num_draft_tokens > 0 for o in on] == [False, True, False, True]
+    assert [any(e.event == "spec" for e in o.trace) for o in on] == [False, True, False, True]
     _assert_all_returned(llm)
+
+
+def test_a_grammar_request_starting_beside_drafting_ones_is_masked_on_its_row(tiny_llama):
+    """Its first token is sampled in a step where other requests verify drafts and come before
+    it in the batch: the mask must land on its row of the logits, not on a draft's."""
+    regex = SamplingParams(max_tokens=12, temperature=0.0, structured=REGEX)
+    alone = LLM(str(tiny_llama), device="cpu").generate(_prompts()[:1], regex)[0]
+    engine = _spec(tiny_llama, 8).engine
+    for i in (1, 3):
+        engine.add_request(f"free-{i}", _prompts()[i], GREEDY)
+    while engine.spec.counters.num_drafts < 3:
+        engine.step()
+    engine.add_request("constrained", _prompts()[0], regex)
+    final = {}
+    while engine.has_unfinished():
+        final.update({o.request_id: o for o in engine.step() if o.finished})
+    assert final["constrained"].token_ids == alone.token_ids
+    assert re.fullmatch(REGEX.value, final["constrained"].text)

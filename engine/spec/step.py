@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from itertools import accumulate
 
 import torch
 
@@ -116,16 +117,15 @@ class SpecDecoder:
         logits = fwd.logits  # [sum(ks) + len(reqs), vocab]
         bitmask = grammars.masks(constrained, len(reqs)) if constrained else None
         if bitmask is not None:  # [len(reqs), words] -> each request's first logits row
-            first = [sum(ks[:row]) + row for row in range(len(reqs))]
+            ends = accumulate(k + 1 for k in ks)
+            first = [end - k - 1 for end, k in zip(ends, ks)]
             full = torch.full((logits.shape[0], bitmask.shape[1]), -1, dtype=torch.int32)
             full[first] = bitmask
             logits = apply_bitmask(logits, full)
-        max_k = max(ks)
-        drafts = torch.zeros(len(reqs), max(max_k, 1), dtype=torch.int64)
-        for i, r in enumerate(reqs):
-            drafts[i, : ks[i]] = torch.tensor(r.spec_tokens, dtype=torch.int64)
-        if max_k == 0:
-            drafts = drafts[:, :0]
+        width = max(ks)
+        drafts = torch.tensor(  # [len(reqs), width]: each request's drafts, 0-padded
+            [r.spec_tokens + [0] * (width - len(r.spec_tokens)) for r in reqs], dtype=torch.int64
+        ).view(len(reqs), width)
         out = verify(logits, drafts.to(logits.device), ks, fwd.sampling)
         tokens, counts = out.token_ids.tolist(), out.num_emitted.tolist()
         lps = None if out.logprobs is None else out.logprobs.tolist()
@@ -147,7 +147,8 @@ class SpecDecoder:
                 c.num_drafts += 1
                 c.num_draft_tokens += ks[row]
                 c.num_accepted_tokens += counts[row] - 1
-                req.record("spec", drafted=ks[row], accepted=counts[row] - 1)
+                req.metrics.num_draft_tokens += ks[row]
+                req.metrics.num_accepted_tokens += counts[row] - 1
         return result
 
     def apply(self, scheduler, batch, emitted: dict[int, list[tuple[int, Logprob]]]) -> list:
