@@ -49,10 +49,10 @@ def prepare_inputs(
     pending_rows: dict[int, int] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata, torch.Tensor, PendingFill | None]:
     """(input_ids [T], positions [T], metadata, logits_rows [num_logits], fill): logits_rows
-    is the hidden-state row of each request that samples this step (of each of its 1 + d query
-    tokens for a decode with d drafted tokens). A decode whose input token
-    is still on the device (a PLACEHOLDER) takes it from the previous step's sampled tokens:
-    `pending_rows` maps id(request) -> its row there, and `fill` says where it goes."""
+    is the hidden-state row of each request that samples this step (the rows of all 1 + d
+    query tokens of a decode with d drafted tokens, engine/spec/step.py). A decode whose input
+    token is still on the device (a PLACEHOLDER) takes it from the previous step's sampled
+    tokens: `pending_rows` maps id(request) -> its row there, and `fill` says where it goes."""
     input_ids: list[int] = []
     positions: list[int] = []
     slots: list[int] = []
