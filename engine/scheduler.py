@@ -117,13 +117,13 @@ class Scheduler:
             if r.num_tokens - r.num_computed_tokens == 1 and not r.is_awaiting_last_token
         ]
         prefills = [r for r in self.running if r.num_tokens - r.num_computed_tokens > 1]
-        for req in decodes + prefills:
+        for n, req in enumerate(decodes + prefills):
             if budget == 0:
                 break
             if req.status is not RequestStatus.RUNNING:  # preempted earlier in this step
                 continue
-            if req.spec_tokens:
-                self._fit_drafts(req, budget)
+            if req.spec_tokens:  # drafts leave a token of budget to each decode after this one
+                self._fit_drafts(req, budget - (len(decodes) - 1 - n))
             num_new, is_long = self._chunk(req, budget, step_budget, long_left)
             if num_new and self._allocate_or_preempt(req, num_new, batch):
                 self._add_to_batch(batch, req, num_new)
@@ -135,10 +135,12 @@ class Scheduler:
         return batch
 
     def _fit_drafts(self, req: Request, budget: int) -> None:
-        """Trim a decode's drafted tokens to what the budget and the free blocks hold (it takes
-        those blocks now; a draft never preempts anyone)."""
+        """Trim a decode's drafted tokens to what `budget` tokens and the free blocks hold, leaving
+        a block for each running request's next token (it takes those blocks now: drafts never
+        preempt anyone, nor take the blocks that would spare a preemption)."""
         bm = self.block_manager
-        room = (len(req.block_table) + bm.num_free_blocks) * bm.block_size
+        spare = max(0, bm.num_free_blocks - len(self.running))
+        room = (len(req.block_table) + spare) * bm.block_size
         del req.spec_tokens[max(0, min(budget, room - req.num_computed_tokens) - 1) :]
         bm.allocate(req, req.num_computed_tokens + 1 + len(req.spec_tokens))
 

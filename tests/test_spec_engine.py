@@ -10,6 +10,10 @@ import pytest
 import torch
 
 from engine import LLM, SamplingParams
+from engine.block_manager import BlockManager
+from engine.config import EngineConfig
+from engine.request import Request
+from engine.scheduler import Scheduler
 from engine.spec.drafter import Draft, Drafter, per_request_k
 from engine.spec.step import DEFAULT_NUM_SPECULATIVE_TOKENS
 from engine.structured import StructuredOutput
@@ -241,3 +245,38 @@ def test_a_grammar_request_starting_beside_drafting_ones_is_masked_on_its_row(ti
         final.update({o.request_id: o for o in engine.step() if o.finished})
     assert final["constrained"].token_ids == alone.token_ids
     assert re.fullmatch(REGEX.value, final["constrained"].text)
+
+
+def _two_decodes(num_blocks: int, budget: int) -> tuple[Scheduler, Request, Request]:
+    """Two requests past their 3-token prompts (one 4-token block each), about to decode."""
+    config = EngineConfig(block_size=4, max_num_seqs=4, max_num_batched_tokens=budget)
+    s = Scheduler(config, BlockManager(num_blocks, 4, caching=False))
+    reqs = [Request(f"r{i}", [1, 2, 3], SamplingParams(max_tokens=20), seed=0) for i in "ab"]
+    for req in reqs:
+        s.add(req)
+    batch = s.schedule()
+    s.advance(batch)
+    s.resolve(batch, {i: (7, None) for i in batch.sampling_indices})
+    return s, *reqs
+
+
+def test_the_scheduler_trims_drafts_to_the_budget_and_the_spare_blocks():
+    """Drafts fit in what is left of the step's budget and in the free blocks beyond one per
+    running request; what does not fit is dropped, never preempting anyone."""
+    s, a, b = _two_decodes(num_blocks=8, budget=8)
+    a.spec_tokens, b.spec_tokens = list(range(9)), [5, 6]
+    batch = s.schedule()
+    # the budget: a takes 1 + 6 tokens, leaving b its last token (a plain decode, first)
+    assert batch.requests == [b, a] and batch.num_new_tokens == [1, 7]
+    assert (a.spec_tokens, b.spec_tokens) == (list(range(6)), [])
+    assert batch.sampling_indices == [0, 1] and batch.num_decodes == 1
+    assert len(a.block_table) == 3  # positions 3..9
+
+    s, a, b = _two_decodes(num_blocks=5, budget=64)
+    a.spec_tokens, b.spec_tokens = list(range(9)), list(range(9))
+    batch = s.schedule()
+    # 3 free blocks, 2 kept back for the running requests: a's block and 1 more hold
+    # positions 3..7 (1 + 4 tokens); then 0 spare: b fills its own block (1 + 0)
+    assert (a.spec_tokens, b.spec_tokens) == (list(range(4)), [])
+    assert batch.num_new_tokens == [1, 5] and s.num_preemptions == 0
+    assert s.block_manager.num_free_blocks == 2
