@@ -57,7 +57,8 @@ class EngineConfig:
     prompts, the earlier turns of a chat): their prefill starts after it."""
     overlap_steps: bool = True
     """On a GPU, launch the next step before reading this step's tokens back, so the GPU
-    never waits for the host's scheduling and reporting (tokens are reported one step later)."""
+    never waits for the host's scheduling and reporting (tokens are reported one step later).
+    Speculative decoding runs without it."""
     seed: int = 0
     """Seed for requests that do not bring their own."""
     adaptive_batching: bool = False
