@@ -125,6 +125,14 @@ class BlockManager:
         seq.block_table.extend(self._take() for _ in range(grow))
         return True
 
+    def trim(self, seq: HasBlockTable, num_tokens: int) -> None:
+        """Release the blocks of `seq` past those that hold its first `num_tokens` tokens (the
+        slots of rejected drafted tokens)."""
+        keep = self.blocks_for(num_tokens)
+        for block in reversed(seq.block_table[keep:]):
+            self._release(block)
+        del seq.block_table[keep:]
+
     def free(self, seq: HasBlockTable) -> None:
         """Drop `seq`'s references; blocks nobody references go back to the free list (the
         last block first, so a prefix's later blocks are reused before its earlier ones). Its

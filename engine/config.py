@@ -15,6 +15,7 @@ class EngineConfig:
         "kv_cache_dtype": ("auto", "float32", "float16", "bfloat16", "int8"),
         "quantization": ("none", "int8", "int4", "auto"),
         "load_format": ("auto", "random"),
+        "speculative": ("off", "ngram"),
     }
     """The allowed values of each str setting (checked here; `appliance serve` and `profile`
     offer them as the flags' choices)."""
@@ -56,7 +57,8 @@ class EngineConfig:
     prompts, the earlier turns of a chat): their prefill starts after it."""
     overlap_steps: bool = True
     """On a GPU, launch the next step before reading this step's tokens back, so the GPU
-    never waits for the host's scheduling and reporting (tokens are reported one step later)."""
+    never waits for the host's scheduling and reporting (tokens are reported one step later).
+    Speculative decoding runs without it."""
     seed: int = 0
     """Seed for requests that do not bring their own."""
     adaptive_batching: bool = False
@@ -76,6 +78,13 @@ class EngineConfig:
     not, in arrival order, whatever its class, client or length: the bound on starvation."""
     fair_share_window_s: float = 60.0
     """Time constant of the decay of each client's served tokens (the fair-share order)."""
+    speculative: str = "off"
+    """Speculative decoding: off, or ngram (prompt lookup: each decode drafts the tokens that
+    followed the latest earlier occurrence of its last few tokens, and one forward verifies
+    them; engine/spec/). Outputs are the same either way; a model with linear-attention layers
+    and requests with a grammar do not speculate."""
+    num_speculative_tokens: int | None = None
+    """Drafted tokens per decode and step (k) with speculative decoding; unset (None) = 4."""
     load_format: str = "auto"
     """auto = the checkpoint's weights; random = random weights in the config's shapes
     (benchmarks: only config.json is needed, prompts are token ids)."""
@@ -93,6 +102,7 @@ class EngineConfig:
         positive("min_num_batched_tokens", self.min_num_batched_tokens)
         positive("quant_block_size", self.quant_block_size)
         positive("long_prompt_tokens", self.long_prompt_tokens)
+        positive("num_speculative_tokens", self.num_speculative_tokens)
         if not 0.0 < self.long_prompt_share <= 1.0:
             raise ValueError(f"long_prompt_share must be in (0, 1], got {self.long_prompt_share}")
         for name in ("queue_aging_s", "fair_share_window_s"):

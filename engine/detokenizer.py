@@ -69,6 +69,16 @@ class IncrementalDetokenizer:
         self._pending += self._read_new_text(final=False)
         return self._release(final=False)
 
+    def step_each(self, new_token_ids: Sequence[int]) -> str:
+        """`step` one id at a time, stopping at the id that completes a stop string (the ids
+        after it are not taken: a speculative step emits several at once)."""
+        text = []
+        for token in new_token_ids:
+            if self.stopped_on is not None:
+                break
+            text.append(self.step([token]))
+        return "".join(text)
+
     def finish(self) -> str:
         """End of generation: release everything still held back (unless a stop string hit)."""
         if self.stopped_on is not None:

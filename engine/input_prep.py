@@ -48,10 +48,11 @@ def prepare_inputs(
     device: torch.device,
     pending_rows: dict[int, int] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata, torch.Tensor, PendingFill | None]:
-    """(input_ids [T], positions [T], metadata, logits_rows [num_sampling], fill): logits_rows
-    is the hidden-state row of each request that samples this step. A decode whose input token
-    is still on the device (a PLACEHOLDER) takes it from the previous step's sampled tokens:
-    `pending_rows` maps id(request) -> its row there, and `fill` says where it goes."""
+    """(input_ids [T], positions [T], metadata, logits_rows [num_logits], fill): logits_rows
+    is the hidden-state row of each request that samples this step (the rows of all 1 + d
+    query tokens of a decode with d drafted tokens, engine/spec/step.py). A decode whose input
+    token is still on the device (a PLACEHOLDER) takes it from the previous step's sampled
+    tokens: `pending_rows` maps id(request) -> its row there, and `fill` says where it goes."""
     input_ids: list[int] = []
     positions: list[int] = []
     slots: list[int] = []
@@ -74,13 +75,20 @@ def prepare_inputs(
             slots.append(table[start // block_size] * block_size + start % block_size)
         else:
             input_ids.extend(req.token_ids[start:end])
+            input_ids.extend(req.spec_tokens)  # drafted tokens follow a decode's last token
             positions.extend(range(start, end))
             slots.extend(
                 table[p // block_size] * block_size + p % block_size for p in range(start, end)
             )
         query_start_loc.append(query_start_loc[-1] + num_new)
         seq_lens.append(end)
-    logits_indices = [query_start_loc[i + 1] - 1 for i in batch.sampling_indices]
+    logits_indices = [  # a decode with d drafts: its last d + 1 rows
+        row
+        for i in batch.sampling_indices
+        for row in range(
+            query_start_loc[i + 1] - 1 - len(batch.requests[i].spec_tokens), query_start_loc[i + 1]
+        )
+    ]
     max_blocks = max(len(r.block_table) for r in batch.requests)
     pad = [0] * max_blocks
     tables: list[int] = []

@@ -25,6 +25,7 @@ from engine.planning import TORCH_DTYPES, plan_engine, prefix_caching_for, resol
 from engine.request import Request, RequestOutput, RequestStatus
 from engine.sampling_params import SamplingParams
 from engine.scheduler import Scheduler
+from engine.spec.step import SpecCounters, spec_decoder
 from engine.startup import StartupTimer, startup_line
 from engine.state_pool import SlotAllocator
 from engine.structured.llguidance_backend import llguidance_pool
@@ -99,7 +100,9 @@ class LLMEngine:
                 self.config.max_num_seqs,
                 self.device,
             )
-        self._overlap = self.config.overlap_steps and self.device.type == "cuda"
+        self.spec = spec_decoder(self.config, self.model_config)
+        # Speculative steps run without the overlap: a step's drafts need the last one's tokens.
+        self._overlap = self.config.overlap_steps and self.device.type == "cuda" and not self.spec
         self.bandwidth = BandwidthMeter.for_plan(self.plan)
         with timer.phase("kv_alloc"):
             self.runner.allocate_kv_cache(self.config.num_kv_blocks, self.kv_dtype)
@@ -134,6 +137,8 @@ class LLMEngine:
         self.scheduler.num_preemptions = 0
         self.scheduler.prefix_queries = self.scheduler.prefix_hits = 0
         self.bandwidth.reset()
+        if self.spec is not None:
+            self.spec.counters = SpecCounters()
 
     def plan_report(self) -> dict:
         """The plan, the memory check after warm-up (None on the CPU) and the seconds each
@@ -280,6 +285,8 @@ class LLMEngine:
             if not (touched or self.scheduler.num_unfinished or self._pending or self._next):
                 self.grammars.wait(COMPILE_WAIT_S)  # only compiles to wait for: no busy loop
             touched += self._admit_compiled()
+        if self.spec is not None and self.spec.propose(self.scheduler.running):
+            return self._spec_step(touched)
         launched = None
         if self._next is not None:  # queued by the previous call (a constrained step)
             (fwd, constrained), self._next = self._next, None
@@ -309,6 +316,19 @@ class LLMEngine:
         self._pending = launched
         if launched is not None and not self._overlap:
             touched += self._resolve()
+        self.compiles.log_new(logger)
+        return [self._output(req) for req in dict.fromkeys(touched)]
+
+    def _spec_step(self, touched: list[Request]) -> list[RequestOutput]:
+        """A step with drafted tokens (engine/spec/step.py), without overlap: forward, verify,
+        apply the tokens."""
+        fwd, constrained = self._launch_forward()
+        if fwd is not None:
+            emitted = self.spec.verify(fwd, constrained, self.grammars)
+            self.bandwidth.completed(fwd.batch)
+            self.generation_tokens_total += sum(map(len, emitted.values()))
+            touched += self.spec.apply(self.scheduler, fwd.batch, emitted)
+        self.spec.clear()
         self.compiles.log_new(logger)
         return [self._output(req) for req in dict.fromkeys(touched)]
 
@@ -360,6 +380,8 @@ class LLMEngine:
         if finished:
             del self._requests[req.request_id]
             self._detokenizers.pop(req.request_id, None)
+            if self.spec is not None:
+                self.spec.release(req.request_id)
         return RequestOutput(
             request_id=req.request_id,
             prompt_token_ids=req.prompt_token_ids,
@@ -374,12 +396,14 @@ class LLMEngine:
         )
 
     def _detokenize(self, req: Request, detok: IncrementalDetokenizer) -> None:
-        """Feed the new token to the detokenizer; a matched stop string finishes the request."""
+        """Feed the new tokens to the detokenizer, one at a time; a matched stop string
+        finishes the request, dropping the tokens a speculative step emitted after it."""
         if detok.stopped_on is not None:
             return
-        detok.step(req.token_ids[-1 - req.num_pending : len(req.token_ids) - req.num_pending])
+        detok.step_each(req.output_token_ids[len(detok.token_ids) :])
         if detok.stopped_on is not None:
             req.stop_reason = detok.stopped_on
+            req.truncate_output(len(detok.token_ids))
             self.scheduler.finish(req, RequestStatus.FINISHED_STOPPED)
         elif req.is_finished:
             detok.finish()
@@ -404,4 +428,5 @@ class LLMEngine:
             "num_steps": self.num_steps,
             "compiles_after_warmup": self.compiles.count(),
             "bandwidth": self.bandwidth.report(),
+            "spec_decode": self.spec.counters.report() if self.spec is not None else None,
         }

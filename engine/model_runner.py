@@ -243,7 +243,9 @@ class ModelRunner:
         rows = batch.sampling_indices
         if not rows:
             return Forward(batch, rows, None, None, prev)
-        logits = self.model.compute_logits(hidden[logits_rows])  # [num_sampling, vocab]
+        # [num_sampling + drafted tokens, vocab]: one row per sampling request, plus one per
+        # drafted token of a speculative step (engine/spec/step.py)
+        logits = self.model.compute_logits(hidden[logits_rows])
         # Read the requests' sampling state now, before the step advances them (each row's
         # token index seeds its random draw).
         reqs = [batch.requests[i] for i in rows]
@@ -267,7 +269,7 @@ class Forward:
 
     batch: ScheduledBatch
     sampling_rows: list[int]
-    """Batch index of each row of logits."""
+    """Batch index of each sampling request (of each row of logits, without drafts)."""
     logits: torch.Tensor | None
     sampling: SamplingTensors | None
     prev: PendingStep | None

@@ -56,6 +56,10 @@ class RequestMetrics:
     num_prefill_chunks: int = 0
     num_cached_tokens: int = 0
     """Prompt tokens whose KV came from the prefix cache at the first admission."""
+    num_draft_tokens: int = 0
+    """Speculative decoding: drafted tokens verified for this request."""
+    num_accepted_tokens: int = 0
+    """Of those, accepted."""
 
     def snapshot(self) -> RequestMetrics:
         """A copy for readers on other threads (4x cheaper than copy.copy)."""
@@ -136,6 +140,9 @@ class Request:
         token_ids are PLACEHOLDER (an overlapped step launched before its tokens came back)."""
         self.logprobs: list[Logprob] | None = [] if params.logprobs is not None else None
         self.stop_reason: str | int | None = None
+        self.spec_tokens: list[int] = []
+        """Drafted tokens to verify this step after the last token (engine/spec/step.py); the
+        scheduler trims them to the step's budget and the free KV blocks."""
         self.grammar = None
         """The request's GrammarState (engine.structured) once compiled; None = unconstrained."""
         now = time.time() if arrival_time is None else arrival_time
@@ -208,6 +215,20 @@ class Request:
         elif self.num_output_tokens - self.num_pending >= params.max_tokens:
             self.finish(RequestStatus.FINISHED_LENGTH)
 
+    def truncate_output(self, num_output: int) -> None:
+        """Keep the first num_output generated tokens (a stop string ended the text inside a
+        step that emitted several: the tokens after it were never generated). A request a
+        dropped token finished (EOS, length) finished on the stop string instead."""
+        end = self.num_prompt_tokens + num_output
+        if end >= len(self.token_ids) - self.num_pending:
+            return
+        del self.token_ids[end:]
+        self.num_pending = 0
+        if self.logprobs is not None:
+            del self.logprobs[num_output:]
+        if self.is_finished:
+            self.status = RequestStatus.FINISHED_STOPPED
+
     def _grammar_ends(self, token_id: int) -> bool:
         """Advance the grammar; True when it ended the request (complete, or refused)."""
         verdict = self.grammar.accept(token_id)
@@ -230,4 +251,7 @@ class Request:
         self.metrics.finished_time = time.time()
         if self.grammar is not None:
             self.record("grammar", **self.grammar.summary())
+        if self.metrics.num_draft_tokens:
+            m = self.metrics
+            self.record("spec", drafted=m.num_draft_tokens, accepted=m.num_accepted_tokens)
         self.record("finished", reason=status.value)

@@ -50,7 +50,7 @@ class ScheduledBatch:
         return [
             i
             for i, (req, num_new) in enumerate(zip(self.requests, self.num_new_tokens))
-            if req.num_computed_tokens + num_new == req.num_tokens
+            if req.num_computed_tokens + num_new - len(req.spec_tokens) == req.num_tokens
         ]
 
 
@@ -117,11 +117,13 @@ class Scheduler:
             if r.num_tokens - r.num_computed_tokens == 1 and not r.is_awaiting_last_token
         ]
         prefills = [r for r in self.running if r.num_tokens - r.num_computed_tokens > 1]
-        for req in decodes + prefills:
+        for n, req in enumerate(decodes + prefills):
             if budget == 0:
                 break
             if req.status is not RequestStatus.RUNNING:  # preempted earlier in this step
                 continue
+            if req.spec_tokens:  # drafts leave a token of budget to each decode after this one
+                self._fit_drafts(req, budget - (len(decodes) - 1 - n))
             num_new, is_long = self._chunk(req, budget, step_budget, long_left)
             if num_new and self._allocate_or_preempt(req, num_new, batch):
                 self._add_to_batch(batch, req, num_new)
@@ -132,12 +134,22 @@ class Scheduler:
             self._admit_waiting(batch, budget, step_budget, long_left)
         return batch
 
+    def _fit_drafts(self, req: Request, budget: int) -> None:
+        """Trim a decode's drafted tokens to what `budget` tokens and the free blocks hold, leaving
+        a block for each running request's next token (it takes those blocks now: drafts never
+        preempt anyone, nor take the blocks that would spare a preemption)."""
+        bm = self.block_manager
+        spare = max(0, bm.num_free_blocks - len(self.running))
+        room = (len(req.block_table) + spare) * bm.block_size
+        del req.spec_tokens[max(0, min(budget, room - req.num_computed_tokens) - 1) :]
+        bm.allocate(req, req.num_computed_tokens + 1 + len(req.spec_tokens))
+
     def _chunk(
         self, req: Request, budget: int, step_budget: int, long_left: int | None
     ) -> tuple[int, bool]:
         """Tokens req may compute with budget left of step_budget, and whether they count
         against long_left (None: long prompts are not limited this step)."""
-        num_new = min(req.num_tokens - req.num_computed_tokens, budget)
+        num_new = min(req.num_tokens - req.num_computed_tokens + len(req.spec_tokens), budget)
         if long_left is None or not self.policy.is_long(req, step_budget):
             return num_new, False
         return min(num_new, long_left), True
@@ -245,11 +257,12 @@ class Scheduler:
             batch.requests.insert(batch.num_decodes, req)
             batch.num_new_tokens.insert(batch.num_decodes, num_new)
             batch.num_decodes += 1
-        else:
+        else:  # a prefill chunk, or a decode with drafts (several query tokens)
             batch.requests.append(req)
             batch.num_new_tokens.append(num_new)
-            req.metrics.num_prefill_chunks += 1
-            req.record("prefill_chunk", tokens=num_new, start=req.num_computed_tokens)
+            if not req.spec_tokens:
+                req.metrics.num_prefill_chunks += 1
+                req.record("prefill_chunk", tokens=num_new, start=req.num_computed_tokens)
         if req.metrics.first_scheduled_time is None:
             req.metrics.first_scheduled_time = time.time()
             req.record("scheduled")

@@ -62,6 +62,16 @@ def test_greedy_agrees_short_and_long_prompts(tiny):
     _assert_slots_free(llm)
 
 
+def test_speculative_decoding_is_off_for_a_model_with_linear_layers(tiny, caplog):
+    folder, hf = tiny
+    with caplog.at_level("INFO", logger="engine.spec.step"):
+        llm = _llm(folder, speculative="ngram", num_speculative_tokens=4)
+    assert llm.engine.spec is None
+    assert "speculative decoding is off" in caplog.text
+    prompts = [p * 3 for p in _prompts([5, 9])]  # repeats the drafter would have matched
+    assert_greedy_agrees(hf, prompts, llm.generate(prompts, GREEDY))
+
+
 def test_chunked_prefill_carries_the_state_across_chunks(tiny):
     folder, hf = tiny
     prompts = _prompts([5, 70, 150])

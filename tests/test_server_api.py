@@ -203,6 +203,27 @@ async def test_stats_and_metrics_count_compiles_after_warm_up():
         assert "appliance:triton_compiles_after_warmup" not in text
 
 
+async def test_stats_and_metrics_report_speculative_decoding():
+    """The engine's draft counters reach /metrics (vLLM's names) and /v1/stats (with the
+    acceptance rate and mean accepted length); without speculation: null and no metric."""
+    async with fake_client(FakeEngine(speculative="ngram")) as client:
+        await client.post("/v1/completions", json={"prompt": "w1 w2", "max_tokens": 4})
+        spec = (await (await client.get("/v1/stats")).json())["engine"]["spec_decode"]
+        assert spec["num_drafts"] > 0
+        assert spec["num_draft_tokens"] == 2 * spec["num_drafts"]
+        assert spec["acceptance_rate"] == 0.5 and spec["mean_accepted_length"] == 1.0
+        text = await (await client.get("/metrics")).text()
+        drafts = (
+            f'vllm:spec_decode_num_drafts_total{{model_name="fake-model"}} {spec["num_drafts"]}'
+        )
+        assert drafts in text
+        assert "vllm:spec_decode_num_draft_tokens_total" in text
+        assert "vllm:spec_decode_num_accepted_tokens_total" in text
+    async with fake_client() as client:
+        assert (await (await client.get("/v1/stats")).json())["engine"]["spec_decode"] is None
+        assert "vllm:spec_decode" not in await (await client.get("/metrics")).text()
+
+
 async def test_stats_stream_sends_snapshots():
     async with fake_client() as client:
         r = await client.get("/v1/stats/stream")

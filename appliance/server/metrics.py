@@ -102,6 +102,14 @@ COMPILE_BUCKETS = (
 large schema seconds."""
 
 
+SPEC_COUNTERS = {
+    "vllm:spec_decode_num_drafts": ("Verified drafts (one per request and step).", "num_drafts"),
+    "vllm:spec_decode_num_draft_tokens": ("Drafted tokens verified.", "num_draft_tokens"),
+    "vllm:spec_decode_num_accepted_tokens": ("Drafted tokens accepted.", "num_accepted_tokens"),
+}
+"""Speculative decoding's counters (vLLM's names), from the engine's stats()["spec_decode"]."""
+
+
 class _EngineCollector:
     """Gauges/counters straight from the engine snapshot, with vLLM's names and label."""
 
@@ -145,6 +153,12 @@ class _EngineCollector:
             c = CounterMetricFamily(name, doc, labels=labels)
             c.add_metric(model, stats.get(key, 0))
             yield c
+        spec = stats.get("spec_decode")
+        if spec is not None:  # None: speculative decoding is off
+            for name, (doc, key) in SPEC_COUNTERS.items():
+                c = CounterMetricFamily(name, doc, labels=labels)
+                c.add_metric(model, spec[key])
+                yield c
         compiles = stats.get("compiles_after_warmup")
         if compiles is not None:  # None: this engine cannot count them (no Triton)
             c = CounterMetricFamily(

@@ -35,6 +35,7 @@ from engine.bandwidth import BandwidthMeter
 from engine.config import EngineConfig
 from engine.request import Logprob, RequestMetrics, RequestOutput, TraceEvent
 from engine.sampling_params import SamplingParams
+from engine.spec.step import SpecCounters
 from engine.tokenizer import apply_chat_template
 
 VOCAB = 512
@@ -138,6 +139,8 @@ class FakeEngine:
         self._cached: OrderedDict[int, None] = OrderedDict()
         """Keys of the cached full blocks, least recently used first."""
         self.bandwidth = BandwidthMeter(2**20, 1024, 50.0, "nominal (fake)")
+        self.spec = SpecCounters() if self.config.speculative != "off" else None
+        """With speculation: each running request drafts 2 tokens a step and 1 is accepted."""
         """Fed with every step as a decode of each running request (1 MiB of weights)."""
 
     def apply_chat_template(
@@ -193,6 +196,7 @@ class FakeEngine:
             "prefix_cache_hits_total": self._totals["hits"],
             "kv_blocks_cached": len(self._cached),
             "bandwidth": self.bandwidth.report(),
+            "spec_decode": self.spec.report() if self.spec is not None else None,
         }
 
     def step(self) -> list[RequestOutput]:
@@ -209,6 +213,10 @@ class FakeEngine:
             time.sleep(self.step_time)
             self.bandwidth.completed(step)
             self._totals["steps"] += 1
+            if self.spec is not None:
+                self.spec.num_drafts += len(self._running)
+                self.spec.num_draft_tokens += 2 * len(self._running)
+                self.spec.num_accepted_tokens += len(self._running)
         for req in list(self._running):
             if self.markers and STALL_MARK in req.prompt and req.out:
                 continue
