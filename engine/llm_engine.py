@@ -15,6 +15,7 @@ from engine.bandwidth import BandwidthMeter
 from engine.block_manager import BlockManager
 from engine.config import EngineConfig
 from engine.detokenizer import IncrementalDetokenizer
+from engine.engine_stats import engine_stats
 from engine.memory_check import Measurement, MemoryItems
 from engine.model_runner import Forward, ModelRunner
 from engine.models.config import ModelConfig
@@ -409,24 +410,5 @@ class LLMEngine:
             detok.finish()
 
     def stats(self) -> dict:
-        slots = self.block_manager.slots
-        return {
-            "num_running": len(self.scheduler.running),
-            "num_waiting": len(self.scheduler.waiting) + len(self.grammars or ()),
-            "kv_blocks_used": self.block_manager.num_used_blocks,
-            "kv_blocks_total": self.block_manager.num_blocks,
-            "kv_blocks_cached": self.block_manager.num_cached_blocks,
-            # a hybrid model's state slots (one per running sequence); None without linear layers
-            "state_slots_used": slots.num_used if slots is not None else None,
-            "state_slots_total": slots.num_slots if slots is not None else None,
-            "prefix_caching": self.block_manager.caching,
-            "prefix_cache_queries_total": self.scheduler.prefix_queries,
-            "prefix_cache_hits_total": self.scheduler.prefix_hits,
-            "num_preemptions_total": self.scheduler.num_preemptions,
-            "prompt_tokens_total": self.prompt_tokens_total,
-            "generation_tokens_total": self.generation_tokens_total,
-            "num_steps": self.num_steps,
-            "compiles_after_warmup": self.compiles.count(),
-            "bandwidth": self.bandwidth.report(),
-            "spec_decode": self.spec.counters.report() if self.spec is not None else None,
-        }
+        """Counters and gauges for /v1/stats, /metrics and the dashboard (engine_stats.py)."""
+        return engine_stats(self)
