@@ -40,7 +40,14 @@ def hashed_uniform_at(
     row = _mix32(row + (steps * 0x9E3779B9))  # [num_seqs]
     cols = _mix32(token_ids + 0x5BD1E995)  # [num_seqs or 1, m]
     bits = _mix32(row[:, None] ^ cols) >> 8  # 24 random bits, exact in fp32
-    return (bits.float() + 0.5) / float(1 << 24)
+    # (bits + 0.5) / 2**24 rounds to 1.0 in fp32 at the top value (2**24 - 0.5 is not an fp32),
+    # and -log(-log(1)) is inf, which turns a -inf (masked) logit into NaN and wins the argmax:
+    # kept below one
+    return ((bits.float() + 0.5) / float(1 << 24)).clamp_(max=U_MAX)
+
+
+U_MAX = 1.0 - 2.0**-24
+"""The largest uniform: the fp32 just below one."""
 
 
 @dataclass

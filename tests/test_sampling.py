@@ -6,7 +6,13 @@ import pytest
 import torch
 
 from engine import LLM, SamplingParams
-from engine.sampler import SamplingTensors, apply_penalties, hashed_uniform, sample
+from engine.sampler import (
+    SamplingTensors,
+    apply_penalties,
+    hashed_uniform,
+    hashed_uniform_at,
+    sample,
+)
 
 
 @pytest.fixture(scope="module")
@@ -95,6 +101,21 @@ def test_uniforms_are_in_range_and_not_repeated():
     u = hashed_uniform(torch.tensor([0, 1, 2**40]), torch.tensor([0, 5, 9]), 1000)
     assert (u > 0).all() and (u < 1).all()
     assert (u[0] != u[1]).float().mean() > 0.99 and abs(u.mean().item() - 0.5) < 0.03
+
+
+def test_the_top_uniform_stays_below_one_so_masked_tokens_are_never_drawn():
+    # (seed 85, index 12, token 100) hashes to the top 24-bit value, whose (bits + 0.5) / 2**24
+    # rounds to 1.0 in fp32: the Gumbel noise was inf there and a grammar-masked token (-inf)
+    # became NaN and won the argmax (the structured-output fuzz test found it)
+    u = hashed_uniform_at(torch.tensor([85]), torch.tensor([12]), torch.tensor([[100]]))
+    assert u.item() < 1.0
+    logits = torch.zeros(1, 128)
+    logits[0, 100] = float("-inf")
+    t = _tensors(1, 128)
+    t.seeds, t.steps = torch.tensor([85]), torch.tensor([12])
+    t.temperature = torch.tensor([0.7])
+    t.all_greedy = False
+    assert sample(logits, t).token_ids.item() != 100
 
 
 def test_top_k_top_p_min_p_restrict_the_support():
