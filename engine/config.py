@@ -84,7 +84,8 @@ class EngineConfig:
     them; engine/spec/). Outputs are the same either way; a model with linear-attention layers
     and requests with a grammar do not speculate."""
     num_speculative_tokens: int | None = None
-    """Drafted tokens per decode and step (k) with speculative decoding; unset (None) = 4."""
+    """Drafted tokens per decode and step (k) with speculative decoding, fixed; unset (None):
+    chosen each step (0-8) from step costs measured at start-up (engine/spec/policy.py)."""
     load_format: str = "auto"
     """auto = the checkpoint's weights; random = random weights in the config's shapes
     (benchmarks: only config.json is needed, prompts are token ids)."""

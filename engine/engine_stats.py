@@ -30,5 +30,5 @@ def engine_stats(engine: LLMEngine) -> dict:
         "num_steps": engine.num_steps,
         "compiles_after_warmup": engine.compiles.count(),
         "bandwidth": engine.bandwidth.report(),
-        "spec_decode": engine.spec.counters.report() if engine.spec is not None else None,
+        "spec_decode": engine.spec.report() if engine.spec is not None else None,
     }

@@ -15,7 +15,8 @@ from engine.config import EngineConfig
 from engine.request import Request
 from engine.scheduler import Scheduler
 from engine.spec.drafter import Draft, Drafter, per_request_k
-from engine.spec.step import DEFAULT_NUM_SPECULATIVE_TOKENS
+from engine.spec.measure import MAX_SPECULATIVE_TOKENS
+from engine.spec.policy import CostTable
 from engine.structured import StructuredOutput
 
 NEW_TOKENS = 40
@@ -86,7 +87,11 @@ def test_greedy_tokens_are_the_same_at_each_k(tiny_llama, plain, k):
 
 def test_default_k_and_off_by_default(tiny_llama):
     assert LLM(str(tiny_llama), device="cpu").engine.spec is None
-    assert _spec(tiny_llama).engine.spec.k == DEFAULT_NUM_SPECULATIVE_TOKENS
+    adaptive = _spec(tiny_llama).engine.spec
+    assert adaptive.adaptive and adaptive.policy is not None
+    assert adaptive.k == MAX_SPECULATIVE_TOKENS
+    pinned = _spec(tiny_llama, 3).engine.spec
+    assert not pinned.adaptive and pinned.policy is None and pinned.k == 3
     with pytest.raises(ValueError, match="num_speculative_tokens"):
         _spec(tiny_llama, 0)
     with pytest.raises(ValueError, match="speculative"):
@@ -190,15 +195,16 @@ def test_stop_string_inside_accepted_drafts(tiny_llama, plain):
     _assert_all_returned(llm)
 
 
+SEEDED = [
+    SamplingParams(max_tokens=NEW_TOKENS, temperature=0.7, seed=3, ignore_eos=True),
+    SamplingParams(max_tokens=NEW_TOKENS, temperature=1.0, top_k=5, seed=4, ignore_eos=True),
+    SamplingParams(max_tokens=NEW_TOKENS, temperature=0.5, top_p=0.9, seed=5, logprobs=2),
+    SamplingParams(max_tokens=NEW_TOKENS, temperature=0.0, repetition_penalty=1.1, ignore_eos=True),
+]
+
+
 def test_seeded_sampling_is_the_same_on_and_off(tiny_llama):
-    params = [
-        SamplingParams(max_tokens=NEW_TOKENS, temperature=0.7, seed=3, ignore_eos=True),
-        SamplingParams(max_tokens=NEW_TOKENS, temperature=1.0, top_k=5, seed=4, ignore_eos=True),
-        SamplingParams(max_tokens=NEW_TOKENS, temperature=0.5, top_p=0.9, seed=5, logprobs=2),
-        SamplingParams(
-            max_tokens=NEW_TOKENS, temperature=0.0, repetition_penalty=1.1, ignore_eos=True
-        ),
-    ]
+    params = SEEDED
     off = LLM(str(tiny_llama), device="cpu").generate(_prompts(), params)
     llm = _spec(tiny_llama, 4)
     on = llm.generate(_prompts(), params)
@@ -280,3 +286,89 @@ def test_the_scheduler_trims_drafts_to_the_budget_and_the_spare_blocks():
     assert (a.spec_tokens, b.spec_tokens) == (list(range(4)), [])
     assert batch.num_new_tokens == [1, 5] and s.num_preemptions == 0
     assert s.block_manager.num_free_blocks == 2
+
+
+# --- the adaptive k (engine/spec/policy.py, measured by engine/spec/measure.py) -------------
+def _flat(batch: int, k: int) -> float:
+    """A weight-bound step: the same time at every k, so drafting pays from a modest rate."""
+    return 1e-3
+
+
+def _proportional(batch: int, k: int) -> float:
+    """A compute-bound step: k + 1 tokens a sequence cost k + 1 times one; drafting never
+    pays (at best it breaks even, at acceptance 1, and ties keep k = 0)."""
+    return 1e-3 * (k + 1)
+
+
+def _table(cost) -> CostTable:
+    return CostTable(
+        {(b, k): cost(b, k) for b in (1, 4) for k in range(MAX_SPECULATIVE_TOKENS + 1)}
+    )
+
+
+def _adaptive(folder, cost=None) -> LLM:
+    """Adaptive k on the measured step costs, or on `cost`'s table (injected after start-up)."""
+    llm = _spec(folder)
+    assert llm.engine.spec.policy is not None  # measured at start-up
+    if cost is not None:
+        llm.engine.spec.use_costs(_table(cost))
+    return llm
+
+
+def test_adaptive_k_gives_the_same_tokens_greedy_and_seeded(tiny_llama, plain):
+    for cost in (None, _flat):  # the CPU's measured costs, then a table where drafting pays
+        llm = _adaptive(tiny_llama, cost)
+        outs = llm.generate(_prompts(), GREEDY)
+        assert [o.token_ids for o in outs] == [o.token_ids for o in plain]
+        _assert_all_returned(llm)
+    c = llm.engine.spec.counters
+    assert 0 < c.num_accepted_tokens < c.num_draft_tokens
+    stats = llm.engine.stats()["spec_decode"]
+    assert stats["k"] == llm.engine.spec.last_k
+    assert 1 <= stats["k"] <= MAX_SPECULATIVE_TOKENS  # the policy's last choice: drafting
+    off = LLM(str(tiny_llama), device="cpu").generate(_prompts(), SEEDED)
+    llm = _adaptive(tiny_llama, _flat)
+    on = llm.generate(_prompts(), SEEDED)
+    assert [o.token_ids for o in on] == [o.token_ids for o in off]
+    assert llm.engine.spec.counters.num_accepted_tokens > 0
+
+
+def test_no_drafts_where_drafting_never_pays(tiny_llama, plain):
+    llm = _adaptive(tiny_llama, _proportional)
+    outs = llm.generate(_prompts(), GREEDY)
+    assert [o.token_ids for o in outs] == [o.token_ids for o in plain]
+    assert llm.engine.spec.counters.num_draft_tokens == 0
+    assert llm.engine.stats()["spec_decode"]["k"] == 0
+    assert llm.engine.spec.policy.step > 0  # it was asked, and chose k = 0
+
+
+class WrongDrafter(Drafter):
+    """Drafts a token the greedy run does not take: every draft is rejected. Counts the
+    proposals per request."""
+
+    name = "wrong"
+
+    def __init__(self, reference: list[int]) -> None:
+        self.reference = reference
+        self.proposals = 0
+
+    def propose(self, requests, k):
+        drafts = []
+        for req, num in zip(requests, per_request_k(requests, k)):
+            known = len(req.token_ids) - req.num_pending
+            self.proposals += bool(num)
+            drafts.append(Draft([(self.reference[known] + 1) % 256] * num))
+        return drafts
+
+
+def test_a_request_whose_drafts_keep_failing_stops_drafting(tiny_llama, plain):
+    llm = _adaptive(tiny_llama, _flat)
+    wrong = WrongDrafter(_prompts()[0] + plain[0].token_ids)
+    llm.engine.spec.drafter = wrong
+    out = llm.generate(_prompts()[:1], GREEDY)[0]
+    assert out.token_ids == plain[0].token_ids
+    c = llm.engine.spec.counters
+    assert c.num_accepted_tokens == 0 and c.num_drafts == wrong.proposals
+    # of its NEW_TOKENS - 1 decode steps, the first min_updates draft (each rejected); then its
+    # rate is below the policy's floor and it drafts no more
+    assert wrong.proposals == llm.engine.spec.policy.min_updates < NEW_TOKENS - 1

@@ -203,11 +203,13 @@ class SpecPolicy:
         return state is None or self.step >= state.off_until
 
     # --- the choice ------------------------------------------------------------------------
-    def choose(self, request_ids: Sequence[str], drafter: str) -> Decision:
-        """k for a step over these requests (call once per step: it advances the step count)."""
+    def choose(self, request_ids: Sequence[str], drafter: str, others: int = 0) -> Decision:
+        """k for a step over these requests (call once per step: it advances the step count).
+        others: sequences in the same step that cannot draft (one token each, but they count
+        in the batch size the step costs by)."""
         self.step += 1
-        batch = len(request_ids)
-        if batch == 0:
+        batch = len(request_ids) + others
+        if not request_ids:
             return Decision(0, [], 0.0, 0.0)
         drafting = [self.is_drafting(r) for r in request_ids]
         rates = [
@@ -216,7 +218,9 @@ class SpecPolicy:
         ]
         best = None
         for k in self.ks:
-            tokens = sum(expected_tokens(a, k) if on else 1.0 for a, on in zip(rates, drafting))
+            tokens = others + sum(
+                expected_tokens(a, k) if on else 1.0 for a, on in zip(rates, drafting)
+            )
             seconds = self.costs.cost(batch, k)
             if k and self.draft_costs is not None:
                 seconds += self.draft_costs.cost(batch, k)

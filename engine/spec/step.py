@@ -11,6 +11,10 @@ accepted drafts and the target's token one at a time (so EOS, stop ids and max_t
 at the same token as plain decoding), its computed count keeps only the positions whose K/V
 are right (the last token and the accepted drafts), and the blocks past its tokens are freed.
 
+k: a pinned num_speculative_tokens, or else the adaptive policy's choice each step
+(engine/spec/policy.py), from the step costs measured at start-up (engine/spec/measure.py,
+`SpecDecoder.measure`) and the acceptance observed after each verification.
+
 Requests with a grammar do not draft (their rows are masked as in a plain step), and a model
 with linear-attention layers does not speculate at all (a rejected draft would have advanced
 its recurrent state): the engine leaves `SpecDecoder` out for it.
@@ -28,17 +32,13 @@ from engine.config import EngineConfig
 from engine.models.config import ModelConfig
 from engine.request import Logprob, Request
 from engine.spec.drafter import Drafter
+from engine.spec.measure import MAX_SPECULATIVE_TOKENS, measure_costs
 from engine.spec.ngram import NgramDrafter
+from engine.spec.policy import CostTable, SpecPolicy
 from engine.spec.verify import verify
 from engine.structured.bitmask import apply_bitmask
 
 logger = logging.getLogger(__name__)
-
-DEFAULT_NUM_SPECULATIVE_TOKENS = 4
-"""k when `speculative="ngram"` comes without num_speculative_tokens. Fixed: the adaptive
-choice (engine/spec/policy.py) needs the verify step's measured cost table, which start-up
-does not measure yet. On the CPU acceptance table (docs/spec.md) k = 4 gives 1.46 tokens per
-forward against 1.52 at k = 8, for half the verified tokens."""
 
 
 @dataclass
@@ -72,19 +72,52 @@ def spec_decoder(config: EngineConfig, model: ModelConfig) -> SpecDecoder | None
             "the recurrent state of its linear-attention layers"
         )
         return None
-    return SpecDecoder(config.num_speculative_tokens or DEFAULT_NUM_SPECULATIVE_TOKENS)
+    return SpecDecoder(config.num_speculative_tokens)
 
 
 class SpecDecoder:
     """Drafts, verifies and applies speculative decode steps for one engine."""
 
-    def __init__(self, k: int, drafter: Drafter | None = None) -> None:
-        if not isinstance(k, int) or k < 1:
+    def __init__(self, k: int | None, drafter: Drafter | None = None) -> None:
+        """k: drafts per request and step, fixed; None: the adaptive policy chooses up to
+        MAX_SPECULATIVE_TOKENS each step, once `measure` (or `use_costs`) gave it costs."""
+        if k is not None and (not isinstance(k, int) or k < 1):
             raise ValueError(f"num_speculative_tokens must be a positive integer, got {k!r}")
-        self.k = k
+        self.adaptive = k is None
+        self.k = MAX_SPECULATIVE_TOKENS if k is None else k
         self.drafter = drafter or NgramDrafter()
         self.counters = SpecCounters()
+        self.policy: SpecPolicy | None = None
+        self.last_k = 0 if k is None else k
+        """The k of the last step that drafted (or chose not to: 0)."""
+        self.forced_k: int | None = None
+        """Set by the cost measurement: every request drafts exactly this many, no policy."""
         self._drafted: list[Request] = []
+
+    def measure(self, engine) -> None:
+        """Adaptive k: measure the engine's step costs (measure.py) and start the policy."""
+        if self.adaptive:
+            self.use_costs(measure_costs(engine))
+
+    def use_costs(self, costs: CostTable) -> None:
+        """Start the adaptive policy on this cost table (tests inject synthetic ones here)."""
+        self.adaptive = True
+        self.policy = SpecPolicy(costs, max_k=MAX_SPECULATIVE_TOKENS)
+
+    def report(self) -> dict:
+        """The counters (SpecCounters.report) and the last chosen k."""
+        return {**self.counters.report(), "k": self.last_k}
+
+    def _ks(self, reqs: list[Request], batch: int) -> list[int]:
+        """Drafts for each of reqs (the requests that may draft, of `batch` running)."""
+        if self.forced_k is not None:
+            return [self.forced_k] * len(reqs)
+        if self.policy is None:
+            return [self.k] * len(reqs)
+        ids = [r.request_id for r in reqs]
+        decision = self.policy.choose(ids, self.drafter.name, others=batch - len(reqs))
+        self.last_k = decision.k
+        return decision.per_request
 
     def propose(self, running: list[Request]) -> bool:
         """Give each running decode without a grammar up to k drafts (never past max_tokens).
@@ -97,7 +130,14 @@ class SpecDecoder:
             and r.num_tokens - r.num_computed_tokens == 1
             and r.params.max_tokens - r.num_output_tokens > 1
         ]
-        ks = [min(self.k, r.params.max_tokens - r.num_output_tokens - 1) for r in reqs]
+        if not reqs:
+            return False
+        ks = self._ks(reqs, len(running))
+        keep = [i for i, k in enumerate(ks) if k]
+        reqs = [reqs[i] for i in keep]
+        ks = [min(ks[i], r.params.max_tokens - r.num_output_tokens - 1) for i, r in zip(keep, reqs)]
+        if not reqs:
+            return False
         for req, draft in zip(reqs, self.drafter.propose(reqs, ks)):
             if draft.token_ids:
                 req.spec_tokens = list(draft.token_ids)
@@ -149,6 +189,8 @@ class SpecDecoder:
                 c.num_accepted_tokens += counts[row] - 1
                 req.metrics.num_draft_tokens += ks[row]
                 req.metrics.num_accepted_tokens += counts[row] - 1
+                if self.policy is not None and self.forced_k is None:
+                    self.policy.observe(req.request_id, self.drafter.name, ks[row], counts[row] - 1)
         return result
 
     def apply(self, scheduler, batch, emitted: dict[int, list[tuple[int, Logprob]]]) -> list:
@@ -186,3 +228,5 @@ class SpecDecoder:
 
     def release(self, request_id: str) -> None:
         self.drafter.release(request_id)
+        if self.policy is not None:
+            self.policy.release(request_id)
