@@ -118,10 +118,8 @@ class LLMEngine:
         if self.memory is not None and self.memory.shed_blocks:
             self.config.num_kv_blocks = self.memory.final_blocks
             self._new_scheduler(self.memory.final_blocks)
-        if self.spec is not None and self.spec.adaptive:
-            with timer.phase("spec_costs"):  # the adaptive k's step costs (engine/spec/measure.py)
-                self.spec.measure(self)
-            self._reset_counters()
+        if self.spec is not None and self.spec.measure(self, timer):
+            self._reset_counters()  # after the adaptive k's step costs (engine/spec/measure.py)
         self.compiles.start_now()
         self.startup_s = timer.report()
         """Seconds per start-up phase, in order, then "total" (plain floats: it pickles)."""

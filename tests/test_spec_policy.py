@@ -66,6 +66,17 @@ def test_compute_bound_batch_of_64_turns_speculation_off():
     assert 0 < policy.choose(ids[:8], "ngram").k < policy.choose(ids[:1], "ngram").k
 
 
+def test_sequences_that_cannot_draft_count_in_the_batch():
+    """One drafting request beside 63 that cannot draft (grammar, prefill) is costed as a
+    batch of 64: compute-bound, so it does not draft; alone it would."""
+    policy = SpecPolicy(table())
+    _fed(policy, ["a"], 0.8)
+    assert policy.choose(["a"], "ngram").k > 0
+    d = policy.choose(["a"], "ngram", others=63)
+    assert d.k == 0 and d.per_request == [0]
+    assert d.tokens_per_s_off == pytest.approx(64 / roofline(64, 0))
+
+
 def test_low_acceptance_at_batch_1_turns_speculation_off():
     # a verify step that costs 40% more than a decode step needs a > ~0.3 to pay
     policy = SpecPolicy(table(lambda b, k: 1e-3 * (1 + 0.4 * (k > 0) + 0.05 * k)))

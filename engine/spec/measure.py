@@ -1,8 +1,8 @@
 """The start-up measurement of the speculative step's cost by (batch size, k): the CostTable the
 adaptive policy (policy.py) chooses k from.
 
-For each of a few batch sizes of the decode ladder (engine.planner.formulas.graph_batch_sizes,
-those in MEASURED_BATCHES, and max_num_seqs when it is smaller than all of them), that many
+For each of a few batch sizes of the decode ladder (engine.planner.formulas.graph_batch_sizes:
+those in MEASURED_BATCHES that the KV pool holds; the ladder always starts at 1), that many
 requests with short random prompts are started, then every k in 0..MAX_SPECULATIVE_TOKENS runs
 `repetitions` timed engine steps (after one untimed step, which builds whatever the shape
 needs): k random drafted tokens per request (nearly all rejected; a step's cost hardly depends
@@ -56,7 +56,7 @@ def measured_batches(engine) -> list[int]:
     (with room for every step's tokens and drafts)."""
     cfg = engine.config
     ladder = graph_batch_sizes(cfg.max_num_seqs)
-    sizes = [b for b in ladder if b in MEASURED_BATCHES] or [min(ladder)]
+    sizes = [b for b in ladder if b in MEASURED_BATCHES]
     bm = engine.block_manager
     per_seq = -(-(PROMPT_TOKENS + max_tokens() + MAX_SPECULATIVE_TOKENS) // bm.block_size)
     fits = [b for b in sizes if b * per_seq <= bm.num_free_blocks]

@@ -94,10 +94,15 @@ class SpecDecoder:
         """Set by the cost measurement: every request drafts exactly this many, no policy."""
         self._drafted: list[Request] = []
 
-    def measure(self, engine) -> None:
-        """Adaptive k: measure the engine's step costs (measure.py) and start the policy."""
-        if self.adaptive:
+    def measure(self, engine, timer) -> bool:
+        """Adaptive k: measure the engine's step costs (measure.py; the start-up phase
+        "spec_costs" of `timer`) and start the policy. Returns whether it measured (the
+        engine then resets its counters); a pinned k measures nothing."""
+        if not self.adaptive:
+            return False
+        with timer.phase("spec_costs"):
             self.use_costs(measure_costs(engine))
+        return True
 
     def use_costs(self, costs: CostTable) -> None:
         """Start the adaptive policy on this cost table (tests inject synthetic ones here)."""
