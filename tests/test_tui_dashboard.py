@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 from textual.widgets import DataTable
 
-from tests.support.tui_fakes import T0, FakeStatsServer, make_doc
+from tests.support.tui_fakes import T0, FakeStatsServer, make_doc, make_trace
 from tests.support.tui_screen import screen_text, wait_for
 from tui import create_app
 from tui.screens.help import HelpScreen
@@ -141,6 +141,27 @@ async def test_structured_and_tool_requests_are_marked_and_their_trace_shows_the
             "mask 48us/step (max 210us, 12 steps)"
         ) in text
         assert "grammar_compiled" in text and '"mask_steps":12' in text  # the event list
+
+
+async def test_speculative_decoding_k_acceptance_and_a_traces_drafts(server):
+    """Off: `spec off` in the Queue panel; on: k, acceptance and accepted tokens a draft, and
+    a trace's drafted and accepted tokens under its summary."""
+    app = app_for(server)
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_for(pilot, lambda: uptime_is(app, 3723.0), what="first document")
+        await pilot.pause()
+        assert "spec off" in screen_text(app)
+        server.docs.append(make_doc(1, spec=True))
+        await wait_for(pilot, lambda: uptime_is(app, 3724.0), what="a speculative document")
+        await pilot.pause()
+        assert "spec k=4 · accept 62% · 2.48/draft" in screen_text(app)
+        server.traces["req-done-e"] = make_trace("req-done-e", spec=True)
+        app.open_trace("req-done-e")
+        await wait_for(pilot, lambda: app.screen.trace is not None, what="the trace")
+        await pilot.pause()
+        text = screen_text(app)
+        assert "speculative: drafted 120 · accepted 74 (62%)" in text
+        assert '{"drafted":120,"accepted":74}' in text  # the event list
 
 
 async def test_a_trace_the_server_no_longer_has(server):

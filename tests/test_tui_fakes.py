@@ -64,3 +64,14 @@ async def test_fake_traces_have_the_servers_keys_at_both_levels():
     events = [e["event"] for e in make_trace("req-done-f")["events"]]
     assert events.index("grammar_compiled") < events.index("scheduled")
     assert events.index("grammar") == events.index("finished") - 1
+
+
+async def test_fake_spec_section_has_the_servers_keys():
+    """A speculative fake document's spec_decode and config carry the real server's keys."""
+    async with fake_client(FakeEngine(speculative="ngram")) as client:
+        await client.post("/v1/completions", json={"prompt": "w1 w2", "max_tokens": 4})
+        real = await (await client.get("/v1/stats")).json()
+    fake = make_doc(0, spec=True)
+    assert set(fake["engine"]["spec_decode"]) == set(real["engine"]["spec_decode"])
+    assert fake["config"]["speculative"] == real["config"]["speculative"] == "ngram"
+    assert "num_speculative_tokens" in real["config"]

@@ -20,8 +20,9 @@ from tests.support.tui_fakes import make_doc, make_trace
 from tests.support.tui_screen import screen_text, wait_for
 from tui import format as fmt
 from tui import model
-from tui.screens.trace import grammar_line, summary
+from tui.screens.trace import grammar_line, spec_line, summary
 from tui.widgets.kv import hit_cells, state_cell
+from tui.widgets.queue import spec_cell
 from tui.widgets.timeline import bar
 
 
@@ -120,6 +121,31 @@ def test_kv_panel_state_slots_cell():
     assert state_cell(view) == " · state 3/64 slots"
     view.doc["engine"].update(state_slots_used=None, state_slots_total=None)
     assert state_cell(view) == ""
+
+
+def test_queue_panel_spec_cell():
+    """k and acceptance only where speculation is on; `spec off` otherwise."""
+    assert spec_cell(model.History().push(make_doc(2))) == "spec off"
+    view = model.History().push(make_doc(0, spec=True))
+    assert spec_cell(view) == "spec k=4 · accept 62% · 2.48/draft"
+    view.doc["config"]["num_speculative_tokens"] = None  # k left to the engine
+    assert spec_cell(view).startswith("spec k=auto · accept 62%")
+    view.doc["engine"]["spec_decode"].update(acceptance_rate=None, mean_accepted_length=None)
+    assert spec_cell(view) == "spec k=auto · accept n/a · n/a/draft"  # nothing drafted yet
+    view.doc["engine"]["spec_decode"] = None  # a model the engine turns speculation off for
+    assert spec_cell(view) == "spec off"
+    del view.doc["config"]["speculative"]  # a server that does not say
+    assert spec_cell(view) == ""
+
+
+def test_trace_spec_line_sums_the_spec_events():
+    assert spec_line(make_trace("req-done-e")) is None
+    trace = make_trace("req-done-e", spec=True)
+    assert spec_line(trace) == "speculative: drafted 120 · accepted 74 (62%)"
+    assert spec_line(trace) in summary(trace).plain
+    second = {"event": "spec", "choice": 1, "detail": {"drafted": 80, "accepted": 6}}
+    trace["events"].append(second)
+    assert spec_line(trace) == "speculative: drafted 200 · accepted 80 (40%)"
 
 
 def test_trace_summary_shows_cached_tokens():

@@ -74,6 +74,9 @@ BANDWIDTH = {"peak_gbs": 4800.0, "bytes_per_step": 290_000_000}
 """The GPU panel's decode bandwidth: an H200's nominal peak, the embedded model's bytes a step."""
 GRAMMAR_COMPILE_S = 0.0012
 """The front end's compile time of every structured fake request."""
+SPEC = {"num_speculative_tokens": 4, "drafted": 2400, "accepted": 1488, "drafts": 600}
+"""A speculative server's k and its draft totals at step 0 (acceptance 62%, 2.48 accepted a draft);
+make_trace(spec=True)'s request drafted 120 tokens and had 74 accepted."""
 
 
 def _row(spec: tuple, step: int) -> dict:
@@ -137,8 +140,22 @@ def _bandwidth(step: int) -> dict:
     }
 
 
-def make_doc(step: int = 0, gpu: bool = True) -> dict:
-    """The /v1/stats document at `step` (values move a little with each step)."""
+def _spec_decode(step: int) -> dict:
+    """The engine's spec_decode section (engine/spec/step.py's SpecCounters.report)."""
+    drafts, drafted = SPEC["drafts"] + 4 * step, SPEC["drafted"] + 16 * step
+    accepted = SPEC["accepted"] + 10 * step
+    return {
+        "num_drafts": drafts,
+        "num_draft_tokens": drafted,
+        "num_accepted_tokens": accepted,
+        "acceptance_rate": accepted / drafted,
+        "mean_accepted_length": accepted / drafts,
+    }
+
+
+def make_doc(step: int = 0, gpu: bool = True, spec: bool = False) -> dict:
+    """The /v1/stats document at `step` (values move a little with each step); with `spec`, of
+    a server that drafts n-grams, k = SPEC's."""
     used = 113 + 5 * step
     latency = {
         "ttft_s": _pct(0.045, 0.1, 0.11, 1.5),
@@ -158,7 +175,14 @@ def make_doc(step: int = 0, gpu: bool = True) -> dict:
         "model_params": {"total": MODEL_PARAMS, "active": MODEL_PARAMS},
         "uptime_s": 3723.0 + step,
         "device": "cuda:0",
-        "config": dict(CONFIG),
+        "config": {
+            **CONFIG,
+            **(
+                {"speculative": "ngram", "num_speculative_tokens": SPEC["num_speculative_tokens"]}
+                if spec
+                else {}
+            ),
+        },
         "plan": None,
         "server": {
             "pid": 4242,
@@ -190,7 +214,7 @@ def make_doc(step: int = 0, gpu: bool = True) -> dict:
             "prefix_cache_hits_total": 9000 + 60 * step,
             "kv_blocks_cached": 96 + step,
             "bandwidth": _bandwidth(step),
-            "spec_decode": None,
+            "spec_decode": _spec_decode(step) if spec else None,
             "last_step_s": 0.011,
             "num_unfinished": 4,
             "kv_usage_perc": 100 * used / 512,
@@ -239,9 +263,10 @@ def make_doc(step: int = 0, gpu: bool = True) -> dict:
     }
 
 
-def make_trace(request_id: str = "req-done-e") -> dict:
+def make_trace(request_id: str = "req-done-e", spec: bool = False) -> dict:
     """A finished request that starts from a cached prefix, with one preemption; a structured
-    one also compiles its grammar before it is scheduled and reports its mask time at the end."""
+    one also compiles its grammar before it is scheduled and reports its mask time at the end;
+    with `spec`, its drafted and accepted tokens just before it finishes (as the engine does)."""
     summary = next(_row(s, 0) for s in ROWS if s[0] == request_id)
     structured = summary["structured"]
     events = [
@@ -278,6 +303,9 @@ def make_trace(request_id: str = "req-done-e") -> dict:
             (1.2, "engine", 0, "grammar_compiled", {"ms": 1.1}),
         ]
         events.sort(key=lambda e: e[0])  # stable: "grammar" stays before "finished"
+    if spec:
+        finished = next(i for i, e in enumerate(events) if e[3] == "finished")
+        events.insert(finished, (3190.0, "engine", 0, "spec", {"drafted": 120, "accepted": 74}))
     out = []
     for t_ms, source, choice, event, detail in events:
         e = {"time": T0 + t_ms / 1000, "event": event, "source": source, "t_ms": t_ms}

@@ -1,5 +1,6 @@
 """TraceScreen: one request's life: a summary line (with the prompt tokens the prefix cache held,
-and, for a structured or tool request, its grammar: compile time and mask time per step), a
+and, for a structured or tool request, its grammar: compile time and mask time per step; with
+speculative decoding, the tokens drafted and accepted), a
 timeline per choice (queued -> prefill chunks -> first token -> decode -> finish, preemptions
 marked) and the full event list."""
 
@@ -106,6 +107,9 @@ def summary(trace: dict) -> Text:
     grammar = grammar_line(trace)
     if grammar:
         text.append(f"\n{grammar}")
+    spec = spec_line(trace)
+    if spec:
+        text.append(f"\n{spec}")
     if trace.get("error"):
         text.append(f"\nerror: {trace['error']}", "bold")
     return text
@@ -144,3 +148,19 @@ def grammar_line(trace: dict) -> str | None:
             f"(max {fmt.seconds(max_ms / 1e3)}, {steps} steps)"
         )
     return " · ".join(parts)
+
+
+def spec_line(trace: dict) -> str | None:
+    """`speculative: drafted 120 · accepted 74 (62%)`, summed over the engine's "spec" events
+    (one per choice that drafted, at its end); None for a request that drafted nothing."""
+    events = [
+        e["detail"]
+        for e in trace.get("events") or []
+        if e.get("event") == "spec" and isinstance(e.get("detail"), dict)
+    ]
+    if not events:
+        return None
+    drafted = sum(int(fmt.num(d.get("drafted")) or 0) for d in events)
+    accepted = sum(int(fmt.num(d.get("accepted")) or 0) for d in events)
+    share = f" ({fmt.unit(100 * accepted / drafted, '%')})" if drafted else ""
+    return f"speculative: drafted {drafted} · accepted {accepted}{share}"

@@ -1,5 +1,6 @@
 """QueuePanel: requests waiting and running (with their history), requests refused with 429,
-timed out, and in flight against the server's capacity."""
+timed out, in flight against the server's capacity, and speculative decoding's k and
+acceptance (the panel's one free line in every layout)."""
 
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ class QueuePanel(Panel):
             yield Sparkline([], id="q-running-spark")
         yield Label(id="q-refused")
         yield Label(id="q-inflight")
+        yield Label(id="q-spec")
 
     def show(self, view: View) -> None:
         waiting = view.get("engine", "num_waiting")
@@ -45,3 +47,25 @@ class QueuePanel(Panel):
             f"in flight {fmt.integer(view.get('requests_in_flight'))}"
             f" · cap {fmt.integer(max_seqs)}+{fmt.integer(max_queue)}"
         )
+        self.query_one("#q-spec", Label).update(spec_cell(view))
+
+
+def spec_cell(view: View) -> str:
+    """`spec k=4 · accept 62% · 2.50/draft`: the configured num_speculative_tokens (`auto` when
+    unset), the share of drafted tokens the target accepted and the accepted tokens per draft
+    (n/a before the first draft); `spec off` when the config says off or the engine reports no
+    spec_decode section (a model it turns speculation off for); "" when the server's config
+    does not say."""
+    mode = view.get("config", "speculative")
+    if mode is None:
+        return ""
+    spec = view.get("engine", "spec_decode")
+    if mode == "off" or not isinstance(spec, dict):
+        return "spec off"
+    k = view.get("config", "num_speculative_tokens")
+    rate, mean = fmt.num(spec.get("acceptance_rate")), fmt.num(spec.get("mean_accepted_length"))
+    accept = fmt.unit(None if rate is None else 100 * rate, "%")
+    return (
+        f"spec k={fmt.integer(k) if k is not None else 'auto'} · accept {accept} · "
+        f"{fmt.NA if mean is None else f'{mean:.2f}'}/draft"
+    )
