@@ -129,6 +129,9 @@ def test_queue_panel_spec_cell():
     view = model.History().push(make_doc(0, spec=True))
     assert spec_cell(view) == "spec k=4 · accept 62% · 2.48/draft"
     view.doc["config"]["num_speculative_tokens"] = None  # k left to the engine
+    view.doc["engine"]["spec_decode"]["k"] = 3  # its last choice
+    assert spec_cell(view).startswith("spec k=3 · accept 62%")
+    del view.doc["engine"]["spec_decode"]["k"]  # an engine that does not say
     assert spec_cell(view).startswith("spec k=auto · accept 62%")
     view.doc["engine"]["spec_decode"].update(acceptance_rate=None, mean_accepted_length=None)
     assert spec_cell(view) == "spec k=auto · accept n/a · n/a/draft"  # nothing drafted yet

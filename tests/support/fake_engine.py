@@ -196,7 +196,7 @@ class FakeEngine:
             "prefix_cache_hits_total": self._totals["hits"],
             "kv_blocks_cached": len(self._cached),
             "bandwidth": self.bandwidth.report(),
-            "spec_decode": self.spec.report() if self.spec is not None else None,
+            "spec_decode": {**self.spec.report(), "k": 2} if self.spec is not None else None,
         }
 
     def step(self) -> list[RequestOutput]:

@@ -150,6 +150,7 @@ def _spec_decode(step: int) -> dict:
         "num_accepted_tokens": accepted,
         "acceptance_rate": accepted / drafted,
         "mean_accepted_length": accepted / drafts,
+        "k": SPEC["num_speculative_tokens"],
     }
 
 

@@ -51,18 +51,18 @@ class QueuePanel(Panel):
 
 
 def spec_cell(view: View) -> str:
-    """`spec k=4 · accept 62% · 2.50/draft`: the configured num_speculative_tokens (`auto` when
-    unset), the share of drafted tokens the target accepted and the accepted tokens per draft
-    (n/a before the first draft); `spec off` when the config says off or the engine reports no
-    spec_decode section (a model it turns speculation off for); "" when the server's config
-    does not say."""
+    """`spec k=4 · accept 62% · 2.50/draft`: the engine's last chosen k (spec_decode.k; else the
+    configured num_speculative_tokens, `auto` when unset), the share of drafted tokens the
+    target accepted and the accepted tokens per draft (n/a before the first draft); `spec off`
+    when the config says off or the engine reports no spec_decode section (a model it turns
+    speculation off for); "" when the server's config does not say."""
     mode = view.get("config", "speculative")
     if mode is None:
         return ""
     spec = view.get("engine", "spec_decode")
     if mode == "off" or not isinstance(spec, dict):
         return "spec off"
-    k = view.get("config", "num_speculative_tokens")
+    k = spec.get("k", view.get("config", "num_speculative_tokens"))
     rate, mean = fmt.num(spec.get("acceptance_rate")), fmt.num(spec.get("mean_accepted_length"))
     accept = fmt.unit(None if rate is None else 100 * rate, "%")
     return (
