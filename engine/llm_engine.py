@@ -403,7 +403,9 @@ class LLMEngine:
         finishes the request, dropping the tokens a speculative step emitted after it."""
         if detok.stopped_on is not None:
             return
-        detok.step_each(req.output_token_ids[len(detok.token_ids) :])
+        # only the new ids (output_token_ids would copy the whole output every step)
+        start = req.num_prompt_tokens + len(detok.token_ids)
+        detok.step_each(req.token_ids[start : len(req.token_ids) - req.num_pending])
         if detok.stopped_on is not None:
             req.stop_reason = detok.stopped_on
             req.truncate_output(len(detok.token_ids))
