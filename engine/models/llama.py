@@ -145,15 +145,19 @@ class LlamaForCausalLM(nn.Module):
         super().__init__()
         self.config = cfg
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
-        rope = RotaryEmbedding.for_layer(cfg.layer_attention(0), max_positions)
-        self.rope = rope
+        first = cfg.attention_layer_ids()[0]  # the RoPE of every attention layer
+        self.rope = RotaryEmbedding.for_layer(cfg.layer_attention(first), max_positions)
         self.layers = nn.ModuleList(
-            DecoderLayer(cfg, rope, i, self.make_mlp(i)) for i in range(cfg.num_layers)
+            self.make_layer(i, self.make_mlp(i)) for i in range(cfg.num_layers)
         )
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.lm_head = Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
+
+    def make_layer(self, layer: int, mlp: nn.Module) -> nn.Module:
+        """Decoder layer `layer` around its feed-forward block (a hybrid family overrides this)."""
+        return DecoderLayer(self.config, self.rope, layer, mlp)
 
     def make_mlp(self, layer: int) -> nn.Module:
         """Layer `layer`'s feed-forward block (a family with experts overrides this)."""

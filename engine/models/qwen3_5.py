@@ -19,9 +19,9 @@ from torch import nn
 
 from engine.models.config import ModelConfig
 from engine.models.gated_deltanet import GatedDeltaNet
-from engine.models.layers import Linear, PagedAttention, RMSNorm
+from engine.models.layers import PagedAttention, RMSNorm
 from engine.models.linear_attention import LINEAR
-from engine.models.llama import MLP, Attention
+from engine.models.llama import MLP, Attention, LlamaForCausalLM
 from engine.models.rope import RotaryEmbedding
 from engine.models.weights import load_fused
 
@@ -83,42 +83,17 @@ class Qwen3_5DecoderLayer(nn.Module):
         return self.mlp(x), residual
 
 
-class Qwen3_5ForCausalLM(nn.Module):
+class Qwen3_5ForCausalLM(LlamaForCausalLM):
+    """Llama's model with Qwen3.5's layers: embeddings, the final norm, the LM head and the
+    packed-token forward are the same."""
+
     def __init__(self, cfg: ModelConfig, max_positions: int) -> None:
-        super().__init__()
         if cfg.linear_attention is None or not cfg.attn_output_gate:
             raise ValueError("a Qwen3.5 config needs linear_attention and attn_output_gate")
-        self.config = cfg
-        full = cfg.attention_layer_ids()
-        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
-        self.rope = RotaryEmbedding.for_layer(cfg.layer_attention(full[0]), max_positions)
-        self.layers = nn.ModuleList(
-            Qwen3_5DecoderLayer(cfg, self.rope, i, self.make_mlp(i)) for i in range(cfg.num_layers)
-        )
-        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.lm_head = Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
-        if cfg.tie_word_embeddings:
-            self.lm_head.weight = self.embed_tokens.weight
+        super().__init__(cfg, max_positions)
 
-    def make_mlp(self, layer: int) -> nn.Module:
-        """Layer `layer`'s feed-forward block: a dense SwiGLU MLP (Qwen3.5-MoE: experts)."""
-        return MLP(self.config)
-
-    def init_buffers(self, device: torch.device) -> None:
-        """Build the buffers that were made on meta (the RoPE tables) on `device`, in fp32."""
-        self.rope.init_buffers(device)
-
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        x = self.embed_tokens(input_ids)  # [num_tokens, hidden]
-        residual = None
-        for layer in self.layers:
-            x, residual = layer(positions, x, residual)
-        x, _ = self.norm(x, residual)
-        return x
-
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """[num_seqs, vocab] logits in the LM head's dtype."""
-        return self.lm_head(hidden)
+    def make_layer(self, layer: int, mlp: nn.Module) -> nn.Module:
+        return Qwen3_5DecoderLayer(self.config, self.rope, layer, mlp)
 
     def attention_layers(self) -> list[PagedAttention]:
         """The full-attention layers' paged attention, in layer order (the KV pool binds)."""
