@@ -222,10 +222,13 @@ async def test_serve_tui_runs_server_and_dashboard_in_one_process(tmp_path, monk
                 await wait_for(
                     pilot, lambda: app.view is not None and app.view.doc["status"] == "ok"
                 )
-                await wait_for(
-                    pilot, lambda: "serving at" in screen_text(app), timeout=3, what="log line"
-                )
-                seen["text"] = screen_text(app)
+                def logged() -> bool:
+                    # Keep the very frame that showed the log lines: a later render can
+                    # catch the screen between two layouts.
+                    seen["text"] = screen_text(app)
+                    return "serving at" in seen["text"]
+
+                await wait_for(pilot, logged, timeout=3, what="log line")
                 await pilot.press("q")
 
         app.run_async = run_async
