@@ -222,6 +222,7 @@ async def test_serve_tui_runs_server_and_dashboard_in_one_process(tmp_path, monk
                 await wait_for(
                     pilot, lambda: app.view is not None and app.view.doc["status"] == "ok"
                 )
+
                 def logged() -> bool:
                     # Keep the very frame that showed the log lines: a later render can
                     # catch the screen between two layouts.
