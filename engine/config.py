@@ -5,6 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import ClassVar
 
+SPECULATIVE_MODES = ("off", "ngram")
+"""speculative's values besides draft:PATH."""
+DRAFT_PREFIX = "draft:"
+
 
 @dataclass
 class EngineConfig:
@@ -15,7 +19,6 @@ class EngineConfig:
         "kv_cache_dtype": ("auto", "float32", "float16", "bfloat16", "int8"),
         "quantization": ("none", "int8", "int4", "auto"),
         "load_format": ("auto", "random"),
-        "speculative": ("off", "ngram"),
     }
     """The allowed values of each str setting (checked here; `appliance serve` and `profile`
     offer them as the flags' choices)."""
@@ -79,10 +82,12 @@ class EngineConfig:
     fair_share_window_s: float = 60.0
     """Time constant of the decay of each client's served tokens (the fair-share order)."""
     speculative: str = "off"
-    """Speculative decoding: off, or ngram (prompt lookup: each decode drafts the tokens that
-    followed the latest earlier occurrence of its last few tokens, and one forward verifies
-    them; engine/spec/). Outputs are the same either way; a model with linear-attention layers
-    and requests with a grammar do not speculate."""
+    """Speculative decoding: off; ngram (prompt lookup: each decode drafts the tokens that
+    followed the latest earlier occurrence of its last few tokens); or draft:PATH (a small
+    model sharing the target's tokenizer, in the folder PATH, drafts its greedy continuation;
+    its KV lives in the same blocks). One forward verifies the drafts (engine/spec/). Outputs
+    are the same either way; a model with linear-attention layers and requests with a
+    grammar do not speculate."""
     num_speculative_tokens: int | None = None
     """Drafted tokens per decode and step (k) with speculative decoding, fixed; unset (None):
     chosen each step (0-8) from step costs measured at start-up (engine/spec/policy.py)."""
@@ -118,9 +123,23 @@ class EngineConfig:
             raise ValueError(
                 f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}"
             )
+        spec = self.speculative
+        if spec not in SPECULATIVE_MODES and not (
+            isinstance(spec, str) and spec.startswith(DRAFT_PREFIX) and spec[len(DRAFT_PREFIX) :]
+        ):
+            raise ValueError(
+                f"speculative must be off, ngram or draft:PATH (a draft model's folder), "
+                f"got {spec!r}"
+            )
         for name, allowed in self.CHOICES.items():
             if getattr(self, name) not in allowed:
                 raise ValueError(f"{name} must be one of {allowed}, got {getattr(self, name)!r}")
+
+    @property
+    def draft_model(self) -> str | None:
+        """The draft model's folder of speculative="draft:PATH"; None otherwise."""
+        spec = self.speculative
+        return spec[len(DRAFT_PREFIX) :] if spec.startswith(DRAFT_PREFIX) else None
 
     def budget_prompt_lengths(self, max_tokens: int) -> list[int]:
         """Prompt lengths that, arriving together, fill one step's token budget: one prompt

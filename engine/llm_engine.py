@@ -26,6 +26,7 @@ from engine.planning import TORCH_DTYPES, plan_engine, prefix_caching_for, resol
 from engine.request import Request, RequestOutput, RequestStatus
 from engine.sampling_params import SamplingParams
 from engine.scheduler import Scheduler
+from engine.spec.draft_model import draft_model_config
 from engine.spec.step import SpecCounters, spec_decoder
 from engine.startup import StartupTimer, startup_line
 from engine.state_pool import SlotAllocator
@@ -83,7 +84,13 @@ class LLMEngine:
         self.kv_dtype = TORCH_DTYPES[self.config.kv_cache_dtype]
         with timer.phase("load"):
             self.runner = ModelRunner(
-                self.folder, self.model_config, self.config, self.device, self.dtype, timer
+                self.folder,
+                self.model_config,
+                self.config,
+                self.device,
+                self.dtype,
+                timer,
+                draft_model_config(self.config, self.model_config),
             )
         self._rng = random.Random(self.config.seed)
         self._requests: dict[str, Request] = {}
@@ -101,7 +108,7 @@ class LLMEngine:
                 self.config.max_num_seqs,
                 self.device,
             )
-        self.spec = spec_decoder(self.config, self.model_config)
+        self.spec = spec_decoder(self.config, self.model_config, self.runner.draft)
         # Speculative steps run without the overlap: a step's drafts need the last one's tokens.
         self._overlap = self.config.overlap_steps and self.device.type == "cuda" and not self.spec
         self.bandwidth = BandwidthMeter.for_plan(self.plan)
@@ -325,7 +332,7 @@ class LLMEngine:
     def _spec_step(self, touched: list[Request]) -> list[RequestOutput]:
         """A step with drafted tokens (engine/spec/step.py), without overlap: forward, verify,
         apply the tokens."""
-        fwd, constrained = self._launch_forward()
+        fwd, constrained = self._launch_forward(drafting=True)
         if fwd is not None:
             emitted = self.spec.verify(fwd, constrained, self.grammars)
             self.bandwidth.completed(fwd.batch)
@@ -335,14 +342,17 @@ class LLMEngine:
         self.compiles.log_new(logger)
         return [self._output(req) for req in dict.fromkeys(touched)]
 
-    def _launch_forward(self) -> tuple[Forward | None, list]:
+    def _launch_forward(self, drafting: bool = False) -> tuple[Forward | None, list]:
         """Schedule a batch, queue its forward (reading the pending step's tokens on the
         device) and advance it: (the forward, [(row, grammar) of its constrained rows]), or
-        (None, []) when nothing is scheduled."""
+        (None, []) when nothing is scheduled. drafting: a speculative step, whose draft model
+        (if any) drafts once the batch is scheduled."""
         start = self.bandwidth.clock()
         batch = self.scheduler.schedule()
         if batch.is_empty:
             return None, []
+        if drafting:
+            self.spec.draft_scheduled(batch)
         contexts = None  # a step with prompt tokens: left out of the bandwidth figure
         if batch.num_decodes == len(batch.requests):
             contexts = [r.num_computed_tokens + 1 for r in batch.requests]

@@ -39,7 +39,7 @@ class MemoryItems:
         """The prediction of an engine.planner Plan: memory other processes held when planning
         is counted with the context, as measured."""
         return cls(
-            weights=plan.weight_bytes,
+            weights=plan.weight_bytes + plan.draft_weight_bytes,
             activation=plan.activation_bytes,
             graph_pool=plan.graph_pool_bytes,
             kv_pool=plan.kv_pool_bytes,
@@ -139,8 +139,10 @@ def measure_cuda(runner, workload: Callable[[], None]) -> Measurement:
     activation = torch.cuda.max_memory_allocated(dev) - live_before
     free, total = torch.cuda.mem_get_info(dev)
     outside = total - free - torch.cuda.memory_reserved(dev)
-    model = runner.model
-    weights = sum(t.nbytes for t in model.parameters()) + sum(t.nbytes for t in model.buffers())
+    weights = sum(
+        sum(t.nbytes for t in model.parameters()) + sum(t.nbytes for t in model.buffers())
+        for model in runner.models()
+    )
     kv = runner.kv_pool_bytes
     state = runner.state_pool_bytes
     graph_pool = base - before

@@ -15,6 +15,7 @@ import gc
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
@@ -39,6 +40,7 @@ from engine.pending_step import PendingStep
 from engine.quant.format import resolve_weight_quant
 from engine.sampler import SamplingTensors, sample
 from engine.scheduler import ScheduledBatch
+from engine.spec.draft_model import DraftModel
 from engine.startup import StartupTimer
 from engine.state_pool import StatePool
 from engine.structured.bitmask import apply_bitmask
@@ -56,9 +58,12 @@ class ModelRunner:
         device: torch.device,
         dtype: torch.dtype,
         timer: StartupTimer | None = None,
+        draft: tuple[Path, ModelConfig] | None = None,
     ) -> None:
         """Builds the model and loads its weights. `timer`: where the start-up phases this
-        runner runs (kernel choice, graph capture, warm-up, memory check) add their time."""
+        runner runs (kernel choice, graph capture, warm-up, memory check) add their time.
+        `draft`: a draft model's folder and config (speculative="draft:PATH"), loaded beside
+        the model, its KV pool allocated and released with the model's."""
         self.timer = timer or StartupTimer()
         self.model_config = model_config
         self.config = config
@@ -73,6 +78,7 @@ class ModelRunner:
             random_weights=config.load_format == "random",
             quant=resolve_weight_quant(config, model_config),
         )
+        self.draft = None if draft is None else DraftModel(*draft, config, device, dtype)
         self.block_size = config.block_size
         self.kv_pool = KVPool.empty()
         self.state_pool = StatePool.empty()
@@ -90,6 +96,8 @@ class ModelRunner:
         for attn in layers:
             attn.backend = backend
         self.backend = backend
+        if self.draft is not None:
+            self.draft.allocate(num_blocks, kv_dtype)
         if self.model_config.linear_layer_ids():
             self.state_pool = StatePool.allocate(
                 self.model_config,
@@ -101,7 +109,12 @@ class ModelRunner:
 
     @property
     def kv_pool_bytes(self) -> int:
-        return self.kv_pool.nbytes
+        """The KV pool, a draft model's K/V included (they share the blocks)."""
+        return self.kv_pool.nbytes + (self.draft.nbytes if self.draft is not None else 0)
+
+    def models(self) -> list[torch.nn.Module]:
+        """The model, and the draft model beside it."""
+        return [self.model] + ([self.draft.model] if self.draft is not None else [])
 
     @property
     def state_pool_bytes(self) -> int:
@@ -111,6 +124,8 @@ class ModelRunner:
         """Drop every reference to the pool, so a smaller one never sits beside it."""
         KVPool.unbind(self.model.attention_layers())
         self.kv_pool = KVPool.empty()
+        if self.draft is not None:
+            self.draft.release()
         if self.model_config.linear_layer_ids():
             StatePool.unbind(self.model.linear_layers())
         self.state_pool = StatePool.empty()

@@ -95,6 +95,11 @@ def _budget(d: _Draft) -> None:
         raise Misfit(1, "dtype", f"{dev.name} has no bfloat16", "float16")
     d.dtype_bytes = ELEMENT_BYTES[d.dtype]
     d.state_seq = state_bytes_per_sequence(d.m, d.dtype_bytes)
+    d.draft_weights = (
+        0
+        if req.draft_model is None
+        else weight_bytes(req.draft_model, "none", d.dtype_bytes, False)
+    )
     d.limit, why = model_length_limit(d.m, dev.kind)
     if req.max_model_len is not None and req.max_model_len > d.limit:
         raise Misfit(
@@ -107,6 +112,14 @@ def _budget(d: _Draft) -> None:
     d.eager = dev.kind == "cpu" or req.enforce_eager
     d.context = dev.cuda_context_bytes if dev.kind == "cuda" else 0
     d.margin = max(MIN_SAFETY_BYTES, int(SAFETY_FRACTION * d.budget))
+
+
+def _kv_token(d: _Draft, kv_dtype: str) -> int:
+    """Bytes a token takes in a block: the target's K/V, and a draft model's beside them."""
+    draft = d.req.draft_model
+    return kv_bytes_per_token(d.m, kv_dtype) + (
+        0 if draft is None else kv_bytes_per_token(draft, kv_dtype)
+    )
 
 
 def _overheads(d: _Draft, fmt: str, rows: float) -> dict[str, int]:
@@ -139,7 +152,7 @@ def _sized_rooms(d: _Draft, options: list, weights: dict) -> tuple[dict, dict, d
         capped = d.budget - fixed - weights[fmt] - sum(_overheads(d, fmt, d.seqs_cap).values())
         rows[kv, fmt] = float(d.seqs_cap)
         if d.req.max_num_seqs is None:
-            request = -(-typical // d.bs) * d.bs * kv_bytes_per_token(d.m, kv) + d.state_seq
+            request = -(-typical // d.bs) * d.bs * _kv_token(d, kv) + d.state_seq
             rows[kv, fmt] = min(float(d.seqs_cap), max(1.0, capped / request))
         used = sum(_overheads(d, fmt, rows[kv, fmt]).values())
         slots[kv, fmt] = ceil(rows[kv, fmt])
@@ -159,17 +172,19 @@ def _weights_and_kv_dtype(d: _Draft) -> None:
     if not req.kv_cache_dtype and req.allow_int8_kv:
         kv_dtypes.append("int8")
     options = [(kv, f) for f in formats for kv in kv_dtypes]
-    weights = {
+    weights = {  # a draft model's (16-bit) weights come with every format
         f: weight_bytes(m, f, d.dtype_bytes, req.quantize_embeddings, req.quant_block_size)
+        + d.draft_weights
         for f in formats
     }
     rows, slots, room = _sized_rooms(d, options, weights)
     # the target's KV, and the state of the target's sequences beyond the slots reserved
     unreserved = {o: max(0, req.target_num_seqs - slots[o]) * d.state_seq for o in options}
-    need = {o: target_tokens * kv_bytes_per_token(m, o[0]) + unreserved[o] for o in options}
+    need = {o: target_tokens * _kv_token(d, o[0]) + unreserved[o] for o in options}
     fit = [o for o in options if room[o] >= need[o]]
     d.kv_dtype, d.fmt = chosen = fit[0] if fit else options[-1]
-    d.weights, d.room, d.rows, d.target_met = weights[d.fmt], room[chosen], rows[chosen], bool(fit)
+    d.weights, d.room, d.rows = weights[d.fmt] - d.draft_weights, room[chosen], rows[chosen]
+    d.target_met = bool(fit)
     d.slots = slots[chosen]
     sized = _overheads(d, d.fmt, d.rows)
     d.act, d.allocator, d.graphs = sized["act"], sized["alloc"], sized["graphs"]
@@ -209,7 +224,8 @@ def _kv_blocks(d: _Draft) -> None:
     """Stage 4: every block the pool holds, unless pinned; the CPU class's cap."""
     req, dev, bs = d.req, d.dev, d.bs
     d.kv_tok = kv_bytes_per_token(d.m, d.kv_dtype)
-    d.block_bytes = bs * d.kv_tok
+    d.draft_kv_tok = _kv_token(d, d.kv_dtype) - d.kv_tok
+    d.block_bytes = bs * (d.kv_tok + d.draft_kv_tok)
     pool_blocks = max(0, d.room) // d.block_bytes
     d.left = size_text(d.room)
     if pool_blocks < 1:
@@ -219,6 +235,8 @@ def _kv_blocks(d: _Draft) -> None:
             culprit = "max_num_seqs" if req.max_num_seqs else culprit
             slots = f"{d.slots} slot{'s' if d.slots != 1 else ''}"
             state = f", a state pool of {slots} ({size_text(d.slots * d.state_seq)}),"
+        if d.draft_weights:
+            state += f" a draft model ({size_text(d.draft_weights)}),"
         raise Misfit(
             3,
             culprit,
@@ -335,6 +353,11 @@ def _finish(d: _Draft) -> Plan:
         "num_kv_blocks",
         "pinned" if req.num_kv_blocks else f"{d.left} left / {d.bs} tokens x {d.kv_tok} B a token",
     )
+    if req.draft_model is not None:
+        why["num_kv_blocks"] += (
+            f"; each block also holds the draft model's K/V ({d.draft_kv_tok} B a token), "
+            f"and its weights take {size_text(d.draft_weights)}"
+        )
     if d.state_seq:
         why["max_num_seqs"] += (
             f"; a state slot each: {size_text(d.state_seq)} a sequence, "
@@ -375,4 +398,6 @@ def _finish(d: _Draft) -> Plan:
         num_experts_per_tok=d.m.num_experts_per_tok,
         state_bytes_per_sequence=d.state_seq,
         state_pool_bytes=d.state_pool,
+        draft_weight_bytes=d.draft_weights,
+        draft_kv_bytes_per_token=d.draft_kv_tok,
     )

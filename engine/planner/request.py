@@ -56,6 +56,9 @@ class PlanRequest:
     max_num_seqs: int | None = None
     max_num_batched_tokens: int | None = None
     num_kv_blocks: int | None = None
+    draft_model: object | None = None
+    """The ModelConfig of a draft model for speculative decoding (engine/spec/draft_model.py),
+    or None: its weights (16-bit) are counted with the target's, and its K/V in every block."""
 
     def __post_init__(self) -> None:
         for name in (
@@ -157,6 +160,11 @@ class Plan:
     """Every expert's weight bytes, all MoE layers (part of weight_bytes); 0 for a dense model."""
     num_experts: int = 0
     num_experts_per_tok: int = 0
+    draft_weight_bytes: int = 0
+    """A draft model's weights (speculative decoding; not part of weight_bytes); 0 without."""
+    draft_kv_bytes_per_token: int = 0
+    """A draft model's K/V bytes per token, held in the same blocks as the target's (a block
+    is block_size x (kv_bytes_per_token + this)); 0 without a draft model."""
 
     def decode_weight_bytes(self, num_seqs: int) -> int:
         """The weight bytes a decode step of num_seqs sequences reads: all of weight_bytes but

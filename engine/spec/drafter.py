@@ -48,6 +48,11 @@ class Drafter(ABC):
 
     name: str
     """Label for the acceptance statistics and the metrics (e.g. "ngram")."""
+    needs_blocks: bool = False
+    """True for a drafter that writes K/V at the draft positions (a draft model): the engine
+    reserves k tokens per request before scheduling and calls `propose` after it, with each
+    request's scheduled draft count (its blocks allocated), and every draft must be that long.
+    False: `propose` runs before scheduling, which trims its drafts."""
 
     @abstractmethod
     def propose(self, requests: Sequence[DraftInput], k: int | Sequence[int]) -> list[Draft]:

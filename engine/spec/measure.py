@@ -6,7 +6,8 @@ those in MEASURED_BATCHES that the KV pool holds; the ladder always starts at 1)
 requests with short random prompts are started, then every k in 0..MAX_SPECULATIVE_TOKENS runs
 `repetitions` timed engine steps (after one untimed step, which builds whatever the shape
 needs): k random drafted tokens per request (nearly all rejected; a step's cost hardly depends
-on how many are accepted), k = 0 a plain decode step. A step is timed whole (schedule, forward,
+on how many are accepted), or a draft model's own k drafts (its forwards are part of the
+step), k = 0 a plain decode step. A step is timed whole (schedule, forward,
 verify, apply), on the device the engine runs on: it ends with the tokens on the host. The
 median of the repetitions is the entry. The requests are then aborted and the counters reset.
 """
@@ -58,7 +59,8 @@ def measured_batches(engine) -> list[int]:
     ladder = graph_batch_sizes(cfg.max_num_seqs)
     sizes = [b for b in ladder if b in MEASURED_BATCHES]
     bm = engine.block_manager
-    per_seq = -(-(PROMPT_TOKENS + max_tokens() + MAX_SPECULATIVE_TOKENS) // bm.block_size)
+    tokens = max_tokens(engine.spec.drafter.needs_blocks)
+    per_seq = -(-(PROMPT_TOKENS + tokens + MAX_SPECULATIVE_TOKENS) // bm.block_size)
     fits = [b for b in sizes if b * per_seq <= bm.num_free_blocks]
     if not fits:
         raise ValueError(
@@ -69,26 +71,36 @@ def measured_batches(engine) -> list[int]:
     return fits
 
 
-def max_tokens() -> int:
+def max_tokens(all_accepted: bool = False) -> int:
     """Tokens each measured request may generate: a prefill step, then (untimed + timed) steps
-    at each k, one token each or more where random drafts are accepted."""
-    return (MAX_SPECULATIVE_TOKENS + 1) * (REPETITIONS + 1) * 2 + 2
+    at each k, one token each or more where random drafts are accepted; k + 1 each where every
+    draft may be (a draft model's)."""
+    steps = REPETITIONS + 1
+    if all_accepted:
+        return steps * (MAX_SPECULATIVE_TOKENS + 1) * (MAX_SPECULATIVE_TOKENS + 2) // 2 + 2
+    return (MAX_SPECULATIVE_TOKENS + 1) * steps * 2 + 2
 
 
 def measure_costs(engine, repetitions: int = REPETITIONS) -> CostTable:
     """Time the engine's steps by (batch, k) as the module docstring says; returns the table."""
     spec = engine.spec
     cfg = engine.config
-    if cfg.max_model_len < PROMPT_TOKENS + max_tokens() + 1:
+    # A draft model drafts itself: its forwards are part of the step's cost, and its drafts
+    # may all be accepted. Other drafters are replaced by random drafts.
+    own = spec.drafter.needs_blocks
+    tokens = max_tokens(own)
+    if cfg.max_model_len < PROMPT_TOKENS + tokens + 1:
         raise ValueError(
             f"max_model_len {cfg.max_model_len} is too short for the speculative cost "
-            f"measurement ({PROMPT_TOKENS + max_tokens() + 1} tokens): pin "
+            f"measurement ({PROMPT_TOKENS + tokens + 1} tokens): pin "
             "num_speculative_tokens"
         )
     vocab = engine.model_config.vocab_size
     gen = random.Random(0)
-    params = SamplingParams(temperature=0.0, ignore_eos=True, max_tokens=max_tokens())
-    drafter, spec.drafter = spec.drafter, RandomDrafter(vocab)
+    params = SamplingParams(temperature=0.0, ignore_eos=True, max_tokens=tokens)
+    drafter = spec.drafter
+    if not own:
+        spec.drafter = RandomDrafter(vocab)
     seconds: dict[tuple[int, int], float] = {}
     start = time.perf_counter()
     try:

@@ -31,6 +31,7 @@ import torch
 from engine.config import EngineConfig
 from engine.models.config import ModelConfig
 from engine.request import Logprob, Request
+from engine.spec.draft_model import DraftModel, DraftModelDrafter
 from engine.spec.drafter import Drafter
 from engine.spec.measure import MAX_SPECULATIVE_TOKENS, measure_costs
 from engine.spec.ngram import NgramDrafter
@@ -39,6 +40,9 @@ from engine.spec.verify import verify
 from engine.structured.bitmask import apply_bitmask
 
 logger = logging.getLogger(__name__)
+
+RESERVED = 0
+"""The token a draft position holds between reservation and drafting (needs_blocks drafters)."""
 
 
 @dataclass
@@ -62,8 +66,11 @@ class SpecCounters:
         }
 
 
-def spec_decoder(config: EngineConfig, model: ModelConfig) -> SpecDecoder | None:
-    """The engine's SpecDecoder for config.speculative, or None (off)."""
+def spec_decoder(
+    config: EngineConfig, model: ModelConfig, draft: DraftModel | None = None
+) -> SpecDecoder | None:
+    """The engine's SpecDecoder for config.speculative, or None (off); `draft`: the model
+    runner's draft model, for speculative="draft:PATH"."""
     if config.speculative == "off":
         return None
     if model.linear_layer_ids():
@@ -72,7 +79,12 @@ def spec_decoder(config: EngineConfig, model: ModelConfig) -> SpecDecoder | None
             "the recurrent state of its linear-attention layers"
         )
         return None
-    return SpecDecoder(config.num_speculative_tokens)
+    drafter = None
+    if config.draft_model is not None:
+        if draft is None:
+            raise ValueError(f"speculative={config.speculative!r} needs its draft model loaded")
+        drafter = DraftModelDrafter(draft, config.max_num_batched_tokens)
+    return SpecDecoder(config.num_speculative_tokens, drafter)
 
 
 class SpecDecoder:
@@ -143,11 +155,32 @@ class SpecDecoder:
         ks = [min(ks[i], r.params.max_tokens - r.num_output_tokens - 1) for i, r in zip(keep, reqs)]
         if not reqs:
             return False
-        for req, draft in zip(reqs, self.drafter.propose(reqs, ks)):
-            if draft.token_ids:
-                req.spec_tokens = list(draft.token_ids)
+        if self.drafter.needs_blocks:  # reserved now, drafted once scheduled (draft_scheduled)
+            drafts = [[RESERVED] * k for k in ks]
+        else:
+            drafts = [d.token_ids for d in self.drafter.propose(reqs, ks)]
+        for req, draft in zip(reqs, drafts):
+            if draft:
+                req.spec_tokens = list(draft)
                 self._drafted.append(req)
         return bool(self._drafted)
+
+    def draft_scheduled(self, batch) -> None:
+        """A drafter that needs blocks (a draft model) drafts now, for the scheduled requests'
+        reserved draft positions, whose blocks the scheduler allocated."""
+        if not self.drafter.needs_blocks:
+            return
+        reqs = [r for r in batch.requests if r.spec_tokens]
+        if not reqs:
+            return
+        drafts = self.drafter.propose(reqs, [len(r.spec_tokens) for r in reqs])
+        for req, draft in zip(reqs, drafts):
+            if len(draft.token_ids) != len(req.spec_tokens):
+                raise RuntimeError(
+                    f"the {self.drafter.name} drafter gave {len(draft.token_ids)} tokens for "
+                    f"{len(req.spec_tokens)} scheduled draft positions"
+                )
+            req.spec_tokens = list(draft.token_ids)
 
     @torch.inference_mode()
     def verify(self, fwd, constrained: list, grammars) -> dict[int, list[tuple[int, Logprob]]]:
