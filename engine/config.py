@@ -61,7 +61,7 @@ class EngineConfig:
     overlap_steps: bool = True
     """On a GPU, launch the next step before reading this step's tokens back, so the GPU
     never waits for the host's scheduling and reporting (tokens are reported one step later).
-    Speculative decoding runs without it."""
+    A speculative step that drafts runs without it (its drafts need the tokens on the host)."""
     seed: int = 0
     """Seed for requests that do not bring their own."""
     adaptive_batching: bool = False

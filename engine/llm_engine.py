@@ -109,8 +109,9 @@ class LLMEngine:
                 self.device,
             )
         self.spec = spec_decoder(self.config, self.model_config, self.runner.draft)
-        # Speculative steps run without the overlap: a step's drafts need the last one's tokens.
-        self._overlap = self.config.overlap_steps and self.device.type == "cuda" and not self.spec
+        # Speculative steps run without the overlap (a step's drafts need the last one's tokens
+        # on the host); the steps where nobody drafts keep it.
+        self._overlap = self.config.overlap_steps and self.device.type == "cuda"
         self.bandwidth = BandwidthMeter.for_plan(self.plan)
         with timer.phase("kv_alloc"):
             self.runner.allocate_kv_cache(self.config.num_kv_blocks, self.kv_dtype)
@@ -295,8 +296,12 @@ class LLMEngine:
             if not (touched or self.scheduler.num_unfinished or self._pending or self._next):
                 self.grammars.wait(COMPILE_WAIT_S)  # only compiles to wait for: no busy loop
             touched += self._admit_compiled()
-        if self.spec is not None and self.spec.propose(self.scheduler.running):
-            return self._spec_step(touched)
+        if self.spec is not None and self._next is None:
+            chosen = self.spec.choose(self.scheduler.running)
+            if chosen and self._pending is not None:
+                touched += self._resolve()  # drafts continue the tokens of the step in flight
+            if chosen and self.spec.draft(chosen):
+                return self._spec_step(touched)
         launched = None
         if self._next is not None:  # queued by the previous call (a constrained step)
             (fwd, constrained), self._next = self._next, None

@@ -1,8 +1,9 @@
 """The speculative decode step: drafts before scheduling, verification of the forward's logits,
 and the tokens, KV counts and blocks after it.
 
-A step with drafts runs without the overlap of steps (the next step's drafts need this step's
-tokens on the host): propose (each running decode gets up to k drafted tokens in
+A step with drafts runs without the overlap of steps (its drafts need the last step's tokens on
+the host: when the policy chooses to draft, the engine first reads back an overlapped step in
+flight; a step where nobody drafts stays overlapped): propose (each running decode gets up to k drafted tokens in
 `Request.spec_tokens`), schedule (the scheduler trims them to the token budget and the free KV
 blocks), one forward over each decode's last token and its drafts (the paged attention's
 prefill path: several query tokens over the sequence's cache) with the logits of every one of
@@ -139,20 +140,33 @@ class SpecDecoder:
     def propose(self, running: list[Request]) -> bool:
         """Give each running decode without a grammar up to k drafts (never past max_tokens).
         Returns whether any request got one; with none the engine runs a plain step."""
+        return self.draft(self.choose(running))
+
+    def choose(self, running: list[Request]) -> list[tuple[Request, int]]:
+        """The running decodes (without a grammar, with tokens left to generate) that draft
+        this step and their k (the policy's choice: call once a step); [] for a plain step.
+        A decode whose input token is still on the device (an overlapped step) counts: the
+        engine reads that step back before `draft`, which needs the tokens on the host."""
         reqs = [
             r
             for r in running
             if r.grammar is None
-            and r.num_pending == 0
             and r.num_tokens - r.num_computed_tokens == 1
             and r.params.max_tokens - r.num_output_tokens > 1
         ]
         if not reqs:
-            return False
-        ks = self._ks(reqs, len(running))
-        keep = [i for i, k in enumerate(ks) if k]
-        reqs = [reqs[i] for i in keep]
-        ks = [min(ks[i], r.params.max_tokens - r.num_output_tokens - 1) for i, r in zip(keep, reqs)]
+            return []
+        return [(r, k) for r, k in zip(reqs, self._ks(reqs, len(running))) if k]
+
+    def draft(self, chosen: list[tuple[Request, int]]) -> bool:
+        """Draft for the chosen requests still running with their tokens on the host (never
+        past max_tokens). Returns whether any request got a draft."""
+        reqs, ks = [], []
+        for r, k in chosen:
+            left = r.params.max_tokens - r.num_output_tokens - 1
+            if not r.is_finished and r.num_pending == 0 and left > 0:
+                reqs.append(r)
+                ks.append(min(k, left))
         if not reqs:
             return False
         if self.drafter.needs_blocks:  # reserved now, drafted once scheduled (draft_scheduled)
