@@ -16,7 +16,7 @@ from engine.request import Request
 from engine.scheduler import Scheduler
 from engine.spec.drafter import Draft, Drafter, per_request_k
 from engine.spec.measure import MAX_SPECULATIVE_TOKENS
-from engine.spec.policy import CostTable
+from engine.spec.policy import Acceptance, CostTable
 from engine.structured import StructuredOutput
 
 NEW_TOKENS = 40
@@ -369,6 +369,11 @@ def test_a_request_whose_drafts_keep_failing_stops_drafting(tiny_llama, plain):
     assert out.token_ids == plain[0].token_ids
     c = llm.engine.spec.counters
     assert c.num_accepted_tokens == 0 and c.num_drafts == wrong.proposals
-    # of its NEW_TOKENS - 1 decode steps, the first min_updates draft (each rejected); then its
-    # rate is below the policy's floor and it drafts no more
-    assert wrong.proposals == llm.engine.spec.policy.min_updates < NEW_TOKENS - 1
+    # of its NEW_TOKENS - 1 decode steps, the first few draft (each rejected) until its rate,
+    # from the policy's first guess, is below the floor (after at least min_updates); then it
+    # drafts no more
+    policy = llm.engine.spec.policy
+    rate = Acceptance(policy.decay, policy.probe_rate, policy.prior_weight)
+    while rate.num_updates < policy.min_updates or rate.rate >= policy.floor:
+        rate.update(1, 0)
+    assert wrong.proposals == rate.num_updates < NEW_TOKENS - 1

@@ -105,10 +105,20 @@ def test_failing_request_stops_drafting_then_is_retried():
 
 
 def test_a_drafters_rate_is_the_first_guess_for_its_new_requests():
-    policy = SpecPolicy(table(lambda b, k: 1e-3 * (1 + 0.4 * (k > 0) + 0.05 * k)))
-    _fed(policy, ["a", "b"], 0.05, steps=40)  # the drafter does badly everywhere
+    costs = table(lambda b, k: 1e-3 * (1 + 0.4 * (k > 0) + 0.05 * k))
+    policy = SpecPolicy(costs)
+    _fed(policy, ["a", "b"], 0.95, steps=40)  # the drafter does well everywhere
+    assert policy.first_guess("ngram") > policy.probe_rate == policy.first_guess("other")
+    assert policy.choose(["new"], "ngram").k > policy.choose(["new"], "other").k
+    # A drafter that did badly does not keep new requests from trying: they start from the
+    # probe rate, draft, and stop once their own verifications say so.
+    policy = SpecPolicy(costs)
+    _fed(policy, ["a", "b"], 0.05, steps=40)
     assert policy.drafter_rate("ngram") < 0.1
-    assert policy.choose(["new"], "ngram").k < policy.choose(["new"], "other").k
+    assert policy.choose(["new"], "ngram").k > 0
+    for _ in range(3):
+        policy.observe("new", "ngram", 4, 0)
+    assert policy.choose(["new"], "ngram").k == 0
 
 
 def test_draft_cost_and_max_k():

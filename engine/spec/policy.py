@@ -16,9 +16,9 @@ turns itself off under load because the measured table says so.
 Acceptance is an exponential average per drafter and per request: drafted tokens checked and
 accepted, both decayed per update (by `decay` for a request, by `drafter_decay` for a drafter,
 which is updated once per request per step). A request's rate starts at its drafter's rate,
-worth `prior_weight` checked tokens that decay like a measurement. A request whose rate stays
-below `floor` stops drafting for `retry_after` steps, then starts again from its drafter's
-rate.
+worth `prior_weight` checked tokens that decay like a measurement, or from PROBE_RATE where
+that is higher (so every request tries). A request whose rate stays below `floor` stops
+drafting for `retry_after` steps, then starts again from that first guess.
 """
 
 from __future__ import annotations
@@ -29,6 +29,12 @@ from dataclasses import dataclass
 
 DEFAULT_FIRST_GUESS = 0.5
 """A drafter's acceptance before it has any measurement (replaced within a few steps)."""
+PROBE_RATE = 0.7
+"""The least rate a new request starts from, worth prior_weight checked tokens: it drafts
+where a step would pay at that rate until its own verifications say otherwise. Without it a
+drafter that did badly on earlier requests (free chat) would keep every later request from
+drafting (a document to quote), and its rate, fed only by drafting requests, would never
+change again. The price on a request that does not pay: its first verification or two."""
 
 
 def expected_tokens(a: float, k: int) -> float:
@@ -152,11 +158,13 @@ class SpecPolicy:
         floor: float = 0.1,
         min_updates: int = 4,
         retry_after: int = 64,
+        probe_rate: float = PROBE_RATE,
     ) -> None:
         """draft_costs: the drafter's own seconds by (batch, k) (None: free, as n-gram lookup).
         max_k: the largest k to choose (None: the largest measured). floor: a request below
         this rate after min_updates verifications stops drafting for retry_after steps (at
-        a = 0.1 drafts add at most a / (1 - a) = 0.11 tokens a step)."""
+        a = 0.1 drafts add at most a / (1 - a) = 0.11 tokens a step). probe_rate: the least
+        rate a new request starts from (see PROBE_RATE)."""
         if not (0 < decay < 1 and 0 < drafter_decay < 1):
             raise ValueError(f"decays must be in (0, 1), got {decay} and {drafter_decay}")
         if not 0 <= floor < 1:
@@ -172,6 +180,7 @@ class SpecPolicy:
         self.decay, self.drafter_decay = decay, drafter_decay
         self.prior_weight, self.floor = prior_weight, floor
         self.min_updates, self.retry_after = min_updates, retry_after
+        self.probe_rate = probe_rate
         self.step = 0
         self._drafters: dict[str, Acceptance] = {}
         self._requests: dict[str, _RequestState] = {}
@@ -213,7 +222,7 @@ class SpecPolicy:
             return Decision(0, [], 0.0, 0.0)
         drafting = [self.is_drafting(r) for r in request_ids]
         rates = [
-            self.request_rate(r) if r in self._requests else self.drafter_rate(drafter)
+            self.request_rate(r) if r in self._requests else self.first_guess(drafter)
             for r in request_ids
         ]
         best = None
@@ -237,8 +246,12 @@ class SpecPolicy:
             self._drafters[name] = first
         return self._drafters[name]
 
+    def first_guess(self, drafter: str) -> float:
+        """A new request's starting rate: its drafter's, or probe_rate where that is higher."""
+        return max(self.drafter_rate(drafter), self.probe_rate)
+
     def _fresh(self, drafter: str) -> Acceptance:
-        return Acceptance(self.decay, self.drafter_rate(drafter), self.prior_weight)
+        return Acceptance(self.decay, self.first_guess(drafter), self.prior_weight)
 
     def _request(self, request_id: str, drafter: str) -> _RequestState:
         if request_id not in self._requests:
