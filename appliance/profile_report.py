@@ -123,10 +123,19 @@ def print_tables(
             g(p.state_pool_bytes),
             f"{p.max_num_seqs} slots x {p.state_bytes_per_sequence:,} B (before the KV pool)",
         )
+    per_token = f"{p.kv_bytes_per_token:,} B"
+    if p.draft_weight_bytes:
+        mem.add_row("draft model weights", g(p.draft_weight_bytes), "speculative decoding, 16-bit")
+        mem.add_row(
+            "draft KV / token",
+            f"{p.draft_kv_bytes_per_token:,} B",
+            "the draft model's K/V, in the same blocks",
+        )
+        per_token = f"({p.kv_bytes_per_token:,} + {p.draft_kv_bytes_per_token:,}) B"
     mem.add_row(
         "KV pool",
         g(p.kv_pool_bytes),
-        f"{p.num_kv_blocks} blocks x {p.block_size} tokens x {p.kv_bytes_per_token:,} B",
+        f"{p.num_kv_blocks} blocks x {p.block_size} tokens x {per_token}",
     )
     mem.add_row(
         "concurrency",
