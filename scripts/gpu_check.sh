@@ -7,6 +7,10 @@
 #   scripts/gpu_check.sh tests-mem  # quantized load memory, planner vs measured       (~6 min)
 #   scripts/gpu_check.sh bench      # bench_gpu A-D + profile --measure, 24 GiB cap    (~6 min)
 #   scripts/gpu_check.sh quant      # bench_quant + bench_kv_int8                       (~5 min)
+#   scripts/gpu_check.sh models     # Gemma 3/4, Qwen3-MoE, gpt-oss, Qwen3.5, MoE + GDN kernels
+#   scripts/gpu_check.sh bench-models  # bench_gpu G3,GPTOSS,G4,G4MOE,Q35,Q35MOE rows
+#   scripts/gpu_check.sh hybrid     # bench_gdn (with fla where installed), bench_state_memory
+#   scripts/gpu_check.sh spec       # bench_spec_gpu: cost table, forced acceptance, 64 at once
 #
 # (All of `-m gpu` in one run took more than ten minutes on the H200, 2026-11-29.) The logs are
 # packed into $OUT/logs.tgz at the end.
@@ -69,8 +73,26 @@ quant)
     run_part bench_quant 330 "$PY" scripts/bench_quant.py --out "$OUT/quant"
     run_part bench_kv_int8 200 "$PY" scripts/bench_kv_int8.py --out "$OUT/bench_kv_int8.json"
     ;;
+models)
+    run_tests 100 tests/test_gemma3.py tests/test_gemma4.py tests/test_gemma4_moe_kernel.py \
+        tests/test_qwen3_moe.py tests/test_moe_kernel.py tests/test_moe_block_kernel.py \
+        tests/test_gpt_oss.py tests/test_qwen3_5.py tests/test_qwen3_5_moe.py \
+        tests/test_gdn_kernels.py
+    ;;
+bench-models)
+    run_part bench_gpu_models 560 "$PY" scripts/bench_gpu.py --out "$OUT/bench" \
+        --workloads G3,GPTOSS,G4,G4MOE,Q35,Q35MOE --time-budget 520
+    ;;
+hybrid)
+    run_part bench_gdn 300 "$PY" scripts/bench_gdn.py --out "$OUT/bench_gdn.json"
+    run_part bench_state_memory 240 "$PY" scripts/bench_state_memory.py \
+        --out "$OUT/bench_state_memory.json"
+    ;;
+spec)
+    run_part bench_spec_gpu 560 "$PY" scripts/bench_spec_gpu.py --out "$OUT/spec"
+    ;;
 *)
-    echo "usage: scripts/gpu_check.sh tests|tests-kv|tests-mem|bench|quant" >&2
+    echo "usage: scripts/gpu_check.sh tests|tests-kv|tests-mem|bench|quant|models|bench-models|hybrid|spec" >&2
     exit 2
     ;;
 esac

@@ -72,6 +72,10 @@ class CostTable:
         self._costs = by_k
         self.min_seconds = min(seconds.values())
 
+    def entries(self) -> dict[tuple[int, int], float]:
+        """The measured seconds by (batch, k), as given."""
+        return {(b, k): s for k, costs in self._costs.items() for b, s in costs.items()}
+
     @property
     def ks(self) -> list[int]:
         """The draft lengths measured, ascending (0 first)."""
