@@ -101,6 +101,13 @@ def kv_bytes_per_token(m: ModelConfig, kv_dtype: str) -> int:
     return m.kv_cache_bytes_per_token(kv_dtype)
 
 
+def token_bytes_in_block(m: ModelConfig, kv_dtype: str, draft: ModelConfig | None = None) -> int:
+    """What a token takes in a KV block: the model's K/V, and a draft model's beside them
+    (speculative decoding: the draft's K/V share the blocks, engine/spec/draft_model.py)."""
+    extra = 0 if draft is None else kv_bytes_per_token(draft, kv_dtype)
+    return kv_bytes_per_token(m, kv_dtype) + extra
+
+
 def state_bytes_per_sequence(m: ModelConfig, dtype_bytes: int) -> int:
     """One sequence's slot in the state pool: every LINEAR layer's float32 recurrent state and
     its conv state in the activation dtype (0 for a model without linear layers)."""

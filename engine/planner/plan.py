@@ -38,6 +38,7 @@ from engine.planner.formulas import (
     model_length_limit,
     size_text,
     state_bytes_per_sequence,
+    token_bytes_in_block,
     weight_bytes,
 )
 from engine.planner.request import Plan, PlanRequest
@@ -114,14 +115,6 @@ def _budget(d: _Draft) -> None:
     d.margin = max(MIN_SAFETY_BYTES, int(SAFETY_FRACTION * d.budget))
 
 
-def _kv_token(d: _Draft, kv_dtype: str) -> int:
-    """Bytes a token takes in a block: the target's K/V, and a draft model's beside them."""
-    draft = d.req.draft_model
-    return kv_bytes_per_token(d.m, kv_dtype) + (
-        0 if draft is None else kv_bytes_per_token(draft, kv_dtype)
-    )
-
-
 def _overheads(d: _Draft, fmt: str, rows: float) -> dict[str, int]:
     """The activation peak, allocator cache and graph pool, sized for `rows` sequences."""
     act = activation_bytes(d.m, d.tokens, rows, d.dtype_bytes, fmt)
@@ -152,7 +145,8 @@ def _sized_rooms(d: _Draft, options: list, weights: dict) -> tuple[dict, dict, d
         capped = d.budget - fixed - weights[fmt] - sum(_overheads(d, fmt, d.seqs_cap).values())
         rows[kv, fmt] = float(d.seqs_cap)
         if d.req.max_num_seqs is None:
-            request = -(-typical // d.bs) * d.bs * _kv_token(d, kv) + d.state_seq
+            per_token = token_bytes_in_block(d.m, kv, d.req.draft_model)
+            request = -(-typical // d.bs) * d.bs * per_token + d.state_seq
             rows[kv, fmt] = min(float(d.seqs_cap), max(1.0, capped / request))
         used = sum(_overheads(d, fmt, rows[kv, fmt]).values())
         slots[kv, fmt] = ceil(rows[kv, fmt])
@@ -180,7 +174,8 @@ def _weights_and_kv_dtype(d: _Draft) -> None:
     rows, slots, room = _sized_rooms(d, options, weights)
     # the target's KV, and the state of the target's sequences beyond the slots reserved
     unreserved = {o: max(0, req.target_num_seqs - slots[o]) * d.state_seq for o in options}
-    need = {o: target_tokens * _kv_token(d, o[0]) + unreserved[o] for o in options}
+    per_token = {o: token_bytes_in_block(m, o[0], req.draft_model) for o in options}
+    need = {o: target_tokens * per_token[o] + unreserved[o] for o in options}
     fit = [o for o in options if room[o] >= need[o]]
     d.kv_dtype, d.fmt = chosen = fit[0] if fit else options[-1]
     d.weights, d.room, d.rows = weights[d.fmt] - d.draft_weights, room[chosen], rows[chosen]
@@ -224,7 +219,7 @@ def _kv_blocks(d: _Draft) -> None:
     """Stage 4: every block the pool holds, unless pinned; the CPU class's cap."""
     req, dev, bs = d.req, d.dev, d.bs
     d.kv_tok = kv_bytes_per_token(d.m, d.kv_dtype)
-    d.draft_kv_tok = _kv_token(d, d.kv_dtype) - d.kv_tok
+    d.draft_kv_tok = token_bytes_in_block(d.m, d.kv_dtype, req.draft_model) - d.kv_tok
     d.block_bytes = bs * (d.kv_tok + d.draft_kv_tok)
     pool_blocks = max(0, d.room) // d.block_bytes
     d.left = size_text(d.room)
