@@ -172,3 +172,12 @@ def test_acceptance_counts_checked_drafts():
     assert fresh.rate < 1e-5  # the prior decays away
     with pytest.raises(ValueError, match="decays"):
         SpecPolicy(table(), decay=1.0)
+
+
+def test_the_policy_table_script_reports_the_choices():
+    from scripts.spec_policy_table import decisions
+
+    rows = decisions(table(), [0.3, 0.9], [1, 64])
+    by = {(a, b): (k, gain) for a, b, k, gain in rows}
+    assert by[0.9, 1][0] > 0 and by[0.9, 1][1] > 1.5  # batch 1 reads the weights either way
+    assert by[0.3, 64] == (0, 1.0) and by[0.9, 64][0] == 0  # compute-bound: never drafts
