@@ -7,12 +7,12 @@ from __future__ import annotations
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM, LlamaConfig
+from transformers import AutoModelForCausalLM
 
 from engine import LLM, SamplingParams
 from engine.config import EngineConfig
 from engine.models.config import ModelConfig
-from tests.support.tiny_models import VOCAB, byte_tokenizer, make_tiny_model
+from tests.support.tiny_models import VOCAB, byte_tokenizer, make_tiny_model, tiny_config
 
 NEW_TOKENS = 40
 GREEDY = SamplingParams(max_tokens=NEW_TOKENS, temperature=0.0, ignore_eos=True)
@@ -38,23 +38,27 @@ def near_draft(tiny_llama, tmp_path_factory):
     return folder
 
 
+def _smaller(config):
+    """One layer, 2 heads of 16, one KV head: another shape than the tiny target's."""
+    config.update(
+        dict(
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            num_key_value_heads=1,
+            head_dim=16,
+            tie_word_embeddings=True,
+        )
+    )
+    return config
+
+
 @pytest.fixture(scope="module")
 def small_draft(tmp_path_factory):
     """A smaller model of another shape (one layer, 2 heads of 16, one KV head), same vocab."""
     folder = tmp_path_factory.mktemp("draft-small")
-    config = LlamaConfig(
-        vocab_size=VOCAB,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        max_position_embeddings=1024,
-        eos_token_id=256,
-        bos_token_id=257,
-        pad_token_id=258,
-        tie_word_embeddings=True,
-    )
+    config = _smaller(tiny_config("llama"))
     return make_tiny_model(config, folder, seed=4)
 
 
@@ -215,14 +219,8 @@ def test_the_plan_counts_the_draft_models_weights_and_kv(tiny_llama, small_draft
 
 def test_a_draft_model_that_cannot_serve_the_target_is_refused(tiny_llama, tmp_path):
     other_vocab = tmp_path / "other-vocab"
-    config = LlamaConfig(
-        vocab_size=VOCAB + 16,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-    )
+    config = _smaller(tiny_config("llama"))
+    config.vocab_size = VOCAB + 16
     make_tiny_model(config, other_vocab)
     with pytest.raises(ValueError, match="share the target's tokenizer"):
         _draft(tiny_llama, other_vocab)
