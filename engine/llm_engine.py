@@ -233,20 +233,6 @@ class LLMEngine:
             )
         return self.grammars
 
-    def _admit_compiled(self) -> list[Request]:
-        """Queue the requests whose grammar is ready; one whose compile failed ends here."""
-        failed = []
-        for req, result in self.grammars.ready():
-            if isinstance(result, Exception):
-                req.stop_reason = f"grammar error: {result}"
-                req.finish(RequestStatus.FINISHED_ABORTED)
-                failed.append(req)
-            else:
-                req.grammar = result
-                req.record("grammar_compiled", ms=round(result.compile_s * 1e3, 3))
-                self.scheduler.add(req)
-        return failed
-
     def validate(self, token_ids: list[int], params: SamplingParams) -> None:
         if not token_ids:
             raise ValueError("the prompt is empty: send at least one token")
@@ -295,7 +281,7 @@ class LLMEngine:
         if self.grammars:
             if not (touched or self.scheduler.num_unfinished or self._pending or self._next):
                 self.grammars.wait(COMPILE_WAIT_S)  # only compiles to wait for: no busy loop
-            touched += self._admit_compiled()
+            touched += self.grammars.admit_ready(self.scheduler)
         if self.spec is not None and self._next is None:
             chosen = self.spec.choose(self.scheduler.running)
             if chosen and self._pending is not None:

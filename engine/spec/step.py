@@ -3,9 +3,10 @@ and the tokens, KV counts and blocks after it.
 
 A step with drafts runs without the overlap of steps (its drafts need the last step's tokens on
 the host: when the policy chooses to draft, the engine first reads back an overlapped step in
-flight; a step where nobody drafts stays overlapped): propose (each running decode gets up to k drafted tokens in
-`Request.spec_tokens`), schedule (the scheduler trims them to the token budget and the free KV
-blocks), one forward over each decode's last token and its drafts (the paged attention's
+flight; a step where nobody drafts stays overlapped): propose (each running decode gets up to
+k drafted tokens in `Request.spec_tokens`; a draft model drafts after scheduling, into
+positions reserved before it), schedule (the scheduler trims them to the token budget and the
+free KV blocks), one forward over each decode's last token and its drafts (the paged attention's
 prefill path: several query tokens over the sequence's cache) with the logits of every one of
 those positions, verify (engine/spec/verify.py), then `apply`: each request appends the
 accepted drafts and the target's token one at a time (so EOS, stop ids and max_tokens end it

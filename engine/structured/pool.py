@@ -8,6 +8,7 @@ from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 
 import torch
 
+from engine.request import RequestStatus
 from engine.structured.backend import GrammarBackend
 from engine.structured.bitmask import BitmaskBuffers, allow
 from engine.structured.state import GrammarState
@@ -60,6 +61,21 @@ class GrammarPool:
             error = fut.exception()
             out.append((req, error if error is not None else fut.result()))
         return out
+
+    def admit_ready(self, scheduler) -> list:
+        """Queue on `scheduler` the requests whose grammar is ready; one whose compile failed
+        ends here (aborted, the error as its stop reason). Returns those that failed."""
+        failed = []
+        for req, result in self.ready():
+            if isinstance(result, Exception):
+                req.stop_reason = f"grammar error: {result}"
+                req.finish(RequestStatus.FINISHED_ABORTED)
+                failed.append(req)
+            else:
+                req.grammar = result
+                req.record("grammar_compiled", ms=round(result.compile_s * 1e3, 3))
+                scheduler.add(req)
+        return failed
 
     def wait(self, timeout_s: float) -> None:
         """Block until a compile ends or `timeout_s` passes (the step loop, with nothing else to
