@@ -181,3 +181,19 @@ def test_the_policy_table_script_reports_the_choices():
     by = {(a, b): (k, gain) for a, b, k, gain in rows}
     assert by[0.9, 1][0] > 0 and by[0.9, 1][1] > 1.5  # batch 1 reads the weights either way
     assert by[0.3, 64] == (0, 1.0) and by[0.9, 64][0] == 0  # compute-bound: never drafts
+
+
+def test_a_batch_where_no_k_could_pay_is_answered_without_reading_the_requests(monkeypatch):
+    # compute-bound: k + 1 tokens a sequence cost k + 1 times one; at best drafting breaks even
+    policy = SpecPolicy(table(lambda b, k: 1e-3 * b * (k + 1)))
+    _fed(policy, ["a"], 0.95)
+    ids = [f"r{i}" for i in range(64)]
+    full = policy.choose(ids, "ngram")
+    monkeypatch.setattr(policy, "is_drafting", lambda r: pytest.fail("read a request"))
+    short = policy.choose(ids, "ngram")
+    assert full.k == short.k == 0 and short.per_request == [0] * 64
+    assert short.tokens_per_s == short.tokens_per_s_off == full.tokens_per_s_off
+    policy = SpecPolicy(table())
+    monkeypatch.setattr(policy, "is_drafting", lambda r: pytest.fail("read a request"))
+    with pytest.raises(pytest.fail.Exception):  # where a k may pay, it reads the requests
+        policy.choose(["a"], "ngram")

@@ -224,6 +224,12 @@ class SpecPolicy:
         batch = len(request_ids) + others
         if not request_ids:
             return Decision(0, [], 0.0, 0.0)
+        off = batch / self.costs.cost(batch, 0)
+        # Where no k would pay even with every draft accepted (a compute-bound batch), k = 0
+        # without a pass over the requests: the step loop asks every step.
+        best_case = (others + len(request_ids) * (k + 1) for k in self.ks)
+        if not any(k and t / self._seconds(batch, k) > off for k, t in zip(self.ks, best_case)):
+            return Decision(0, [0] * len(request_ids), off, off)
         drafting = [self.is_drafting(r) for r in request_ids]
         rates = [
             self.request_rate(r) if r in self._requests else self.first_guess(drafter)
@@ -234,15 +240,18 @@ class SpecPolicy:
             tokens = others + sum(
                 expected_tokens(a, k) if on else 1.0 for a, on in zip(rates, drafting)
             )
-            seconds = self.costs.cost(batch, k)
-            if k and self.draft_costs is not None:
-                seconds += self.draft_costs.cost(batch, k)
-            rate = tokens / seconds
+            rate = tokens / self._seconds(batch, k)
             if best is None or rate > best[1]:  # ties keep the smaller k
                 best = (k, rate)
         k, rate = best
-        off = batch / self.costs.cost(batch, 0)
         return Decision(k, [k if on else 0 for on in drafting], rate, off)
+
+    def _seconds(self, batch: int, k: int) -> float:
+        """A step's cost at k: the verify step's, plus the drafter's own where it has one."""
+        seconds = self.costs.cost(batch, k)
+        if k and self.draft_costs is not None:
+            seconds += self.draft_costs.cost(batch, k)
+        return seconds
 
     def _drafter(self, name: str) -> Acceptance:
         if name not in self._drafters:
