@@ -63,9 +63,14 @@ class LLMEngine:
             self.folder = resolve_model_folder(model)
             self.model_name = Path(model).stem if model is not None else "SmolLM2-135M-Instruct"
             self.model_config = ModelConfig.from_folder(self.folder)
+            draft = draft_model_config(pins, self.model_config)  # read once, here
         with timer.phase("plan"):
             self.plan, self.config = plan_engine(
-                pins, self.model_config, self.device.type, device_info
+                pins,
+                self.model_config,
+                self.device.type,
+                device_info,
+                draft_model=None if draft is None else draft[1],
             )
             self.config = prefix_caching_for(self.model_config, self.config)
         with timer.phase("tokenizer"):
@@ -84,13 +89,7 @@ class LLMEngine:
         self.kv_dtype = TORCH_DTYPES[self.config.kv_cache_dtype]
         with timer.phase("load"):
             self.runner = ModelRunner(
-                self.folder,
-                self.model_config,
-                self.config,
-                self.device,
-                self.dtype,
-                timer,
-                draft_model_config(self.config, self.model_config),
+                self.folder, self.model_config, self.config, self.device, self.dtype, timer, draft
             )
         self._rng = random.Random(self.config.seed)
         self._requests: dict[str, Request] = {}

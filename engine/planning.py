@@ -51,15 +51,16 @@ def plan_engine(
     return the plan with the complete config. A bitsandbytes-quantized checkpoint pins its own
     format. device_kind: "cuda" or "cpu"; device_info: the Device to plan for (default: read
     here, as `appliance serve` and `appliance profile` read it); targets: PlanRequest targets
-    (target_num_seqs, ...). A draft model (speculative="draft:PATH") is counted: its weights,
+    (target_num_seqs, ..., draft_model: the draft's ModelConfig where the caller read it
+    already). A draft model (speculative="draft:PATH") is counted: its weights,
     and its K/V in every block. Raises PlanError (a ValueError naming the one setting to change)
     when the pins cannot fit."""
     quant = resolve_weight_quant(pins, model)  # bad quantization settings fail before planning
     if quant is not None and quant.prequantized:
         pins = replace(pins, quantization=quant.kind)
-    draft = draft_model_config(pins, model)  # speculative="draft:PATH": counted in the plan
-    if draft is not None:
-        targets.setdefault("draft_model", draft[1])
+    if "draft_model" not in targets:  # speculative="draft:PATH": counted in the plan
+        draft = draft_model_config(pins, model)
+        targets["draft_model"] = None if draft is None else draft[1]
     info = device_info or read_device(device_kind)
     result = plan(model, info, PlanRequest.from_config(pins, **targets))
     return result, replace(pins, **result.engine_kwargs())
