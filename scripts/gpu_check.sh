@@ -8,6 +8,7 @@
 #   scripts/gpu_check.sh bench      # bench_gpu A-D + profile --measure, 24 GiB cap    (~6 min)
 #   scripts/gpu_check.sh quant      # bench_quant + bench_kv_int8                       (~5 min)
 #   scripts/gpu_check.sh models     # Gemma 3/4, Qwen3-MoE, gpt-oss, Qwen3.5, MoE + GDN kernels
+#   scripts/gpu_check.sh moe        # MoE kernel tests, bench_moe, decode-step kernel profiles
 #   scripts/gpu_check.sh bench-models  # bench_gpu G3,GPTOSS,G4,G4MOE,Q35,Q35MOE rows
 #   scripts/gpu_check.sh hybrid     # bench_gdn (with fla where installed), bench_state_memory
 #   scripts/gpu_check.sh spec       # bench_spec_gpu: cost table, forced acceptance, 64 at once
@@ -79,6 +80,15 @@ models)
         tests/test_gpt_oss.py tests/test_qwen3_5.py tests/test_qwen3_5_moe.py \
         tests/test_gdn_kernels.py
     ;;
+moe)
+    run_tests 150 tests/test_moe_kernel.py tests/test_moe_route.py tests/test_moe_block_kernel.py
+    run_part bench_moe 150 "$PY" scripts/bench_moe.py --tokens 1,2,4,8 --weights bf16,int8,int4 \
+        --out "$OUT/bench_moe.json"
+    for preset in qwen3-30b-a3b gpt-oss-20b gemma-4-26b-a4b; do
+        run_part "profile_$preset" 120 "$PY" scripts/profile_step.py --preset "$preset" \
+            --kernels 30 --steps 20
+    done
+    ;;
 bench-models)
     run_part bench_gpu_models 560 "$PY" scripts/bench_gpu.py --out "$OUT/bench" \
         --workloads G3,GPTOSS,G4,G4MOE,Q35,Q35MOE --time-budget 520
@@ -92,7 +102,7 @@ spec)
     run_part bench_spec_gpu 560 "$PY" scripts/bench_spec_gpu.py --out "$OUT/spec"
     ;;
 *)
-    echo "usage: scripts/gpu_check.sh tests|tests-kv|tests-mem|bench|quant|models|bench-models|hybrid|spec" >&2
+    echo "usage: scripts/gpu_check.sh tests|tests-kv|tests-mem|bench|quant|models|moe|bench-models|hybrid|spec" >&2
     exit 2
     ;;
 esac
