@@ -317,3 +317,15 @@ def test_gpu_greedy_agrees_past_the_window(tiny_gemma3, eager):
     outs = llm.generate(_prompts(), PARAMS)
     assert max(o.metrics.num_prefill_chunks for o in outs) > 1
     assert_greedy_agrees(_reference(folder).cuda(), _prompts(), outs)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("eager", [True, False], ids=["eager", "graphs"])
+def test_gpu_agrees_under_preemption_and_chunks_across_the_window_edge(tiny_gemma3, eager):
+    """The CPU test's pool and steps on the GPU (Triton attention with the window, fp32): prompts
+    past the window, preemption, chunks across the window edge."""
+    folder, hf = tiny_gemma3
+    generate_under_pressure(
+        folder, hf, _prompts(), PARAMS, num_kv_blocks=10, step_tokens=12,
+        max_model_len=128, device="cuda", enforce_eager=eager,
+    )  # fmt: skip

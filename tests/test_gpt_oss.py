@@ -254,3 +254,16 @@ def test_gpt_oss_20b_builds_the_checkpoint_shapes():
     q, kv, h = 64 * 64, 8 * 64, 2880
     biases = 24 * ((q + 2 * kv + h) + 32 * (2 * 2880 + h) + 32)  # attention, experts, router
     assert sum(p.numel() for p in model.parameters()) == cfg.param_counts().total + biases
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("eager", [True, False], ids=["eager", "graphs"])
+def test_gpu_agrees_under_preemption_and_chunks_across_the_window_edge(tiny, eager):
+    """The CPU test's pool and steps on the GPU (Triton attention with sinks and the window, the
+    MoE kernels with biases and the clamped SwiGLU, fp32): prompts past the window, preemption,
+    chunks across the window edge."""
+    folder, hf = tiny
+    generate_under_pressure(
+        folder, hf, _prompts(), GREEDY, num_kv_blocks=7, step_tokens=12,
+        max_model_len=96, device="cuda", enforce_eager=eager,
+    )  # fmt: skip

@@ -289,3 +289,15 @@ def test_a_qwen3moe_gguf_converts_and_agrees(tmp_path):
     prompts = [torch.randint(0, 95, (n,), generator=g).tolist() for n in (9, 30)]
     outs = LLM(str(folder), device="cpu", max_model_len=128).generate(prompts, GREEDY)
     assert_greedy_agrees(reference, prompts, outs)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("eager", [True, False], ids=["eager", "graphs"])
+def test_gpu_agrees_under_preemption_and_chunks_across_the_window_edge(tiny, eager):
+    """The CPU test's pool and steps on the GPU (the Triton MoE kernels, fp32): preemption and
+    chunked prefill."""
+    folder, hf = tiny
+    generate_under_pressure(
+        folder, hf, _prompts(), GREEDY, num_kv_blocks=8, step_tokens=24,
+        max_model_len=112, device="cuda", enforce_eager=eager,
+    )  # fmt: skip

@@ -67,23 +67,32 @@ def generate_under_pressure(
     step_tokens: int,
     max_model_len: int,
     logprob_atol: float | None = 1e-4,
+    device: str = "cpu",
+    enforce_eager: bool = False,
 ) -> list[RequestOutput]:
-    """Generate `prompts` on the CPU with a pool of num_kv_blocks blocks and steps of
+    """Generate `prompts` on `device` (fp32) with a pool of num_kv_blocks blocks and steps of
     step_tokens tokens, all prompts admitted at once. Checks that the outputs agree with
-    `reference` (assert_greedy_agrees), that the pool was too small (a request was preempted),
-    that a prompt was prefilled in several chunks, and that every block is free afterwards.
-    Returns the outputs for a test's own checks."""
+    `reference` (assert_greedy_agrees; on another device than the CPU a copy of it runs
+    there), that the pool was too small (a request was preempted), that a prompt was
+    prefilled in several chunks, and that every block is free afterwards. Returns the outputs
+    for a test's own checks."""
+    import copy
+
     from engine import LLM
 
     llm = LLM(
         str(folder),
-        device="cpu",
+        device=device,
+        dtype="float32",
+        enforce_eager=enforce_eager,
         num_kv_blocks=num_kv_blocks,
         max_num_batched_tokens=step_tokens,
         max_model_len=max_model_len,
         max_num_seqs=len(prompts),
     )
     outs = llm.generate(prompts, params)
+    if device != "cpu":
+        reference = copy.deepcopy(reference).to(device)
     assert_greedy_agrees(reference, prompts, outs, logprob_atol=logprob_atol)
     assert sum(o.metrics.num_preemptions for o in outs) > 0
     assert max(o.metrics.num_prefill_chunks for o in outs) > 1
