@@ -9,6 +9,7 @@
 #   scripts/gpu_check.sh quant      # bench_quant + bench_kv_int8                       (~5 min)
 #   scripts/gpu_check.sh models     # Gemma 3/4, Qwen3-MoE, gpt-oss, Qwen3.5, MoE + GDN kernels
 #   scripts/gpu_check.sh moe        # MoE kernel tests, bench_moe, decode-step kernel profiles
+#   scripts/gpu_check.sh serve-moe  # serve gpt-oss-20b, qwen3-30b-a3b: 64 streams, compiles, plan
 #   scripts/gpu_check.sh bench-models  # bench_gpu G3,GPTOSS,G4,G4MOE,Q35,Q35MOE rows
 #   scripts/gpu_check.sh hybrid     # bench_gdn (with fla where installed), bench_state_memory
 #   scripts/gpu_check.sh spec       # bench_spec_gpu: cost table, forced acceptance, 64 at once
@@ -51,6 +52,35 @@ run_tests() {  # limit, test files...
     done
 }
 
+serve_check() {  # preset: serve it with random weights, 64 streams, then /v1/stats
+    local model=$1 port=8011 start=$SECONDS
+    "$PY" -m appliance serve --model "$model" --load-format random --port $port \
+        > "$OUT/serve_$model.txt" 2>&1 &
+    local pid=$!
+    "$PY" - "$port" <<'PY'
+import sys, time, urllib.request
+for _ in range(300):
+    try:
+        urllib.request.urlopen(f"http://127.0.0.1:{sys.argv[1]}/health", timeout=2)
+        break
+    except Exception:
+        time.sleep(1)
+PY
+    run_part "bench_64_$model" 200 "$PY" -m appliance bench --url "http://127.0.0.1:$port" \
+        --concurrency 64 --num-requests 192 --input-len uniform:100-1000 --output-len 128 \
+        --out "/tmp/bench_64_$model" --no-progress
+    "$PY" - "$port" "$OUT/stats_$model.json" <<'PY'
+import json, sys, urllib.request
+stats = json.load(urllib.request.urlopen(f"http://127.0.0.1:{sys.argv[1]}/v1/stats", timeout=10))
+json.dump(stats, open(sys.argv[2], "w"), indent=1)
+print("compiles_after_warmup:", (stats.get("engine") or {}).get("compiles_after_warmup"))
+PY
+    kill "$pid"
+    wait "$pid"
+    summary+=("$(printf '%-28s %4ss  %s' "serve_$model" $((SECONDS - start)) \
+        "$(grep -c ' 200 ' "$OUT/serve_$model.txt") lines with 200 in the log")")
+}
+
 case "$PART" in
 tests)
     run_tests 150 tests/test_gpu_engine.py tests/test_kernels.py tests/test_fused_kernels.py \
@@ -89,9 +119,15 @@ moe)
             --kernels 30 --steps 20
     done
     ;;
+serve-moe)
+    for model in gpt-oss-20b qwen3-30b-a3b; do
+        serve_check "$model"
+        run_part "profile_measure_$model" 100 "$PY" -m appliance profile --model "$model" --measure
+    done
+    ;;
 bench-models)
     run_part bench_gpu_models 560 "$PY" scripts/bench_gpu.py --out "$OUT/bench" \
-        --workloads G3,GPTOSS,G4,G4MOE,Q35,Q35MOE --time-budget 520
+        --workloads Q3MOE,GPTOSS,G4MOE,G3,G4,Q35,Q35MOE --time-budget 520
     ;;
 hybrid)
     run_part bench_gdn 300 "$PY" scripts/bench_gdn.py --out "$OUT/bench_gdn.json"
