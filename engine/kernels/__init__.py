@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import functools
-import os
+
+from engine.env import env_flag
 
 
 @functools.cache
@@ -19,7 +20,7 @@ def _triton_imports() -> bool:
 def interpreting() -> bool:
     """TRITON_INTERPRET is set: kernels run in Triton's CPU interpreter (no inline PTX, no
     grid dependency control)."""
-    return os.environ.get("TRITON_INTERPRET", "").lower() in ("1", "true", "on", "yes")
+    return env_flag("TRITON_INTERPRET", default=False)
 
 
 def triton_available() -> bool:
