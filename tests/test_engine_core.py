@@ -15,6 +15,7 @@ from engine.core.process import start_core
 from engine.core.stream import EngineDeadError
 from engine.sampling_params import SamplingParams
 from tests.support.fake_engine import CRASH_MARK, STALL_MARK, FakeEngine
+from tests.support.waiting import wait_until
 
 
 @pytest.fixture
@@ -40,13 +41,6 @@ def greedy(n: int, **kw) -> SamplingParams:
 
 async def collect(c: CoreClient, rid: str, prompt, params):
     return [out async for out in c.generate(rid, prompt, params)]
-
-
-async def wait_until(predicate, timeout_s: float = 5.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        assert time.monotonic() < deadline, "timed out"
-        await asyncio.sleep(0.01)
 
 
 async def test_streams_cumulative_outputs_to_the_end(core, client):
