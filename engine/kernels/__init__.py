@@ -1,4 +1,8 @@
-"""Attention kernels: pure-PyTorch references (torch_ref) and Triton kernels for CUDA."""
+"""Every Triton kernel of the engine: paged attention (prefill, decode, the layer variants, the
+KV-cache write), GEMV and weight-only quantized GEMV/GEMM and dequantization, fused MoE, Gated
+DeltaNet (the delta rule, conv1d), RoPE, RMSNorm and SiLU-and-mul; the pure-PyTorch references
+they are tested against, which are also the CPU path (torch_ref, moe_ref, gdn_ref); and here,
+whether Triton can run at all. Leaves: they import torch, triton, each other and engine.env."""
 
 from __future__ import annotations
 

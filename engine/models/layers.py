@@ -1,5 +1,5 @@
-"""Building blocks of the Llama family: RMSNorm, SiLU-and-mul, attention (RoPE is
-engine/models/rope.py).
+"""Building blocks the models share: Linear (the batch-1 Triton GEMV on CUDA, oneDNN on the
+CPU), RMSNorm, SiLU-and-mul and paged attention (RoPE is engine/models/rope.py).
 
 Attention writes the new K/V into the paged cache, then reads the cache through the
 attention backend the model runner bound (pure PyTorch on CPU, Triton on CUDA).
