@@ -37,11 +37,6 @@ class KeyLimits:
     """The key's weight in the fair share between keys of its class: a key of weight 2 gets
     twice the tokens of a key of weight 1 when both wait."""
 
-    @property
-    def is_rate_limited(self) -> bool:
-        """Whether responses carry x-ratelimit-* headers (an RPM or TPM limit is set)."""
-        return self.rpm is not None or self.tpm is not None
-
 
 LIMIT_NAMES = tuple(f.name for f in fields(KeyLimits))
 

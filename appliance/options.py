@@ -4,12 +4,13 @@ argparse flags (--name-with-dashes), values read from APPLIANCE_<NAME> environme
 and the check of a value against the field's type.
 
 pydantic converts and checks the values against the type hints, so there is no hand-written
-coercion: lax for text (an environment variable or a flag's argument: "8" -> 8, "yes"/"on"/"1"
--> True, "a,b" -> ["a", "b"] for a list), strict for values that arrive typed (TOML, Python
-callers: "8" is refused where an int is wanted, an int is taken for a float). The settings
-themselves stay plain dataclasses, so `dataclasses.replace`, `fields()` and `__post_init__`
-work as they do everywhere else in the code. Attribute docstrings are read with ast because
-pydantic reads them only from its own models, and EngineConfig is a plain dataclass.
+coercion: lax for text (an environment variable or a flag's argument: "8" -> 8, "a,b" -> ["a",
+"b"] for a list; a boolean variable is read by engine.env, as every switch is: "yes"/"on"/"1"
+-> True), strict for values that arrive typed (TOML, Python callers: "8" is refused where an
+int is wanted, an int is taken for a float). The settings themselves stay plain dataclasses, so
+`dataclasses.replace`, `fields()` and `__post_init__` work as they do everywhere else in the
+code. Attribute docstrings are read with ast because pydantic reads them only from its own
+models, and EngineConfig is a plain dataclass.
 """
 
 from __future__ import annotations
@@ -26,6 +27,8 @@ from functools import cached_property
 from typing import Any, Literal
 
 from pydantic import TypeAdapter, ValidationError
+
+from engine.env import parse_flag
 
 ENV_PREFIX = "APPLIANCE_"
 
@@ -101,6 +104,11 @@ class Option:
     def parse(self, text: str, where: str) -> Any:
         """The value `text` stands for (an environment variable: a list is comma-separated).
         Raises SettingsError naming `where` and what is allowed."""
+        if self.item is bool and not self.is_list:
+            try:
+                return parse_flag(text, where)  # the words every boolean variable takes
+            except ValueError as e:
+                raise SettingsError(str(e)) from None
         value = [p.strip() for p in text.split(",") if p.strip()] if self.is_list else text
         try:
             return self._adapter.validate_python(value)
@@ -109,8 +117,7 @@ class Option:
                 raise SettingsError(
                     f"{where}={text!r}: {self.name} must be {self.expected}"
                 ) from None
-            words = " (1/0, true/false, yes/no, on/off)" if self.item is bool else ""
-            raise SettingsError(f"{where}={text!r} is not a valid {self.expected}{words}") from None
+            raise SettingsError(f"{where}={text!r} is not a valid {self.expected}") from None
 
     def _flag_value(self, text: str) -> Any:
         """A flag's argument (one item of a repeated flag) as a value."""

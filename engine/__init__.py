@@ -1,4 +1,6 @@
-"""Inference engine: paged KV cache, continuous batching, our own Llama-family model.
+"""Inference engine: paged KV cache, continuous batching, speculative decoding and structured
+outputs, over its own implementations of the models it runs (engine/models/registry.py: the
+Llama family, Gemma 3 and 4, Qwen3-MoE, gpt-oss, Qwen3.5 and Qwen3.5-MoE).
 
 Offline use: `from engine import LLM, SamplingParams`. The names load on first use, so light
 submodules (engine.models.config, engine.sampling_params) import without torch's start-up.

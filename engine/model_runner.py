@@ -235,10 +235,6 @@ class ModelRunner:
         return report
 
     # --- execution ---------------------------------------------------------------------------
-    def launch(self, batch: ScheduledBatch, prev: PendingStep | None = None) -> PendingStep:
-        """Queue one batch on the device without waiting for it (forward, then sampling)."""
-        return self.sample(self.forward(batch, prev))
-
     @torch.inference_mode()
     def forward(self, batch: ScheduledBatch, prev: PendingStep | None = None) -> Forward:
         """Queue the batch's forward and logits. Decodes whose input token is still pending

@@ -112,12 +112,6 @@ class StatePool:
     def nbytes(self) -> int:
         return self.conv.nbytes + self.recurrent.nbytes
 
-    @property
-    def bytes_per_slot(self) -> int:
-        """One sequence's state over every LINEAR layer (ModelConfig.state_bytes_per_sequence
-        with these dtypes)."""
-        return self.nbytes // self.num_slots if self.num_slots else 0
-
     @staticmethod
     def unbind(layers: list) -> None:
         """Drop every layer's reference to the pool's views."""

@@ -20,7 +20,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine import timing
-from engine.models.layers import Linear, PagedAttention, fused_kernels_enabled, gemv_enabled
+from engine.kernels import triton_available
+from engine.models.layers import Linear, PagedAttention, fused_kernels_enabled
 from engine.models.rope import RotaryEmbedding
 from engine.quant.tuning import QuantChoices, choose_quant_linears
 
@@ -65,7 +66,7 @@ def choose_batch1_linears(model: nn.Module, choices: KernelChoices, fused: bool 
     weights (and, with `fused`, the gate-and-up projections' fused SiLU form), so decode
     graphs capture the faster; each Linear gets its configs (CUDA only; before capture)."""
     named = [(n, m) for n, m in model.named_modules() if isinstance(m, Linear)]
-    if not named or not named[0][1].weight.is_cuda or not gemv_enabled():
+    if not named or not named[0][1].weight.is_cuda or not triton_available():
         return
     pairs = {n: (m.weight, m.bias) for n, m in named}
     fused = fused and fused_kernels_enabled()

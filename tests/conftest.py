@@ -1,5 +1,6 @@
 """Shared fixtures: tiny random-weight models of each supported architecture, saved with
-transformers' save_pretrained together with a small byte-level tokenizer.
+transformers' save_pretrained together with a small byte-level tokenizer; the Triton a kernel
+compile check runs under (`each_triton`: the venv's, and the H200's, installed on first use).
 
 GPU tests carry one mark, `@pytest.mark.gpu` (or `pytestmark = pytest.mark.gpu`): without a
 CUDA GPU they are skipped here, and `pytest -m gpu` selects every one of them on a GPU machine.
@@ -11,6 +12,7 @@ import pytest
 import torch
 
 from tests.support.tiny_models import ARCHS, make_tiny_model
+from tests.support.triton_versions import install_h200_triton
 
 
 def pytest_collection_modifyitems(config, items):
@@ -35,3 +37,16 @@ def tiny_llama(tmp_path_factory):
     folder = tmp_path_factory.mktemp("tiny-llama-single")
     make_tiny_model("llama", folder)
     return folder
+
+
+@pytest.fixture(scope="session")
+def h200_triton():
+    """The H200's Triton, installed once per clone on first use (tests/support/triton_versions.py);
+    a session without a reachable registry skips the tests that ask for it."""
+    return install_h200_triton()
+
+
+@pytest.fixture
+def triton_dir(request):
+    """Set by `each_triton`: None for the venv's Triton, else the H200's folder."""
+    return None if request.param == "venv" else request.getfixturevalue("h200_triton")

@@ -7,14 +7,15 @@ from __future__ import annotations
 import asyncio
 import time
 
-import psutil
 import pytest
 
 from engine.core.client import CoreClient
+from engine.core.loop import IDLE_POLL_MS
 from engine.core.process import start_core
 from engine.core.stream import EngineDeadError
 from engine.sampling_params import SamplingParams
 from tests.support.fake_engine import CRASH_MARK, STALL_MARK, FakeEngine
+from tests.support.waiting import wait_until
 
 
 @pytest.fixture
@@ -40,13 +41,6 @@ def greedy(n: int, **kw) -> SamplingParams:
 
 async def collect(c: CoreClient, rid: str, prompt, params):
     return [out async for out in c.generate(rid, prompt, params)]
-
-
-async def wait_until(predicate, timeout_s: float = 5.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        assert time.monotonic() < deadline, "timed out"
-        await asyncio.sleep(0.01)
 
 
 async def test_streams_cumulative_outputs_to_the_end(core, client):
@@ -99,7 +93,7 @@ async def test_abort_frees_kv_blocks_in_the_core(client):
             pass
 
     task = asyncio.create_task(consume())
-    await asyncio.sleep(0.05)
+    await wait_until(lambda: client.stats()["num_unfinished"] == 2)  # s2 is in the core
     task.cancel()
     client.abort("stall")
     with pytest.raises(asyncio.CancelledError):
@@ -127,12 +121,41 @@ async def test_two_front_ends_share_one_core_and_a_departed_one_frees_its_blocks
     await wait_until(lambda: client.stats()["kv_blocks_used"] == 0)
 
 
-async def test_idle_core_sleeps(core, client):
-    await collect(client, "x", "w7", greedy(2))
-    proc = psutil.Process(core.process.pid)
-    before = sum(proc.cpu_times()[:2])
-    await asyncio.sleep(0.5)
-    assert sum(proc.cpu_times()[:2]) - before < 0.1  # a spinning loop would use the whole 0.5 s
+class LoopCountingEngine(FakeEngine):
+    """The fake engine, also reporting how often the core loop asked it for work (once a loop
+    iteration)."""
+
+    def __init__(self, **kw) -> None:
+        super().__init__(**kw)
+        self.num_work_checks = 0
+
+    def has_unfinished(self) -> bool:
+        self.num_work_checks += 1
+        return super().has_unfinished()
+
+    def stats(self) -> dict:
+        return {**super().stats(), "num_work_checks": self.num_work_checks}
+
+
+async def test_idle_core_sleeps():
+    core = start_core(LoopCountingEngine(step_time=0.005))
+    client = CoreClient(core.address, core.info.stats)
+    await client.start()
+    try:
+        await collect(client, "x", "w7", greedy(2))
+        before, start = client.stats()["num_work_checks"], time.monotonic()
+        await asyncio.sleep(0.5)
+        await collect(client, "y", "w7", greedy(2))  # its frames carry the count
+        checks = client.stats()["num_work_checks"] - before
+        # one check per IDLE_POLL_MS asleep, a few for the request; a spinning loop makes
+        # thousands
+        asleep = (time.monotonic() - start) / (IDLE_POLL_MS / 1000)
+        assert checks <= asleep + 20, f"{checks} loop iterations in {asleep:.0f} idle polls"
+    finally:
+        await client.close(shutdown_core=True)
+        if core.process.is_alive():
+            core.process.kill()
+        core.join(5)
 
 
 async def test_engine_crash_fails_streams_and_new_requests(client):

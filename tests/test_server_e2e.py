@@ -246,7 +246,11 @@ def test_sigterm_drains_then_exits_0(server):
     )
     chunks = [next(iter(stream))]
     server.proc.send_signal(signal.SIGTERM)
-    time.sleep(0.2)
+    deadline = time.monotonic() + 30
+    while (health := server.call("GET", "/health"))[0] == 200:  # until the signal is handled
+        assert time.monotonic() < deadline, "the server did not start draining in 30 s"
+        time.sleep(0.01)
+    assert health == (503, {"status": "draining"})
     with pytest.raises(openai.APIStatusError) as info:
         server.client.completions.create(model=MODEL, prompt="Hi", max_tokens=1)
     assert info.value.status_code == 503

@@ -14,6 +14,7 @@ from appliance.server import create_app
 from appliance.server.keys import STATE
 from appliance.settings import ServeSettings
 from tests.support.fake_engine import FakeEngine, SlowLoader, fake_client, wait_until_served
+from tests.support.waiting import wait_until
 
 COMPLETIONS = "/v1/completions"
 
@@ -64,7 +65,7 @@ async def test_ready_is_503_draining_while_live_stays_200():
         inflight = asyncio.create_task(
             client.post(COMPLETIONS, json={"prompt": "w1", "max_tokens": 30})
         )
-        await asyncio.sleep(0.05)
+        await wait_until(lambda: state.num_inflight_seqs == 1, what="the request admitted")
         drain = asyncio.create_task(state.drain(10.0))
         await asyncio.sleep(0)
         assert await probe(client, "/health/ready") == (503, "draining")

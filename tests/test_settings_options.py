@@ -95,7 +95,12 @@ def test_environment_text_is_read_by_type():
             "",
             "kv_cache_dtype must be auto, float32, float16, bfloat16 or int8",
         ),
-        ({}, {"APPLIANCE_ENFORCE_EAGER": "maybe"}, "", "ENFORCE_EAGER='maybe' is not a valid bool"),
+        (
+            {},
+            {"APPLIANCE_ENFORCE_EAGER": "maybe"},
+            "",
+            "ENFORCE_EAGER='maybe' is not a boolean: use 1/0, true/false, yes/no or on/off",
+        ),
         ({}, {}, "max_num_seqs = 1.5\n", "setting max_num_seqs must be int, got 1.5"),
         ({}, {}, "quantization = 4\n", "setting quantization must be none, int8, int4 or auto"),
         ({"port": True}, {}, "", "setting port must be int, got True"),

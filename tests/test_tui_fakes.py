@@ -44,24 +44,23 @@ async def test_fake_documents_have_the_servers_shape():
     assert fake_shape == real_shape
 
 
-def test_fake_trace_has_the_servers_keys():
-    trace = make_trace()
-    for key in ("id", "state", "events", "choices", "prompt_tokens", "ttft_s", "e2e_s"):
-        assert key in trace
-    assert [e["t_ms"] for e in trace["events"]] == sorted(e["t_ms"] for e in trace["events"])
-
-
-async def test_fake_traces_have_the_servers_keys_at_both_levels():
-    """A fake trace, structured or not, has the keys of /v1/requests/{id} and of its choices."""
+async def test_fake_traces_have_the_servers_keys_at_every_level():
+    """A fake trace (plain, structured or speculative) has the keys of /v1/requests/{id}, of its
+    choices and of its events, and its events are in time order, as the server's are."""
     async with fake_client() as client:
         body = {"prompt": "w5 w6", "max_tokens": 3}
         await client.post("/v1/completions", json=body, headers={"X-Request-Id": "t1"})
         real = await (await client.get("/v1/requests/t1")).json()
-    for rid in ("req-done-e", "req-done-f"):
-        fake = make_trace(rid)
-        assert set(fake) == set(real), rid
-        assert set(fake["choices"][0]) == set(real["choices"][0]), rid
-    events = [e["event"] for e in make_trace("req-done-f")["events"]]
+    real_event_keys = set().union(*real["events"])
+    assert [e["t_ms"] for e in real["events"]] == sorted(e["t_ms"] for e in real["events"])
+    fakes = {"plain": make_trace("req-done-e"), "structured": make_trace("req-done-f")}
+    fakes["spec"] = make_trace(spec=True)
+    for name, fake in fakes.items():
+        assert set(fake) == set(real), name
+        assert set(fake["choices"][0]) == set(real["choices"][0]), name
+        assert set().union(*fake["events"]) == real_event_keys, name
+        assert [e["t_ms"] for e in fake["events"]] == sorted(e["t_ms"] for e in fake["events"])
+    events = [e["event"] for e in fakes["structured"]["events"]]
     assert events.index("grammar_compiled") < events.index("scheduled")
     assert events.index("grammar") == events.index("finished") - 1
 

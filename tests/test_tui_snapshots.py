@@ -7,13 +7,13 @@ TUI_SNAPSHOT_UPDATE=1 rewrites them."""
 from __future__ import annotations
 
 import html
-import os
 import re
 from pathlib import Path
 
 import pytest
 import textual
 
+from engine.env import env_flag
 from tests.support.tui_fakes import T0, ReplaySource, make_doc
 from tests.support.tui_screen import screen_text, wait_for
 from tui import DashboardApp
@@ -21,7 +21,7 @@ from tui.screens.trace import TraceScreen
 
 SNAPSHOTS = Path(__file__).parent / "tui_snapshots"
 VERSION_FILE = SNAPSHOTS / "textual_version.txt"
-UPDATE = os.environ.get("TUI_SNAPSHOT_UPDATE") == "1"
+UPDATE = env_flag("TUI_SNAPSHOT_UPDATE", default=False)
 NUM_DOCS = 12
 
 

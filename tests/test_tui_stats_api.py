@@ -23,9 +23,7 @@ async def test_gpu_readings_are_null_on_a_cpu_engine_and_never_fail():
     async with fake_client() as client:
         stats = await (await client.get("/v1/stats")).json()
     assert stats["gpu"] == dict.fromkeys(GpuReader.FIELDS)
-    assert (
-        GpuReader().read(torch.device("cuda", 0))["power_w"] in (None,) or torch.cuda.is_available()
-    )
+    assert GpuReader().read(torch.device("cpu")) == dict.fromkeys(GpuReader.FIELDS)
 
 
 def fake_nvml(broken: set[str]) -> types.SimpleNamespace:

@@ -1,9 +1,14 @@
-"""Attention kernels: pure-PyTorch references (torch_ref) and Triton kernels for CUDA."""
+"""Every Triton kernel of the engine: paged attention (prefill, decode, the layer variants, the
+KV-cache write), GEMV and weight-only quantized GEMV/GEMM and dequantization, fused MoE, Gated
+DeltaNet (the delta rule, conv1d), RoPE, RMSNorm and SiLU-and-mul; the pure-PyTorch references
+they are tested against, which are also the CPU path (torch_ref, moe_ref, gdn_ref); and here,
+whether Triton can run at all. Leaves: they import torch, triton, each other and engine.env."""
 
 from __future__ import annotations
 
 import functools
-import os
+
+from engine.env import env_flag
 
 
 @functools.cache
@@ -19,7 +24,7 @@ def _triton_imports() -> bool:
 def interpreting() -> bool:
     """TRITON_INTERPRET is set: kernels run in Triton's CPU interpreter (no inline PTX, no
     grid dependency control)."""
-    return os.environ.get("TRITON_INTERPRET", "").lower() in ("1", "true", "on", "yes")
+    return env_flag("TRITON_INTERPRET", default=False)
 
 
 def triton_available() -> bool:

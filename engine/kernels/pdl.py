@@ -21,13 +21,13 @@ has no GDC) and older GPUs compile them out. APPLIANCE_PDL=0 turns PDL off.
 from __future__ import annotations
 
 import functools
-import os
 
 import torch
 import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
+from engine.env import env_flag
 from engine.kernels import interpreting
 
 
@@ -60,4 +60,4 @@ def _device_supports(index: int) -> bool:
 def _switched_on() -> bool:
     if interpreting():
         return False
-    return os.environ.get("APPLIANCE_PDL", "1").lower() not in ("0", "false", "off")
+    return env_flag("APPLIANCE_PDL", default=True)

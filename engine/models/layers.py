@@ -1,5 +1,5 @@
-"""Building blocks of the Llama family: RMSNorm, SiLU-and-mul, attention (RoPE is
-engine/models/rope.py).
+"""Building blocks the models share: Linear (the batch-1 Triton GEMV on CUDA, oneDNN on the
+CPU), RMSNorm, SiLU-and-mul and paged attention (RoPE is engine/models/rope.py).
 
 Attention writes the new K/V into the paged cache, then reads the cache through the
 attention backend the model runner bound (pure PyTorch on CPU, Triton on CUDA).
@@ -7,7 +7,6 @@ attention backend the model runner bound (pure PyTorch on CPU, Triton on CUDA).
 
 from __future__ import annotations
 
-import os
 from functools import cache
 from typing import TYPE_CHECKING
 
@@ -17,6 +16,7 @@ from torch import nn
 
 from engine.attention import AttentionBackend
 from engine.context import get_context
+from engine.env import env_flag
 
 if TYPE_CHECKING:
     from engine.models.rope import RotaryEmbedding
@@ -24,9 +24,9 @@ if TYPE_CHECKING:
 
 @cache
 def fused_kernels_enabled() -> bool:
-    """Fused Triton kernels for RMSNorm, RoPE and SiLU-and-mul on CUDA tensors (set
-    APPLIANCE_FUSED_KERNELS=0 to use the plain PyTorch ops everywhere)."""
-    if os.environ.get("APPLIANCE_FUSED_KERNELS", "1") == "0" or not torch.cuda.is_available():
+    """Fused Triton kernels for RMSNorm, RoPE and SiLU-and-mul run on CUDA tensors (CUDA is
+    available and Triton imports); the plain PyTorch ops everywhere else."""
+    if not torch.cuda.is_available():
         return False
     from engine.kernels import triton_available
 
@@ -36,9 +36,8 @@ def fused_kernels_enabled() -> bool:
 class Linear(nn.Linear):
     """nn.Linear whose batch-1 calls on CUDA run the split-K Triton GEMV where start-up timing
     found it faster than cuBLAS for this shape on this device (engine/kernels/gemv.py, chosen
-    by engine/tuning.py; APPLIANCE_TRITON_GEMV=0 turns it off). Batches of 2+ rows stay on
-    cuBLAS: a tiled Triton GEMM, best config per shape, timed 1.5-1.7x slower at 256 rows
-    (H200)."""
+    by engine/tuning.py where Triton imports). Batches of 2+ rows stay on cuBLAS: a tiled
+    Triton GEMM, best config per shape, timed 1.5-1.7x slower at 256 rows (H200)."""
 
     gemv_config: tuple[int, int, int] | None = None
     """The split-K GEMV config start-up timing kept for one row; None: cuBLAS."""
@@ -71,8 +70,8 @@ def onednn_enabled() -> bool:
     instead of F.linear (MKL's sgemm here): measured 1.4-2.7x faster for 1-512 rows on the
     2-core x86 CPU, and 2.3-4x on the embedded model's LM head (docs/performance.md). Off
     where this PyTorch has no oneDNN or APPLIANCE_CPU_ONEDNN is 0."""
-    off = os.environ.get("APPLIANCE_CPU_ONEDNN", "1") in ("0", "false", "off")
-    return not off and torch.backends.mkldnn.is_available() and _has_onednn_linear()
+    on = env_flag("APPLIANCE_CPU_ONEDNN", default=True)
+    return on and torch.backends.mkldnn.is_available() and _has_onednn_linear()
 
 
 def _has_onednn_linear() -> bool:
@@ -80,16 +79,6 @@ def _has_onednn_linear() -> bool:
         return hasattr(torch.ops.mkldnn, "_linear_pointwise")
     except (AttributeError, RuntimeError):
         return False
-
-
-@cache
-def gemv_enabled() -> bool:
-    """Start-up timing may pick the split-K GEMV for 16-bit Linears (Triton is available and
-    APPLIANCE_TRITON_GEMV is not 0)."""
-    from engine.kernels import triton_available
-
-    off = os.environ.get("APPLIANCE_TRITON_GEMV", "1") in ("0", "false", "off")
-    return triton_available() and not off
 
 
 class RMSNorm(nn.Module):

@@ -26,7 +26,6 @@ import torch
 
 BLOCK = 32
 """Values per E8M0 scale (16 bytes of two FP4 codes)."""
-E8M0_BIAS = 127
 E8M0_NAN = 255
 FP4_E2M1 = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
 """The magnitudes of the eight FP4 E2M1 codes without their sign bit (bit 3)."""

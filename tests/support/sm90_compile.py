@@ -4,7 +4,7 @@ batched dequantization for sm_90 with Triton and its bundled ptxas, no GPU neede
 Triton's interpreter, which the CPU tests switch on, replaces @triton.jit functions at import,
 even Triton's own). Prints one line per variant; a compiler error ends the run with it. With
 `PYTHONPATH=DIR:.`, the Triton installed in DIR compiles them (tests/test_sm90_compile.py runs
-it with the H200's 3.6, which scripts/setup puts in .venv/triton-3.6)."""
+it with the H200's 3.6 too, tests/support/triton_versions.py)."""
 
 from __future__ import annotations
 
