@@ -30,12 +30,13 @@ class Surrogate:
     char: str
     in_key: bool = False
 
-    def describe(self, root: str = "") -> str:
+    def describe(self, root: str = "", whole: str = "the top-level object") -> str:
         """E.g. "messages[0].content is not valid Unicode: ...": the place is `path` under
-        `root`, the value's own name ("" for a request body, whose fields name themselves)."""
+        `root`, the value's own name ("" for a request body, whose fields name themselves);
+        `whole` names the value where a key of its top level is at fault."""
         place = json_path((root, *self.path) if root else self.path)
         if self.in_key:
-            place = f"a key of {place or 'the top-level object'}"
+            place = f"a key of {place or whole}"
         return (
             f"{place} is not valid Unicode: it holds a lone surrogate "
             f"(U+{ord(self.char):04X}) at character {self.index}; send text as UTF-8, with "

@@ -1,0 +1,122 @@
+"""Input that is not a well-formed request: text that is not valid Unicode anywhere in a body,
+HTTP that aiohttp's parser refuses, a body the transport cannot decode, header bytes that are
+not UTF-8. Each gets a 4xx in the error envelope, nothing is logged with a traceback, and the
+server serves on."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+
+from tests.support.fake_engine import fake_client
+from tests.test_server_errors import expect_error
+
+CHAT = "/v1/chat/completions"
+COMPLETIONS = "/v1/completions"
+MSG = {"role": "user", "content": "w1"}
+FUNCTION = {"type": "function", "function": {"name": "f"}}
+BAD = "x\ud800"
+"""A lone surrogate: json.dumps writes it as the escape "\\ud800", valid JSON and UTF-8."""
+
+
+@pytest.fixture(scope="module")
+def served():
+    """(runner, client) on the fake engine, shared by this module's tests."""
+    with asyncio.Runner() as runner:
+        cm = fake_client()
+        client = runner.run(cm.__aenter__())
+        try:
+            yield runner, client
+        finally:
+            runner.run(cm.__aexit__(None, None, None))
+
+
+def _run(served, coro):
+    runner, _ = served
+    return runner.run(asyncio.wait_for(coro, 10))
+
+
+async def _post(client, path: str, body: dict):
+    return await client.post(path, data=json.dumps(body))
+
+
+SURROGATES = [
+    (CHAT, {"messages": [{"role": "user", "content": BAD}]}, "messages[0].content"),
+    (
+        CHAT,
+        {"messages": [MSG, {"role": "user", "content": [{"type": "text", "text": BAD}]}]},
+        "messages[1].content[0].text",
+    ),
+    (CHAT, {"messages": [MSG], "stop": ["ok", BAD]}, "stop[1]"),
+    (CHAT, {"messages": [MSG], "regex": BAD}, "regex"),
+    (CHAT, {"messages": [MSG], "grammar": BAD + "start"}, "grammar"),
+    (CHAT, {"messages": [MSG], "choice": ["a", BAD]}, "choice[1]"),
+    (
+        CHAT,
+        {
+            "messages": [MSG],
+            "response_format": {
+                "type": "json_schema",
+                "json_schema": {"name": "s", "schema": {"type": "string", "pattern": BAD}},
+            },
+        },
+        "response_format.json_schema.schema.pattern",
+    ),
+    (
+        CHAT,
+        {"messages": [MSG], "tools": [{**FUNCTION, "function": {"name": "f", "description": BAD}}]},
+        "tools[0].function.description",
+    ),
+    (CHAT, {"messages": [MSG], "chat_template_kwargs": {"x": BAD}}, "chat_template_kwargs.x"),
+    (COMPLETIONS, {"prompt": BAD}, "prompt"),
+    (COMPLETIONS, {"prompt": ["w1", BAD]}, "prompt[1]"),
+    (COMPLETIONS, {"prompt": "w1", "stop": BAD}, "stop"),
+    (COMPLETIONS, {"prompt": "w1", "user": BAD}, "user"),
+    (COMPLETIONS, {"prompt": "w1", "model": BAD}, "model"),
+    ("/tokenize", {"prompt": BAD}, "prompt"),
+    ("/tokenize", {"messages": [{"role": "user", "content": BAD}]}, "messages[0].content"),
+    ("/detokenize", {"tokens": [1], "model": BAD}, "model"),
+]
+
+
+@pytest.mark.parametrize("path, body, param", SURROGATES, ids=[p for *_, p in SURROGATES])
+def test_a_lone_surrogate_in_any_field_is_a_400_naming_it(served, path, body, param):
+    _, client = served
+
+    async def check():
+        err = await expect_error(await _post(client, path, body), 400, "is not valid Unicode")
+        assert err["param"] == param and err["message"].startswith(param), err
+        assert "(U+D800) at character 1" in err["message"]
+        assert err["type"] == "invalid_request_error"
+
+    _run(served, check())
+
+
+def test_a_lone_surrogate_in_a_key_names_the_object_holding_it(served):
+    _, client = served
+
+    async def check():
+        tool = {**FUNCTION, "function": {"name": "f", "parameters": {"properties": {BAD: {}}}}}
+        body = {"messages": [MSG], "tools": [tool]}
+        err = await expect_error(await _post(client, CHAT, body), 400, "a key of tools[0]")
+        assert err["param"] == "tools[0].function.parameters.properties"
+        body = {"prompt": "w1", BAD: 1}
+        err = await expect_error(await _post(client, COMPLETIONS, body), 400, "a key of the req")
+        assert err["param"] is None
+
+    _run(served, check())
+
+
+def test_a_surrogate_pair_is_one_character_and_welcome(served):
+    _, client = served
+
+    async def check():
+        raw = b'{"prompt": "w1 \\ud83d\\ude00", "stop": "\\uD83D\\uDE00", "max_tokens": 2}'
+        r = await client.post(COMPLETIONS, data=raw)
+        assert r.status == 200, await r.text()
+        r = await client.post("/tokenize", data=b'{"prompt": "\\u00e9\\ud83d\\ude00"}')
+        assert r.status == 200 and (await r.json())["count"] == 1
+
+    _run(served, check())
