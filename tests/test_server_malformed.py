@@ -6,10 +6,15 @@ server serves on."""
 from __future__ import annotations
 
 import asyncio
+import gzip
 import json
 
 import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestClient, TestServer
 
+from appliance.server.body import read_json
+from appliance.server.errors import APIError, answers_errors_in, error_middleware
 from tests.support.fake_engine import fake_client
 from tests.test_server_errors import expect_error
 
@@ -120,3 +125,82 @@ def test_a_surrogate_pair_is_one_character_and_welcome(served):
         assert r.status == 200 and (await r.json())["count"] == 1
 
     _run(served, check())
+
+
+async def exchange(client, request: bytes) -> tuple[int, dict]:
+    """Send raw bytes on a fresh connection; (status, JSON body) of the answer."""
+    reader, writer = await asyncio.open_connection(client.server.host, client.server.port)
+    writer.write(request)
+    await writer.drain()
+    head = await reader.readuntil(b"\r\n\r\n")
+    lines = head.decode("latin-1").split("\r\n")
+    headers = dict(line.split(": ", 1) for line in lines[1:] if ": " in line)
+    assert headers["Content-Type"].startswith("application/json"), head
+    body = await reader.readexactly(int(headers["Content-Length"]))
+    writer.close()
+    return int(lines[0].split()[1]), json.loads(body)
+
+
+BODY = b'{"prompt": "w1", "max_tokens": 1}'
+
+
+def _post_bytes(extra_headers: bytes, body: bytes = BODY, method: bytes = b"POST") -> bytes:
+    return (
+        method
+        + b" /v1/completions HTTP/1.1\r\nHost: test\r\nConnection: close\r\n"
+        + extra_headers
+        + b"Content-Length: %d\r\n\r\n" % len(body)
+        + body
+    )
+
+
+JSON = b"Content-Type: application/json\r\n"
+
+
+def test_a_body_that_cannot_be_decoded_is_a_400_and_a_bomb_a_413():
+    async def check():
+        async with fake_client(max_body_bytes=100_000) as client:
+            headers = b"Content-Encoding: gzip\r\n"
+            status, body = await exchange(client, _post_bytes(headers, b"not gzip"))
+            assert status == 400, body
+            assert "could not be read: Can not decode content-encoding: gzip" in str(body)
+            bomb = gzip.compress(b" " * 10_000_000)
+            status, body = await exchange(client, _post_bytes(headers, bomb))
+            assert status == 413 and body["error"]["type"] == "request_too_large", body
+            await asyncio.sleep(0.1)  # aiohttp drains what is left of a body after answering
+            status, _ = await exchange(client, _post_bytes(JSON))
+            assert status == 200
+
+    asyncio.run(check())
+
+
+def other_envelope(err: APIError) -> dict:
+    return {"type": "error", "error": {"type": err.type, "message": err.message}}
+
+
+async def test_each_route_answers_in_its_envelope_and_reads_bodies_the_one_way():
+    """A route marked with another API's envelope writes the body reader's refusals and its own
+    errors in that envelope; unmarked routes and unknown paths keep OpenAI's."""
+
+    @answers_errors_in(other_envelope)
+    async def other(request: web.Request) -> web.Response:
+        data = await read_json(request)
+        raise APIError(409, f"saw {sorted(data)}")
+
+    async def openai_style(request: web.Request) -> web.Response:
+        return web.json_response(await read_json(request))
+
+    app = web.Application(middlewares=[error_middleware])
+    app.router.add_post("/other", other)
+    app.router.add_post("/openai", openai_style)
+    async with TestClient(TestServer(app)) as client:
+        r = await client.post("/other", data=b'{"a": "\\udc00"}')
+        body = await r.json()
+        assert r.status == 400 and set(body) == {"type", "error"}, body
+        assert body["error"]["type"] == "invalid_request_error"
+        assert body["error"]["message"].startswith("a is not valid Unicode")
+        r = await client.post("/other", data=b'{"b": 1}')
+        assert r.status == 409 and (await r.json())["error"]["message"] == "saw ['b']"
+        r = await client.post("/openai", data=b'{"a": "\\udc00"}')
+        await expect_error(r, 400, "a is not valid Unicode")
+        await expect_error(await client.get("/nowhere"), 404, "no such route")
