@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import gzip
 import json
+import logging
 
 import pytest
 from aiohttp import web
@@ -155,9 +156,56 @@ def _post_bytes(extra_headers: bytes, body: bytes = BODY, method: bytes = b"POST
 
 
 JSON = b"Content-Type: application/json\r\n"
+MALFORMED = {
+    "duplicate Content-Type": (_post_bytes(JSON + JSON), "Duplicate 'Content-Type' header"),
+    "duplicate Host": (_post_bytes(b"Host: again\r\n"), "Duplicate 'Host' header"),
+    "control character in a header": (_post_bytes(b"X-Note: a\x01b\r\n"), "header value char"),
+    "NUL in Content-Type": (_post_bytes(b"Content-Type: a\x00b\r\n"), "header value char"),
+    "too many headers": (
+        _post_bytes(b"".join(b"X-H%d: 1\r\n" % i for i in range(200))),
+        "Too many headers",
+    ),
+    "header line too long": (_post_bytes(b"X-Long: " + b"a" * 9000 + b"\r\n"), "8190 bytes"),
+    "bad method": (_post_bytes(b"", method=b"P@ST"), "Invalid method"),
+    "bad HTTP version": (
+        b"GET /health HTTP/9.9\r\nHost: test\r\n\r\n",
+        "Invalid HTTP version",
+    ),
+    "bad chunk size": (
+        b"POST /v1/completions HTTP/1.1\r\nHost: test\r\nTransfer-Encoding: chunked\r\n\r\n"
+        b"zz\r\nabc\r\n0\r\n\r\n",
+        "chunk size",
+    ),
+    "Content-Length with Transfer-Encoding": (
+        _post_bytes(b"Transfer-Encoding: chunked\r\n", b"0\r\n\r\n"),
+        "can't be present with",
+    ),
+    "bad Content-Length": (
+        b"POST /v1/completions HTTP/1.1\r\nHost: test\r\nContent-Length: -5\r\n\r\n",
+        "Content-Length",
+    ),
+    "byte 0xff in the path": (b"GET /v1/\xff HTTP/1.1\r\nHost: test\r\n\r\n", "url path"),
+}
 
 
-def test_a_body_that_cannot_be_decoded_is_a_400_and_a_bomb_a_413():
+@pytest.mark.parametrize("name", sorted(MALFORMED))
+def test_http_the_parser_refuses_is_a_400_in_the_envelope_without_a_traceback(served, caplog, name):
+    _, client = served
+    request, fragment = MALFORMED[name]
+    caplog.set_level(logging.DEBUG)
+    status, body = _run(served, exchange(client, request))
+    assert status == 400, body
+    err = body["error"]
+    assert set(err) == {"message", "type", "param", "code"}
+    assert err["message"].startswith("malformed HTTP request: ") and fragment in err["message"]
+    assert err["type"] == "invalid_request_error"
+    assert not [r for r in caplog.records if r.exc_info], caplog.text
+    assert "aaaaaaaa" not in caplog.text and "a\\x01b" not in caplog.text  # bytes not logged
+    status, _ = _run(served, exchange(client, _post_bytes(JSON)))
+    assert status == 200
+
+
+def test_a_body_that_cannot_be_decoded_is_a_400_and_a_bomb_a_413(caplog):
     async def check():
         async with fake_client(max_body_bytes=100_000) as client:
             headers = b"Content-Encoding: gzip\r\n"
@@ -171,7 +219,9 @@ def test_a_body_that_cannot_be_decoded_is_a_400_and_a_bomb_a_413():
             status, _ = await exchange(client, _post_bytes(JSON))
             assert status == 200
 
+    caplog.set_level(logging.DEBUG)
     asyncio.run(check())
+    assert not [r for r in caplog.records if r.exc_info], caplog.text
 
 
 def other_envelope(err: APIError) -> dict:
