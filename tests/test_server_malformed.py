@@ -224,6 +224,18 @@ def test_a_body_that_cannot_be_decoded_is_a_400_and_a_bomb_a_413(caplog):
     assert not [r for r in caplog.records if r.exc_info], caplog.text
 
 
+def test_an_api_key_header_that_is_not_utf8_is_refused_not_a_500(caplog):
+    async def check():
+        async with fake_client(api_key=["ops:sk-ops-0123456789"]) as client:
+            for header in (b"Authorization: Bearer sk-\xff\xfe", b"X-Api-Key: sk-\xe4"):
+                request = b"GET /v1/stats HTTP/1.1\r\nHost: t\r\nConnection: close\r\n%s\r\n\r\n"
+                status, body = await exchange(client, request % header)
+                assert status == 401 and body["error"]["message"] == "invalid API key"
+
+    asyncio.run(check())
+    assert not [r for r in caplog.records if r.exc_info], caplog.text
+
+
 def other_envelope(err: APIError) -> dict:
     return {"type": "error", "error": {"type": err.type, "message": err.message}}
 
