@@ -16,7 +16,7 @@ from aiohttp.test_utils import TestClient, TestServer
 
 from appliance.server.body import read_json
 from appliance.server.errors import APIError, answers_errors_in, error_middleware
-from tests.support.fake_engine import fake_client
+from tests.support.fake_engine import app_server, fake_client
 from tests.test_server_errors import expect_error
 
 CHAT = "/v1/chat/completions"
@@ -266,3 +266,23 @@ async def test_each_route_answers_in_its_envelope_and_reads_bodies_the_one_way()
         r = await client.post("/openai", data=b'{"a": "\\udc00"}')
         await expect_error(r, 400, "a is not valid Unicode")
         await expect_error(await client.get("/nowhere"), 404, "no such route")
+
+
+async def test_an_exception_outside_every_middleware_is_a_500_in_the_envelope(caplog):
+    """What escapes the error middleware (here a middleware outside it fails) reaches the
+    connection's own handler: a 500 in the envelope, logged with its traceback."""
+
+    @web.middleware
+    async def broken(request: web.Request, handler):
+        raise RuntimeError("a bug outside the error middleware")
+
+    async def ok(request: web.Request) -> web.Response:
+        return web.json_response({})
+
+    app = web.Application(middlewares=[broken, error_middleware])
+    app.router.add_get("/ok", ok)
+    async with TestClient(app_server(app)) as client:
+        r = await client.get("/ok")
+        err = await expect_error(r, 500, "internal server error", type_="internal_server_error")
+        assert err["param"] is None
+    assert "a bug outside the error middleware" in caplog.text

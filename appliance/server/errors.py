@@ -33,7 +33,8 @@ _STATUS_TYPES = {
 
 
 class APIError(Exception):
-    """An error answered as `{"error": {"message", "type", "param", "code"}}` with `status`."""
+    """An error answered with `status`, in the envelope of the route that failed (OpenAI's
+    `{"error": {"message", "type", "param", "code"}}` unless the route chose another)."""
 
     def __init__(
         self,
