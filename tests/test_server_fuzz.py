@@ -338,7 +338,7 @@ def check_text_answer(slot, text: str, ascii: bool, status: int, raw: bytes) -> 
 
 @pytest.mark.parametrize("path", sorted(BODIES))
 def test_any_text_in_any_string_field_is_answered_below_500(served, path):
-    @settings(max_examples=50, deadline=None, suppress_health_check=list(HealthCheck))
+    @settings(max_examples=100, deadline=None, suppress_health_check=list(HealthCheck))
     @given(request=text_requests([(path, body) for body in BODIES[path]]))
     def check(request):
         _, body, slot, text, ascii = request

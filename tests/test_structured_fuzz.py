@@ -358,7 +358,7 @@ TEXT_BODIES = [
 """Bodies the tiny model answers with 200 as they are; any text goes into one string slot."""
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck))
+@settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
 @given(request=text_requests(TEXT_BODIES))
 def test_any_text_in_a_grammar_tool_or_prompt_is_answered_below_500(served, request):
     path, body, slot, text, ascii = request
