@@ -20,6 +20,7 @@ from rich.progress import SpinnerColumn, TextColumn, TimeElapsedColumn
 from appliance.api_workers import start_workers, stop_workers, watch_workers
 from appliance.server.app import Progress, create_app
 from appliance.server.keys import STATE
+from appliance.server.runner import AppRunner
 from appliance.server.state import Phase
 from appliance.settings import ServeSettings
 
@@ -121,7 +122,7 @@ async def listen(
 ) -> web.AppRunner | None:
     """Start listening (before the engine loads, so /health answers 503 meanwhile); None,
     with the reason on stderr, when the address cannot be bound."""
-    runner = web.AppRunner(app, handler_cancellation=True, shutdown_timeout=3.0, access_log=None)
+    runner = AppRunner(app, handler_cancellation=True, shutdown_timeout=3.0, access_log=None)
     await runner.setup()
     site = web.TCPSite(
         runner,

@@ -8,6 +8,8 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from engine import surrogates
+
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
@@ -59,9 +61,11 @@ def eos_token_ids(folder: str | Path, tokenizer: PreTrainedTokenizerBase) -> fro
 def encode_prompt(
     tokenizer: PreTrainedTokenizerBase | None, prompt: str, add_special_tokens: bool = True
 ) -> list[int]:
-    """Token ids of a text prompt; ValueError for a model without a tokenizer."""
+    """Token ids of a text prompt; ValueError for a model without a tokenizer or for text that
+    is not valid Unicode (a lone surrogate, which the tokenizer cannot take)."""
     if tokenizer is None:
         raise ValueError("this model has no tokenizer: pass prompts as token ids")
+    surrogates.check(prompt, "the prompt")
     return list(tokenizer.encode(prompt, add_special_tokens=add_special_tokens))
 
 
@@ -76,6 +80,7 @@ def apply_chat_template(
     template writes any BOS itself).
     """
     text = render_chat_template(tokenizer, messages, tools, template_kwargs)
+    surrogates.check(text, "the rendered chat prompt")  # a template's own text may hold one
     return list(tokenizer.encode(text, add_special_tokens=False))
 
 
@@ -100,8 +105,10 @@ def render_chat_template(
 
     Raises:
         ValueError: the tokenizer has no chat template (a base model: send a plain prompt), a
-            call's arguments are not a JSON object, or a template variable is one of
-            apply_chat_template's own parameters.
+            call's arguments are not a JSON object, a template variable is one of
+            apply_chat_template's own parameters, or a string anywhere in the messages, tools
+            or variables is not valid Unicode (a lone surrogate; named by its place, such as
+            messages[0].content).
     """
     if tokenizer is None:
         raise ValueError("this model has no tokenizer, so chat messages cannot be formatted")
@@ -111,6 +118,12 @@ def render_chat_template(
             f"the tokenizer of {name} has no chat template, so chat messages cannot be formatted; "
             "use a completion prompt instead, or a chat (instruct) model"
         )
+    for root, value in (
+        ("messages", messages),
+        ("tools", tools),
+        ("chat_template_kwargs", template_kwargs),
+    ):
+        surrogates.check(value, root)
     extra: dict[str, Any] = dict(template_kwargs or {})
     reserved = sorted(set(extra) & _reserved_names(tokenizer))
     if reserved:

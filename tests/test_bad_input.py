@@ -8,6 +8,8 @@ import shutil
 import pytest
 
 from engine import LLM, SamplingParams
+from engine.structured import StructuredOutput
+from engine.surrogates import find_in_value
 
 OK = SamplingParams(max_tokens=4, temperature=0.0)
 
@@ -106,3 +108,60 @@ def test_bad_quantization_settings_are_refused_naming_the_setting(tiny_llama):
         LLM(str(tiny_llama), device="cpu", quantization="int3")
     with pytest.raises(ValueError, match="quant_block_size"):
         LLM(str(tiny_llama), device="cpu", quantization="int4", quant_block_size=7)
+
+
+@pytest.mark.parametrize(
+    "prompt, message",
+    [
+        ("a\ud800b", r"the prompt is not valid Unicode: .*\(U\+D800\) at character 1"),
+        ("\udfff", r"the prompt is not valid Unicode: .*\(U\+DFFF\) at character 0"),
+    ],
+)
+def test_a_prompt_with_a_lone_surrogate_is_a_value_error(llm, prompt, message):
+    with pytest.raises(ValueError, match=message):
+        llm.generate([prompt], OK)
+    assert len(llm.generate(["ok \U0001f600"], OK)[0].token_ids) == 4
+
+
+def test_chat_messages_with_a_lone_surrogate_name_the_message(llm):
+    bad = [{"role": "user", "content": "hi"}, {"role": "user", "content": "x\ud83d"}]
+    with pytest.raises(ValueError, match=r"messages\[1\]\.content is not valid Unicode"):
+        llm.chat([bad], OK)
+    tools = [{"type": "function", "function": {"name": "f", "description": "\ud800"}}]
+    with pytest.raises(ValueError, match=r"tools\[0\]\.function\.description is not valid"):
+        llm.engine.apply_chat_template(bad[:1], tools)
+    with pytest.raises(ValueError, match=r"a key of chat_template_kwargs is not valid"):
+        llm.engine.apply_chat_template(bad[:1], None, {"\ud800": True})
+
+
+@pytest.mark.parametrize(
+    "spec, place",
+    [
+        (StructuredOutput("regex", "[a-z]\ud800"), r"regex is not valid Unicode"),
+        (StructuredOutput("grammar", 'start: "\ud800"'), r"grammar is not valid Unicode"),
+        (StructuredOutput.choice(["ok", "\udc00"]), r"choice\[1\] is not valid Unicode"),
+        (
+            StructuredOutput.json_schema({"properties": {"a": {"pattern": "\ud800"}}}),
+            r"schema\.properties\.a\.pattern is not valid Unicode",
+        ),
+        (
+            StructuredOutput.json_schema({"properties": {"\ud800": {}}}),
+            r"a key of schema\.properties is not valid Unicode",
+        ),
+    ],
+    ids=["regex", "grammar", "choice", "schema", "schema-key"],
+)
+def test_a_grammar_with_a_lone_surrogate_is_a_value_error_naming_it(llm, spec, place):
+    params = SamplingParams(max_tokens=4, temperature=0.0, structured=spec)
+    with pytest.raises(ValueError, match=place):
+        llm.generate([[1, 2, 3]], params)
+    assert not llm.engine.has_unfinished()
+
+
+def test_surrogates_are_found_in_document_order_and_pairs_are_text():
+    value = json.loads('{"a": ["ok", {"b\\udc00": "x"}], "c": "\\ud800"}')
+    found = find_in_value(value)
+    assert (found.path, found.in_key, found.index) == (("a", 1), True, 1)
+    assert find_in_value(json.loads('{"emoji": "\\ud83d\\ude00", "k\\u00e9": [1, null]}')) is None
+    deep = json.loads("[" * 900 + '"\\ud800"' + "]" * 900)  # as deep as json.loads goes
+    assert find_in_value(deep).path == (0,) * 900

@@ -1,6 +1,9 @@
 """Property test of structured outputs through the HTTP server on a tiny random-weight model:
 whatever JSON schema or tool definitions a request sends, the answer is never a 5xx, and an
 output that the server ended itself (finish_reason other than "length") follows its schema.
+Any text (lone surrogates, control characters, any code point) in a regex, grammar, choice,
+schema, tool, message or prompt reaches the real tokenizer, chat template and grammar library
+and is answered below 500.
 
 The model's weights are random, so only the grammar makes an output valid; its steps take a
 few milliseconds on the CPU, so each example is a real generation."""
@@ -20,7 +23,16 @@ from hypothesis import strategies as st
 from appliance.server import create_app
 from appliance.settings import ServeSettings
 from tests.support.fake_engine import sse_events, wait_until_served
-from tests.test_server_fuzz import json_value
+from tests.test_server_fuzz import (
+    CHAT,
+    SCHEMA_FORMAT,
+    TOOL,
+    check_text_answer,
+    encoded,
+    json_value,
+    text_requests,
+    with_text,
+)
 
 MAX_TOKENS = 96
 MAX_TOOL_TOKENS = 192
@@ -326,3 +338,41 @@ def test_a_forced_call_whose_parameters_are_not_an_object_is_refused_or_returned
     assert choice["finish"] == "tool_calls" and choice["calls"], (parameters, text)
     ((name, arguments),) = choice["calls"]
     jsonschema.validate(json.loads(arguments), parameters)
+
+
+# --- any text where the grammar library, the tokenizer and the template read it -------------------
+ASK = [{"role": "user", "content": "answer"}]
+TEXT_BODIES = [
+    ("/v1/chat/completions", {"messages": CHAT, "regex": "[a-z]{1,3}", "max_tokens": 4}),
+    ("/v1/chat/completions", {"messages": ASK, "grammar": 'start: "yes" | "no"', "max_tokens": 4}),
+    ("/v1/chat/completions", {"messages": ASK, "choice": ["yes", "no"], "max_tokens": 4}),
+    ("/v1/chat/completions", {"messages": ASK, "response_format": SCHEMA_FORMAT, "max_tokens": 4}),
+    (
+        "/v1/chat/completions",
+        {"messages": ASK, "tools": [TOOL], "tool_choice": "required", "max_tokens": 4},
+    ),
+    ("/v1/completions", {"prompt": "once upon", "stop": ["x", "yz"], "max_tokens": 4}),
+    ("/tokenize", {"messages": CHAT}),
+    ("/tokenize", {"prompt": "hello"}),
+]
+"""Bodies the tiny model answers with 200 as they are; any text goes into one string slot."""
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
+@given(request=text_requests(TEXT_BODIES))
+def test_any_text_in_a_grammar_tool_or_prompt_is_answered_below_500(served, request):
+    path, body, slot, text, ascii = request
+    runner, client = served
+
+    async def post():
+        r = await client.post(path, data=encoded(with_text(body, slot, text), ascii))
+        return r.status, await r.read()
+
+    status, raw = runner.run(asyncio.wait_for(post(), 60))
+    check_text_answer(slot, text, ascii, status, raw)
+
+
+@pytest.mark.parametrize("path, body", TEXT_BODIES, ids=lambda v: v if isinstance(v, str) else "")
+def test_the_text_fuzz_bodies_are_served_as_they_are(served, path, body):
+    status, text = _post(served, path, body)
+    assert status == 200, text

@@ -9,11 +9,12 @@ from functools import partial
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
 
+from appliance.server.body import read_json
 from appliance.server.errors import APIError
 from appliance.server.keys import METRICS, STATE, TRACKER
 from appliance.server.openai_routes import SSE_HEADERS, check_model, offload
 from appliance.server.openapi import openapi_spec
-from appliance.server.protocol import parse_detokenize, parse_tokenize, read_json
+from appliance.server.protocol import parse_detokenize, parse_tokenize
 from appliance.server.responses import dumps, send_event
 from appliance.server.schema.responses import (
     DetokenizeResponse,

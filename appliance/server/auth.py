@@ -21,7 +21,8 @@ PUBLIC_PATHS = frozenset({"/health", "/health/live", "/health/ready", "/openapi.
 def match_key(presented: str, keys: list[ApiKey]) -> ApiKey | None:
     """The key equal to `presented`, comparing against every key in constant time each."""
     found = None
-    given = presented.encode()
+    # aiohttp decodes header bytes that are not UTF-8 as surrogates: compare the bytes as sent
+    given = presented.encode("utf-8", "surrogateescape")
     for key in keys:
         if hmac.compare_digest(given, key.key.encode()):
             found = key

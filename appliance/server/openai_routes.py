@@ -9,6 +9,7 @@ from functools import partial
 from aiohttp import web
 
 from appliance.key_limits import ANONYMOUS, KeyLimits
+from appliance.server.body import read_json
 from appliance.server.chat_output import ChatOutput
 from appliance.server.errors import APIError, bad_request
 from appliance.server.generation import Choice, Generation
@@ -20,7 +21,6 @@ from appliance.server.protocol import (
     effective_params,
     parse_chat,
     parse_completion,
-    read_json,
 )
 from appliance.server.records import ChoiceRecord, RequestRecord
 from appliance.server.request_keys import KEY_NAME, RATE_LIMIT_HEADERS, RECEIVED_AT, REQUEST_ID

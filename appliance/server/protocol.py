@@ -1,4 +1,4 @@
-"""Request bodies into what the routes run (no I/O but the body read, no engine): JSON parsing,
+"""Decoded request bodies (server.body) into what the routes run (no I/O, no engine):
 validation through the schema models (appliance.server.schema), and the checks that span fields.
 
 Every rejection is an APIError(400) whose message names the parameter and what it allows.
@@ -9,8 +9,6 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass, field, fields
-
-from aiohttp import web
 
 from appliance.generation_defaults import DEFAULTED, GenerationDefaults, server_defaults
 from appliance.server.errors import bad_request
@@ -35,28 +33,6 @@ SAMPLING_FIELDS = tuple(
 TRACED = ("min_p", "presence_penalty", "frequency_penalty", "seed")
 """Sampling fields shown in traces besides DEFAULTED (seed: choice 0's)."""
 TOOL_NAME = re.compile(r"^[A-Za-z0-9_.-]+$")
-
-
-async def read_json(request: web.Request) -> dict:
-    """The body as a JSON object; 400 for invalid UTF-8/JSON, 413 (from aiohttp) when too big."""
-    raw = await request.read()
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise bad_request(
-            f"request body is not valid UTF-8 (bad byte at offset {exc.start})"
-        ) from None
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise bad_request(
-            f"request body is not valid JSON: {exc.msg} (line {exc.lineno}, column {exc.colno})"
-        ) from None
-    except RecursionError:
-        raise bad_request("request body is nested too deeply") from None
-    if not isinstance(data, dict):
-        raise bad_request("request body must be a JSON object")
-    return data
 
 
 @dataclass

@@ -13,6 +13,7 @@ from pydantic_core import ErrorDetails
 
 from appliance.server.errors import APIError, bad_request
 from appliance.server.schema.base import Allowed
+from engine.surrogates import json_path
 
 M = TypeVar("M", bound=BaseModel)
 _KINDS = {
@@ -41,11 +42,11 @@ def explain(model: type[BaseModel], errors: list[ErrorDetails]) -> APIError:
     unknown = [e for e in errors if e["type"] == "extra_forbidden"]
     if unknown:
         loc = unknown[0]["loc"]
-        name = _path(loc)
+        name = json_path(loc)
         return bad_request(f"Unrecognized request argument supplied: {name}", param=name)
     error = errors[0]
     loc, annotation, metadata = _resolve(model, error["loc"])
-    name = _path(loc)
+    name = json_path(loc)
     shown = f"'{name}'" if len(loc) == 1 else name or "the request body"
     return bad_request(f"{shown} {_problem(error, annotation, metadata)}", param=name or None)
 
@@ -118,14 +119,6 @@ def _unwrap(annotation: Any) -> tuple[Any, list]:
             annotation = branches[0]
         else:
             return annotation, metadata
-
-
-def _path(loc: tuple) -> str:
-    """('messages', 0, 'role') -> 'messages[0].role'."""
-    out = ""
-    for part in loc:
-        out += f"[{part}]" if isinstance(part, int) else f".{part}" if out else str(part)
-    return out
 
 
 def _range(metadata: list) -> str:

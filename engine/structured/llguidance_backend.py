@@ -15,6 +15,7 @@ import torch
 from engine.structured.backend import GrammarBackend, GrammarError, Matcher
 from engine.structured.pool import GrammarPool
 from engine.structured.spec import StructuredOutput
+from engine.surrogates import find_in_value
 
 JSON_OPTIONS = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 """JSON as json.dumps writes it: no free whitespace, so a weak model cannot pad an answer with
@@ -23,7 +24,8 @@ CACHE_SIZE = 256
 
 
 def grammar_text(spec: StructuredOutput) -> str:
-    """The llguidance grammar for a spec (not yet checked against a tokenizer)."""
+    """The llguidance grammar for a spec (not yet checked against a tokenizer); GrammarError
+    when it cannot be one."""
     if spec.kind == "json_object":
         return llguidance.LLMatcher.grammar_from_json_schema({"type": "object"}, JSON_OPTIONS)
     if spec.kind == "json_schema":
@@ -33,20 +35,32 @@ def grammar_text(spec: StructuredOutput) -> str:
             raise GrammarError(f"the JSON schema is not valid JSON: {exc}") from None
         if not isinstance(schema, (dict, bool)):
             raise GrammarError("a JSON schema must be an object (or true/false)")
+        _refuse_surrogates(schema, "schema")
         try:
             return llguidance.LLMatcher.grammar_from_json_schema(schema, JSON_OPTIONS)
         except (ValueError, TypeError, RuntimeError) as exc:
             raise GrammarError(str(exc)) from None
     if spec.kind == "regex":
+        _refuse_surrogates(spec.value, "regex")
         return llguidance.LLMatcher.grammar_from_regex(spec.value)
     if spec.kind == "choice":
         options = json.loads(spec.value)
         if not options or not all(isinstance(o, str) and o for o in options):
             raise GrammarError("choice must be a non-empty list of non-empty strings")
+        _refuse_surrogates(options, "choice")
         return llguidance.LLMatcher.grammar_from_lark(
             "start: " + " | ".join(json.dumps(o) for o in dict.fromkeys(options))
         )
+    _refuse_surrogates(spec.value, "grammar")
     return llguidance.LLMatcher.grammar_from_lark(spec.value)
+
+
+def _refuse_surrogates(value, name: str) -> None:
+    """llguidance takes UTF-8: a lone surrogate would fail in its bindings (UnicodeEncodeError)
+    or read as an odd escape, so it is refused here, by place."""
+    found = find_in_value(value)
+    if found is not None:
+        raise GrammarError(found.describe(name))
 
 
 class LLGuidanceMatcher(Matcher):

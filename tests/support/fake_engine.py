@@ -376,19 +376,34 @@ class BrokenLoader:
         raise FileNotFoundError("no model at /nowhere")
 
 
+def app_server(app):
+    """aiohttp's TestServer on the runner `appliance serve` listens with (its connections
+    answer what the HTTP parser refuses in the error envelope)."""
+    from aiohttp.test_utils import TestServer
+
+    from appliance.server.runner import AppRunner
+
+    class AppServer(TestServer):
+        async def _make_runner(self, **kwargs):
+            return AppRunner(self.app, **kwargs)
+
+    return AppServer(app)
+
+
 @contextlib.asynccontextmanager
 async def fake_client(engine: FakeEngine | None = None, **settings):
     """An aiohttp TestClient on create_app(ServeSettings(**settings), engine or FakeEngine()),
-    once its engine core process serves: the engine is pickled into that process, so changing
-    it afterwards changes nothing there (steer it with prompt markers instead)."""
-    from aiohttp.test_utils import TestClient, TestServer
+    served as `appliance serve` serves it (app_server), once its engine core process serves:
+    the engine is pickled into that process, so changing it afterwards changes nothing there
+    (steer it with prompt markers instead)."""
+    from aiohttp.test_utils import TestClient
 
     from appliance.server import create_app
     from appliance.settings import ServeSettings
 
     engine = engine or FakeEngine()
     app = create_app(ServeSettings(**{"warmup": False, **settings}), engine)
-    async with TestClient(TestServer(app)) as client:
+    async with TestClient(app_server(app)) as client:
         await wait_until_served(client)
         yield client
 
