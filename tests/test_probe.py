@@ -73,12 +73,19 @@ def fake_torch_gpu(monkeypatch, name: str, total_gib: float):
     monkeypatch.setattr(device_mod, "read_cuda", lambda: readings)
 
 
-def test_probe_without_pynvml_is_a_cpu_probe(monkeypatch):
+def test_probe_without_pynvml_is_a_cpu_probe_with_nothing_to_note(monkeypatch):
     monkeypatch.setitem(sys.modules, "pynvml", None)  # import pynvml -> ImportError
     no_torch_gpu(monkeypatch)
     found = probe_mod.probe()
     assert found.device == "cpu" and found.gpu is None and found.profile.key == "cpu"
-    assert any("NVML unavailable" in p for p in found.problems)
+    assert found.problems == []  # no GPU, no NVML: a CPU machine, not a problem
+
+
+def test_a_gpu_without_nvml_is_noted(monkeypatch):
+    monkeypatch.setitem(sys.modules, "pynvml", None)
+    fake_torch_gpu(monkeypatch, "NVIDIA A100-SXM4-80GB", 80)
+    found = probe_mod.probe()
+    assert found.device == "cuda" and any("NVML unavailable" in p for p in found.problems)
 
 
 def test_probe_survives_nvml_init_failure(monkeypatch):

@@ -221,27 +221,25 @@ def read_device(
 
 
 def read_cuda_nvml() -> DeviceReadings | None:
-    """cuda:0 through NVML (CUDA_VISIBLE_DEVICES' first entry, by index or UUID): name,
-    memory, compute capability; None when NVML cannot say."""
-    import os
+    """cuda:0 as this process numbers it, through NVML (engine.planner.nvml): name, memory,
+    compute capability; None when NVML cannot say."""
+    from engine.planner import nvml
 
     try:
-        import pynvml
-
-        pynvml.nvmlInit()
-        first = os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",")[0].strip()
-        if first.startswith(("GPU-", "MIG-")):
-            handle = pynvml.nvmlDeviceGetHandleByUUID(first)
-        else:
-            handle = pynvml.nvmlDeviceGetHandleByIndex(int(first) if first.isdigit() else 0)
-        name = pynvml.nvmlDeviceGetName(handle)
-        memory = pynvml.nvmlDeviceGetMemoryInfo(handle)
-        major, minor = pynvml.nvmlDeviceGetCudaComputeCapability(handle)
-    except Exception:  # no NVML, no such GPU, a reading this board does not give
+        lib = nvml.load()
+    except Exception:  # no NVML: the caller reads the device through torch
         return None
+    handle = nvml.handle(lib, 0)
+    if handle is None:
+        return None
+    memory = nvml.read(lib.nvmlDeviceGetMemoryInfo, handle)
+    capability = nvml.read(lib.nvmlDeviceGetCudaComputeCapability, handle)
+    if memory is None or capability is None:
+        return None
+    major, minor = capability
     return DeviceReadings(
         "cuda",
-        name.decode() if isinstance(name, bytes) else name,
+        nvml.text(nvml.read(lib.nvmlDeviceGetName, handle)),
         int(memory.total),
         int(memory.free),
         has_own_context=False,
