@@ -208,6 +208,15 @@ def test_profile_prints_a_table_for_the_embedded_model(capsys):
     assert "--measure needs a CUDA GPU" in out
 
 
+def test_a_cpu_plan_speaks_of_no_gpu(monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "pynvml", None)
+    no_torch_gpu(monkeypatch)
+    assert run(["profile"]) == 0
+    out = capsys.readouterr().out
+    assert "gpu" not in out.lower() and "cuda" not in out.lower()
+    assert "memory_utilization" in out and "share of the available RAM" in out
+
+
 def test_profile_shows_n_a_for_what_nvml_cannot_read(monkeypatch, capsys):
     monkeypatch.setitem(sys.modules, "pynvml", fake_nvml(fail=("nvmlInit",)))
     fake_torch_gpu(monkeypatch, "NVIDIA A100-SXM4-80GB", 80)
