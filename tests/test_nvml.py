@@ -1,6 +1,6 @@
-"""One reader of NVML and CUDA_VISIBLE_DEVICES (engine.planner.nvml) for the planner, the
-profile's probe and the server's GPU readings: each finds the device CUDA numbers as this
-process does, by index or UUID, and none finds a device the variable hides."""
+"""One reader of NVML and CUDA_VISIBLE_DEVICES (engine.planner.nvml) for the profile's probe
+and the server's GPU readings: both find the device CUDA numbers as this process does, by index
+or UUID, and neither finds a device the variable hides."""
 
 from __future__ import annotations
 
@@ -12,7 +12,6 @@ import pytest
 from appliance import probe as probe_mod
 from appliance.server.stats import GpuReader
 from engine.planner import GIB, nvml
-from engine.planner.device import read_cuda_nvml
 
 
 def fake_nvml() -> SimpleNamespace:
@@ -78,11 +77,9 @@ def test_torchs_uuid_wins_over_the_variable(monkeypatch, four_gpus):
     assert nvml.handle(nvml.load(), 0, uuid="GPU-2") == "h2"
 
 
-def test_planner_probe_and_stats_read_the_same_device(monkeypatch, four_gpus):
-    """With CUDA_VISIBLE_DEVICES=GPU-2,0, cuda:0 is physical GPU 2 for all three readers."""
+def test_probe_and_stats_read_the_same_device(monkeypatch, four_gpus):
+    """With CUDA_VISIBLE_DEVICES=GPU-2,0, cuda:0 is physical GPU 2 for both readers."""
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "GPU-2,0")
-    planned = read_cuda_nvml()
-    assert planned.name == "card 2" and planned.total_bytes == 48 * GIB
     gpu = probe_mod.GpuProbe()
     probe_mod._probe_nvml(gpu, None, [])
     assert gpu.name == "card 2" and gpu.total_bytes == 48 * GIB
@@ -93,11 +90,13 @@ def test_planner_probe_and_stats_read_the_same_device(monkeypatch, four_gpus):
 
 def test_a_hidden_device_reads_as_nothing(monkeypatch, four_gpus):
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
-    assert read_cuda_nvml() is None
+    gpu = probe_mod.GpuProbe(torch_cuda=True)
+    problems: list[str] = []
+    probe_mod._probe_nvml(gpu, None, problems)
+    assert gpu.name is None and problems == ["NVML could not find the GPU torch uses"]
     assert GpuReader().read("cuda:0") == dict.fromkeys(GpuReader.FIELDS)
 
 
 def test_no_nvml_reads_as_nothing(monkeypatch):
     monkeypatch.setitem(sys.modules, "pynvml", None)  # import pynvml -> ImportError
-    assert read_cuda_nvml() is None
     assert GpuReader().read("cuda:0") == dict.fromkeys(GpuReader.FIELDS)

@@ -208,44 +208,12 @@ def _nominal(prof: GpuProfile | None) -> str | None:
     return f"nominal ({prof.name}, profiles/gpus/{prof.key}.toml)" if prof else None
 
 
-def read_device(
-    kind: str, profiles: dict[str, GpuProfile] | None = None, *, nvml: bool = False
-) -> Device:
-    """The Device of this machine's cuda:0 ("cuda") or of its CPU and RAM ("cpu"). nvml: read
-    the GPU through NVML, without creating a CUDA context in this process (a process that
-    plans for an engine another process will run); torch's reading where NVML cannot."""
+def read_device(kind: str, profiles: dict[str, GpuProfile] | None = None) -> Device:
+    """The Device of this machine's cuda:0 ("cuda", read through torch: the process that reads
+    it is the one that runs the engine) or of its CPU and RAM ("cpu")."""
     if kind != "cuda":
         return device_for(read_cpu(), profiles)
-    readings = read_cuda_nvml() if nvml else None
-    return device_for(readings or read_cuda(), profiles)
-
-
-def read_cuda_nvml() -> DeviceReadings | None:
-    """cuda:0 as this process numbers it, through NVML (engine.planner.nvml): name, memory,
-    compute capability; None when NVML cannot say."""
-    from engine.planner import nvml
-
-    try:
-        lib = nvml.load()
-    except Exception:  # no NVML: the caller reads the device through torch
-        return None
-    handle = nvml.handle(lib, 0)
-    if handle is None:
-        return None
-    memory = nvml.read(lib.nvmlDeviceGetMemoryInfo, handle)
-    capability = nvml.read(lib.nvmlDeviceGetCudaComputeCapability, handle)
-    if memory is None or capability is None:
-        return None
-    major, minor = capability
-    return DeviceReadings(
-        "cuda",
-        nvml.text(nvml.read(lib.nvmlDeviceGetName, handle)),
-        int(memory.total),
-        int(memory.free),
-        has_own_context=False,
-        bf16_supported=major >= 8,
-        compute_capability=(major, minor),
-    )
+    return device_for(read_cuda(), profiles)
 
 
 def read_cpu() -> DeviceReadings:

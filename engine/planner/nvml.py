@@ -1,9 +1,10 @@
-"""NVML access, the one reader of it and of CUDA_VISIBLE_DEVICES for every entry point: the
-planner's device reading (engine.planner.device), `appliance profile`'s probe and the server's
-GPU readings in /v1/stats.
+"""NVML access, the one reader of it and of CUDA_VISIBLE_DEVICES: `appliance profile`'s probe
+(appliance.probe) and the server's GPU readings in /v1/stats (appliance.server.stats) find the
+device CUDA numbers as this process does. The planner reads its device through torch, in the
+process that runs the engine (engine.planner.device).
 
-pynvml is imported when called, so the planner imports without it; nothing here creates a CUDA
-context, so a process that plans for an engine another process runs holds no GPU memory.
+pynvml is imported when called, so this package imports without it; nothing here creates a
+CUDA context, so the HTTP front end holds no GPU memory.
 """
 
 from __future__ import annotations
