@@ -196,7 +196,7 @@ async def serve(
             watcher.cancel()  # the workers stop now on purpose
         stopping = asyncio.create_task(stop_workers(workers, settings.drain_timeout + 10))
         drained = await state.drain(settings.drain_timeout, signals.force)
-        logger.info("drain %s; stopping", "complete" if drained else "timed out: cut the rest")
+        logger.info("drain %s; stopping", _drain_outcome(drained, signals.force))
         await stopping
         return 1 if worker_gone.is_set() else 0
     finally:
@@ -204,6 +204,14 @@ async def serve(
         if workers:
             await stop_workers(workers, 5)
         await runner.cleanup()
+
+
+def _drain_outcome(drained: bool, force: asyncio.Event | None = None) -> str:
+    if drained:
+        return "complete"
+    if force is not None and force.is_set():
+        return "cut by a second signal"
+    return "timed out: cut the rest"
 
 
 def _load_failed(state, console: Console | None = None) -> int:
@@ -346,7 +354,7 @@ async def _serve_with_dashboard(
             )
         if not state.load_failed.is_set():
             drained = await state.drain(settings.drain_timeout)
-            logger.info("drain %s; stopping", "complete" if drained else "timed out: cut the rest")
+            logger.info("drain %s; stopping", _drain_outcome(drained))
         await runner.cleanup()
     if state.load_failed.is_set():
         return _load_failed(state)

@@ -215,11 +215,18 @@ class ServerState:
         self.phase = Phase.DRAINING
         if await _wait_any(self._idle, force, timeout):
             return True
-        reason = APIError(
-            503,
-            f"the server shut down before this request finished (drain timeout {timeout:g} s)",
-            code="drain_timeout",
-        )
+        if force is not None and force.is_set():
+            reason = APIError(
+                503,
+                "the server shut down before this request finished (cut by a second signal)",
+                code="shutdown_signal",
+            )
+        else:
+            reason = APIError(
+                503,
+                f"the server shut down before this request finished (drain timeout {timeout:g} s)",
+                code="drain_timeout",
+            )
         for entry in list(self.inflight.values()):
             entry.abort_reason = reason
             for engine_id in entry.engine_ids:
