@@ -31,7 +31,13 @@ from appliance.server.keys import EXECUTOR, LIMITER, METRICS, REQUEST_LOG, STATE
 from appliance.server.limits import Limiter
 from appliance.server.metrics import Metrics
 from appliance.server.openai_routes import routes as openai_routes
-from appliance.server.request_keys import KEY_NAME, RATE_LIMIT_HEADERS, RECEIVED_AT, REQUEST_ID
+from appliance.server.request_keys import (
+    CLIENT_GONE,
+    KEY_NAME,
+    RATE_LIMIT_HEADERS,
+    RECEIVED_AT,
+    REQUEST_ID,
+)
 from appliance.server.request_log import RequestLog
 from appliance.server.state import ServerState
 from appliance.server.stats import StatsTracker
@@ -62,23 +68,38 @@ class Progress:
     def done(self) -> None: ...
 
 
+CLIENT_CLOSED = 499
+"""The access log's status for a request whose client disconnected before its answer ended
+(nginx's "client closed request")."""
+
+
 @web.middleware
 async def request_id_middleware(request: web.Request, handler) -> web.StreamResponse:
-    """Give every request an id (an incoming X-Request-Id if it is sane) and log its outcome."""
+    """Give every request an id (an incoming X-Request-Id if it is sane) and log its outcome:
+    one access-log line per request, a client that went away included (499)."""
     incoming = request.headers.get("X-Request-Id", "")
     request[REQUEST_ID] = incoming if _REQUEST_ID.match(incoming) else uuid.uuid4().hex
     request[RECEIVED_AT] = time.time()
-    response = await handler(request)
+    try:
+        response = await handler(request)
+    except (asyncio.CancelledError, ConnectionResetError):  # the client went away
+        _access_log(request, CLIENT_CLOSED)
+        raise
+    _access_log(request, CLIENT_CLOSED if request.get(CLIENT_GONE) else response.status)
+    return response
+
+
+def _access_log(request: web.Request, status: int) -> None:
     logger.info(
-        "%s %s %s %d %.1fms key=%s",
+        "%s %s %s %d %.1fms key=%s%s",
         request[REQUEST_ID],
         request.method,
         request.path,
-        response.status,
+        status,
         (time.time() - request[RECEIVED_AT]) * 1000,
         request.get(KEY_NAME, "-"),
+        " client disconnected" if status == CLIENT_CLOSED else "",
     )
-    return response
 
 
 async def _on_prepare(request: web.Request, response: web.StreamResponse) -> None:
