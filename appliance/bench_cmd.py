@@ -22,6 +22,21 @@ from appliance.loadgen.session import LoadSession
 from appliance.loadgen.tables import cache_line, table, turn_ratio_line, turn_table
 from appliance.loadgen.workload import LengthDist, WorkloadSpec
 
+RESULTS_ENV = "APPLIANCE_RESULTS_DIR"
+"""Environment variable naming where bench and tune write their results when --out is not
+given (default: platformdirs' user data folder for llm-appliance, then results/)."""
+
+
+def default_results_root() -> Path:
+    """$APPLIANCE_RESULTS_DIR, else the user's data folder + results (on Linux
+    ~/.local/share/llm-appliance/results, or under $XDG_DATA_HOME): never the current folder."""
+    env = os.environ.get(RESULTS_ENV)
+    if env:
+        return Path(env).expanduser()
+    from platformdirs import user_data_path
+
+    return user_data_path("llm-appliance") / "results"
+
 
 def _common(p: argparse.ArgumentParser, slo_default: str) -> None:
     p.add_argument("--url", default="http://127.0.0.1:8000", help="the appliance (only target)")
@@ -55,7 +70,13 @@ def _common(p: argparse.ArgumentParser, slo_default: str) -> None:
     p.add_argument("--slo-percentile", type=float, default=95.0)
     p.add_argument("--timeout", default="120s", help="per-request limit")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--out", type=Path, default=None, help="folder for the JSON and plots")
+    p.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help="folder for the JSON and plots (default: a new folder under $APPLIANCE_RESULTS_DIR, "
+        "else the user's data folder, e.g. ~/.local/share/llm-appliance/results)",
+    )
     p.add_argument("--no-progress", action="store_true")
 
 
@@ -124,7 +145,7 @@ def _setup(args) -> tuple[ClientConfig, WorkloadSpec, SLO, Path]:
         seed=args.seed,
     )
     slo = SLO.parse(args.slo, args.slo_percentile)
-    out = args.out or Path("bench-results") / time.strftime(f"{args.command}-%Y%m%d-%H%M%S")
+    out = args.out or default_results_root() / time.strftime(f"{args.command}-%Y%m%d-%H%M%S")
     return cfg, spec, slo, out
 
 
@@ -176,6 +197,7 @@ def run_bench(args) -> int:
     except ValueError as exc:
         Console(stderr=True).print(f"[red]appliance bench: {exc}")
         return 2
+    console.print(f"results go to {out}", highlight=False, soft_wrap=True)
     try:
         session = asyncio.run(_bench(cfg, spec, stages, not args.no_progress, processes))
     except RuntimeError as exc:
@@ -197,8 +219,9 @@ def run_bench(args) -> int:
     }
     write_bench_json(out / "bench.json", config, summaries, session.stages, session.samples)
     paths = plots.bench_plots(summaries, session.results(), session.samples, slo, out)
-    console.print(f"JSON: {out / 'bench.json'}")
-    console.print("plots: " + ", ".join(str(p) for p in paths))
+    console.print(f"results written to {out}:", highlight=False, soft_wrap=True)
+    console.print(f"JSON: {out / 'bench.json'}", highlight=False, soft_wrap=True)
+    console.print("plots: " + ", ".join(str(p) for p in paths), highlight=False, soft_wrap=True)
     return 0 if any(s.num_ok for s in summaries) else 1
 
 

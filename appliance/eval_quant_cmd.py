@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import sys
 from pathlib import Path
 
@@ -22,6 +23,7 @@ from appliance.eval_quant import (
     load_prompts,
     parse_configs,
 )
+from engine import library_logs
 
 
 def add_eval_quant_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -80,6 +82,12 @@ def add_eval_quant_parser(subparsers: argparse._SubParsersAction) -> argparse.Ar
         type=int,
         default=5,
         help="differing answers to print per config (default 5)",
+    )
+    p.add_argument(
+        "-v",
+        "--verbose",
+        action="store_true",
+        help="also print the engine's log and the libraries' own warnings (bitsandbytes)",
     )
     return p
 
@@ -176,6 +184,9 @@ def print_report(report: dict, console: Console, show_diffs: int) -> None:
 
 def run_eval_quant(args: argparse.Namespace) -> int:
     err = Console(stderr=True)
+    if args.verbose:
+        logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+        library_logs.show()
     try:
         configs = parse_configs(args.configs)
         prompts = load_prompts(args.prompts)

@@ -1,5 +1,6 @@
 """The hardware probe behind `appliance profile`'s report: what GPU (or CPU) is here, read
-through pynvml, torch and psutil, and its GPU class profile (profiles/gpus/*.toml).
+through NVML (engine.planner.nvml), torch and psutil, and its GPU class profile
+(profiles/gpus/*.toml).
 
 Every reading is optional: a value the hardware, the driver or a missing library cannot give
 is None (shown as n/a), never an exception. No visible CUDA GPU gives a CPU probe. What the
@@ -15,6 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from engine.planner import nvml
 from engine.planner.device import GpuProfile, load_gpu_profiles, match_gpu_profile
 
 
@@ -66,47 +68,41 @@ class Probe:
 
 
 def _read(fn: Callable[..., Any], *args: Any) -> Any:
-    """fn(*args), or None when it raises (a reading the hardware or driver does not give)."""
+    """fn(*args), or None when it raises (a reading torch or psutil cannot give here)."""
     try:
         return fn(*args)
     except Exception:
         return None
 
 
-def _text(value: Any) -> str | None:
-    return value.decode() if isinstance(value, bytes) else value
-
-
 def _probe_nvml(gpu: GpuProbe, uuid: str | None, problems: list[str]) -> None:
     """Fill what NVML knows; a missing or failing NVML leaves the fields as they are."""
     try:
-        import pynvml
-
-        pynvml.nvmlInit()
+        lib = nvml.load()
     except Exception as exc:  # no library, no driver, no permission: the probe goes on
-        problems.append(f"NVML unavailable ({type(exc).__name__}: {exc})")
+        if gpu.torch_cuda:  # on a machine without a GPU, no NVML is no news
+            problems.append(f"NVML unavailable ({type(exc).__name__}: {exc})")
         return
     try:
-        handle = _read(pynvml.nvmlDeviceGetHandleByUUID, f"GPU-{uuid}") if uuid else None
-        if handle is None and "CUDA_VISIBLE_DEVICES" not in os.environ:
-            handle = _read(pynvml.nvmlDeviceGetHandleByIndex, 0)
+        handle = nvml.handle(lib, 0, uuid)
         if handle is None:
-            problems.append("NVML could not find the GPU torch uses")
+            if gpu.torch_cuda:
+                problems.append("NVML could not find the GPU torch uses")
             return
-        gpu.name = gpu.name or _text(_read(pynvml.nvmlDeviceGetName, handle))
-        mem = _read(pynvml.nvmlDeviceGetMemoryInfo, handle)
+        gpu.name = gpu.name or nvml.text(nvml.read(lib.nvmlDeviceGetName, handle))
+        mem = nvml.read(lib.nvmlDeviceGetMemoryInfo, handle)
         if mem is not None:
             gpu.total_bytes, gpu.free_bytes = int(mem.total), int(mem.free)
-        clock_mhz = _read(pynvml.nvmlDeviceGetMaxClockInfo, handle, pynvml.NVML_CLOCK_MEM)
-        bus_bits = _read(pynvml.nvmlDeviceGetMemoryBusWidth, handle)
+        clock_mhz = nvml.read(lib.nvmlDeviceGetMaxClockInfo, handle, lib.NVML_CLOCK_MEM)
+        bus_bits = nvml.read(lib.nvmlDeviceGetMemoryBusWidth, handle)
         if clock_mhz and bus_bits:
             gpu.bandwidth_gbs = clock_mhz * 1e6 * 2 * bus_bits / 8 / 1e9
         if gpu.compute_capability is None:
-            cc = _read(pynvml.nvmlDeviceGetCudaComputeCapability, handle)
+            cc = nvml.read(lib.nvmlDeviceGetCudaComputeCapability, handle)
             gpu.compute_capability = tuple(cc) if cc else None
-        gpu.driver_version = _text(_read(pynvml.nvmlSystemGetDriverVersion))
+        gpu.driver_version = nvml.text(nvml.read(lib.nvmlSystemGetDriverVersion))
     finally:
-        _read(pynvml.nvmlShutdown)
+        nvml.read(lib.nvmlShutdown)
 
 
 def _probe_torch(problems: list[str]) -> tuple[GpuProbe | None, str | None]:

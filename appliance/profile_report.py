@@ -8,7 +8,7 @@ from dataclasses import asdict
 
 from appliance.probe import Probe
 from appliance.profile_measure import memory_table
-from engine.planner import GIB, Device, Plan
+from engine.planner import GIB, Device, Plan, plan_settings
 from engine.planner.formulas import ELEMENT_BYTES
 
 
@@ -107,9 +107,11 @@ def print_tables(
     mem.add_row(
         "activation peak", g(p.activation_bytes), f"a step of {p.max_num_batched_tokens} tokens"
     )
-    mem.add_row("CUDA graph pool", g(p.graph_pool_bytes), "decode graphs up to max_num_seqs")
+    if p.device == "cuda":  # a CPU engine has neither
+        mem.add_row("CUDA graph pool", g(p.graph_pool_bytes), "decode graphs up to max_num_seqs")
     mem.add_row("allocator cache", g(p.allocator_bytes), "cached blocks beyond live tensors")
-    mem.add_row("CUDA context", g(p.cuda_context_bytes), "from the class profile")
+    if p.device == "cuda":
+        mem.add_row("CUDA context", g(p.cuda_context_bytes), "from the class profile")
     mem.add_row("safety margin", g(p.margin_bytes), "3% of the budget, at least 256 MiB")
     mem.add_row("KV bytes / token", f"{p.kv_bytes_per_token:,} B", kv_text(model, p))
     if p.state_bytes_per_sequence:
@@ -156,8 +158,8 @@ def print_tables(
     settings = Table(title="Settings (engine config)")
     for col in ("setting", "value", "why"):
         settings.add_column(col)
-    for key, value in p.engine_kwargs().items():
-        settings.add_row(key, str(value), p.reasons.get(key, ""))
+    for name, value, why in plan_settings(p.to_dict()):
+        settings.add_row(name, str(value), why)
     console.print(settings)
     if memory is not None:
         console.print(memory_table(memory))

@@ -1,5 +1,7 @@
-"""run_server: `appliance serve` as a process: refuse unsafe binds, listen, load the engine with
-progress, print the URL, serve, and on SIGTERM/SIGINT drain in-flight requests and exit 0.
+"""run_server: `appliance serve` as a process: refuse unsafe binds, listen at once, load the
+engine in its core process with progress (/health says which phase meanwhile), print the URL,
+serve, and on SIGTERM/SIGINT drain in-flight requests and exit 0. An engine that fails to load
+ends it with 1, or 2 for a configuration it refused (the reason on stderr both times).
 With --tui the dashboard owns the terminal instead (serve_tui); logs go to a file and a panel."""
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from typing import Any
 
 from aiohttp import web
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import Progress as RichBar
 from rich.progress import SpinnerColumn, TextColumn, TimeElapsedColumn
 
@@ -26,7 +29,9 @@ from appliance.settings import ServeSettings
 
 logger = logging.getLogger("appliance.server")
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
-ENGINE_GONE_GRACE_S = 1.0  # how long answers already on their way get, once the engine died
+ENGINE_GONE_GRACE_S = 1.0
+"""How long the server keeps answering once the engine died or failed to load: the answers on
+their way go out, and /health says why to whoever polls it."""
 
 
 class ConsoleProgress(Progress):
@@ -54,10 +59,11 @@ class ConsoleProgress(Progress):
         self.bar.stop()
 
 
-def run_server(settings: ServeSettings, loader: Callable[[], Any] | None = None) -> int:
+def run_server(settings: ServeSettings, loader: Callable[..., Any] | None = None) -> int:
     """Run until a signal; the exit status is 0 after a drain, 1 on a startup failure and 2
-    for a refused configuration. `loader` builds the engine (default: LLMEngine from the
-    memory planner's values for the settings, appliance.serve_plan)."""
+    for a refused configuration. `loader` builds the engine in its core process (default:
+    LLMEngine for the settings, which plans every setting they leave open:
+    appliance.serve_plan)."""
     refusal = settings.bind_refusal()
     if refusal:
         print(f"appliance serve: {refusal}", file=sys.stderr)
@@ -90,18 +96,14 @@ def run_server(settings: ServeSettings, loader: Callable[[], Any] | None = None)
     except (OSError, ssl.SSLError) as exc:
         print(f"appliance serve: cannot load the TLS certificate/key: {exc}", file=sys.stderr)
         return 2
-    if loader is None:  # plan before listening: pins that cannot fit are refused at once
-        from appliance.serve_plan import planned_loader
+    if loader is None:
+        from appliance.serve_plan import EngineLoader
         from appliance.triton_cache import triton_cache_env
         from engine.core.process import prestart
 
-        try:
-            logger.info("Triton kernel cache: %s", triton_cache_env())
-            prestart()  # the engine's process imports its modules while this one plans
-            loader = planned_loader(settings)
-        except ValueError as exc:
-            print(f"appliance serve: {exc}", file=sys.stderr)
-            return 2
+        logger.info("Triton kernel cache: %s", triton_cache_env())
+        prestart()  # the engine's process imports its modules while this one starts listening
+        loader = EngineLoader(settings)
     if settings.tui:
         code = asyncio.run(serve_tui(settings, ssl_ctx, loader))
         print(f"appliance: stopped; the server log is {settings.tui_log_path}", file=sys.stderr)
@@ -115,6 +117,14 @@ def make_ssl_context(settings: ServeSettings) -> ssl.SSLContext | None:
     ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     ctx.load_cert_chain(settings.ssl_certfile, settings.ssl_keyfile)
     return ctx
+
+
+def base_url(runner: web.AppRunner, settings: ServeSettings, is_tls: bool) -> str:
+    """The listening server's URL: "http://127.0.0.1:8000" (the bound port where it was 0)."""
+    scheme = "https" if is_tls else "http"
+    host = f"[{settings.host}]" if ":" in settings.host else settings.host
+    port = runner.addresses[0][1] if runner.addresses else settings.port
+    return f"{scheme}://{host}:{port}"
 
 
 async def listen(
@@ -151,6 +161,13 @@ async def serve(
     runner = await listen(app, settings, ssl_ctx)
     if runner is None:
         return 1
+    url = base_url(runner, settings, ssl_ctx is not None)
+    console.print(
+        f"appliance: listening on {url}; the model loads meanwhile (GET /health says what it "
+        "is doing; other routes answer 503 until it is ready)",
+        highlight=False,
+        soft_wrap=True,
+    )
     signals = _Signals(settings.drain_timeout)
     workers: list = []
     worker_gone = asyncio.Event()
@@ -160,17 +177,15 @@ async def serve(
         while state.phase is Phase.LOADING and not signals.stop.is_set():
             await asyncio.sleep(0.05)
         if state.phase is Phase.FAILED:
-            console.print(f"[red]the engine failed to start: {state.load_error}")
-            return 1
+            await asyncio.sleep(ENGINE_GONE_GRACE_S)  # /health says why meanwhile
+            return _load_failed(state, console)
         if not signals.stop.is_set():
-            scheme = "https" if ssl_ctx else "http"
-            host = f"[{settings.host}]" if ":" in settings.host else settings.host
-            port = runner.addresses[0][1] if runner.addresses else settings.port
             print(
-                f"appliance: serving {state.model_name} at {scheme}://{host}:{port}/v1 "
+                f"appliance: serving {state.model_name} at {url}/v1 "
                 "(health: /health, stats: /v1/stats; Ctrl-C drains and stops)",
                 flush=True,
             )
+            port = runner.addresses[0][1] if runner.addresses else settings.port
             if settings.api_workers > 1:
                 workers = start_workers(settings, port, state.engine, state.core.address)
                 watcher = asyncio.create_task(watch_workers(workers, worker_gone))
@@ -182,7 +197,7 @@ async def serve(
             watcher.cancel()  # the workers stop now on purpose
         stopping = asyncio.create_task(stop_workers(workers, settings.drain_timeout + 10))
         drained = await state.drain(settings.drain_timeout, signals.force)
-        logger.info("drain %s; stopping", "complete" if drained else "timed out: cut the rest")
+        logger.info("drain %s; stopping", _drain_outcome(drained, signals.force))
         await stopping
         return 1 if worker_gone.is_set() else 0
     finally:
@@ -190,6 +205,27 @@ async def serve(
         if workers:
             await stop_workers(workers, 5)
         await runner.cleanup()
+
+
+def _drain_outcome(drained: bool, force: asyncio.Event | None = None) -> str:
+    if drained:
+        return "complete"
+    if force is not None and force.is_set():
+        return "cut by a second signal"
+    return "timed out: cut the rest"
+
+
+def _load_failed(state, console: Console | None = None) -> int:
+    """The engine did not start: print why, and return 2 for a configuration the engine refused
+    (a restart fails the same way), else 1 (a supervisor may restart it)."""
+    if state.load_refused:
+        print(f"appliance serve: {state.load_error}", file=sys.stderr, flush=True)
+        return 2
+    (console or Console(stderr=True)).print(
+        f"[red]appliance serve: the engine failed to start: {escape(state.load_error or '')}",
+        soft_wrap=True,
+    )
+    return 1
 
 
 async def _first(*events: asyncio.Event) -> None:
@@ -299,8 +335,9 @@ async def _serve_with_dashboard(
     state = app[STATE]
 
     async def close_when_engine_gone() -> None:
-        await state.core_gone.wait()
-        await _engine_gone(state)
+        await _first(state.core_gone, state.load_failed)
+        if state.core_gone.is_set():
+            await _engine_gone(state)
         dashboard.exit()
 
     watch = asyncio.create_task(close_when_engine_gone())
@@ -316,9 +353,12 @@ async def _serve_with_dashboard(
                 f"{settings.drain_timeout:g}s)…",
                 file=sys.stderr,
             )
-        drained = await state.drain(settings.drain_timeout)
-        logger.info("drain %s; stopping", "complete" if drained else "timed out: cut the rest")
+        if not state.load_failed.is_set():
+            drained = await state.drain(settings.drain_timeout)
+            logger.info("drain %s; stopping", _drain_outcome(drained))
         await runner.cleanup()
+    if state.load_failed.is_set():
+        return _load_failed(state)
     return 1 if state.core_gone.is_set() else 0
 
 

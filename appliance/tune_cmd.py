@@ -103,6 +103,7 @@ def run_tune(args) -> int:
     except ValueError as exc:
         Console(stderr=True).print(f"[red]appliance tune: {exc}")
         return 2
+    console.print(f"results go to {out}", highlight=False, soft_wrap=True)
     try:
         if args.serve is None:
             return asyncio.run(_tune(args, cfg, spec, slo, out, step_s, soak_s, console))
@@ -253,7 +254,8 @@ async def _tune(
     _write_json(out / "tune.json", path, rows, winner, drift, slo)
     console.print(f"bound by {prof.capacity['bound_by']}: {prof.capacity['binding']}")
     console.print(f"profile: {path}")
-    console.print("plots: " + ", ".join(str(p) for p in paths))
+    console.print(f"results written to {out}: tune.json", highlight=False, soft_wrap=True)
+    console.print("plots: " + ", ".join(str(p) for p in paths), highlight=False, soft_wrap=True)
     return 0  # drift is recorded in the profile (soak.stable) and printed above
 
 

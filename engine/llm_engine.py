@@ -19,7 +19,7 @@ from engine.engine_stats import engine_stats
 from engine.memory_check import Measurement, MemoryItems
 from engine.model_runner import Forward, ModelRunner
 from engine.models.config import ModelConfig
-from engine.models.loader import resolve_model_folder
+from engine.models.loader import needs_conversion, resolve_model_folder
 from engine.pending_step import PendingStep
 from engine.planner import Device
 from engine.planning import TORCH_DTYPES, plan_engine, prefix_caching_for, resolve_device
@@ -50,13 +50,18 @@ class LLMEngine:
         device: str = "auto",
         device_info: Device | None = None,
         measure: Callable[..., Measurement] | None = None,
+        on_phase: Callable[[str], None] | None = None,
         **config,
     ) -> None:
         """`config`: EngineConfig settings; every one left out (or "auto") is planned for this
         model on this device (engine.planner), as `appliance serve` plans it. device_info: the
         Device to plan for (default: read here). measure: replaces the CUDA memory measurement
-        after warm-up (tests)."""
-        timer = StartupTimer()
+        after warm-up (tests). on_phase: called with each start-up phase's name as it begins
+        (engine.startup.PHASE_WORDS; the engine core reports them to the front end)."""
+        timer = StartupTimer(on_phase)
+        if needs_conversion(model):
+            with timer.phase("convert"):
+                resolve_model_folder(model)  # once: the call below finds it in the cache
         with timer.phase("config"):
             pins = EngineConfig.from_kwargs(**config)
             self.device = resolve_device(device)

@@ -95,6 +95,23 @@ def test_bench_against_no_server_says_so(capsys, tmp_path):
     assert "cannot reach http://127.0.0.1:9" in capsys.readouterr().err
 
 
+def test_bench_results_go_to_the_users_data_folder_not_the_current_one(
+    capsys, tmp_path, monkeypatch
+):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("APPLIANCE_RESULTS_DIR", raising=False)
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "data"))
+    argv = ["bench", "--url", "http://127.0.0.1:9", "--num-requests", "1", "--no-progress"]
+    assert main([*argv, "--duration", "2s"]) == 1
+    said = capsys.readouterr().out
+    root = tmp_path / "data" / "llm-appliance" / "results"
+    assert f"results go to {root}/bench-" in said
+    assert not list(tmp_path.iterdir())  # nothing written in the current folder
+    monkeypatch.setenv("APPLIANCE_RESULTS_DIR", str(tmp_path / "mine"))
+    assert main([*argv, "--duration", "2s"]) == 1
+    assert f"results go to {tmp_path / 'mine'}/bench-" in capsys.readouterr().out
+
+
 def test_bad_settings_exit_2(capsys):
     assert main(["serve", "--port", "99999"]) == 2
     assert "port must be in" in capsys.readouterr().err

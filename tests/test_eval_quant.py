@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import math
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -136,3 +138,27 @@ def test_exit_status_for_a_failed_config(monkeypatch, capsys):
     assert main(["eval-quant", "--configs", "w4", "--limit", "1"]) == 3
     captured = capsys.readouterr()
     assert "w4 failed: ValueError: no int4 here" in captured.out
+
+
+BNB_NOISE = """
+import logging, sys
+if "--debug" in sys.argv:
+    logging.basicConfig(level=logging.DEBUG)
+if "--verbose" in sys.argv:
+    from engine import library_logs
+    library_logs.show()
+from engine.quant.bnb import bnb_functional
+bnb_functional()  # what eval-quant w8/w4 import
+logging.getLogger("bitsandbytes.backends.cpu.ops").warning("optional kernels missing")
+"""
+
+
+@pytest.mark.parametrize("flag, shown", [(None, False), ("--verbose", True), ("--debug", True)])
+def test_bitsandbytes_warnings_only_under_a_verbose_flag(flag, shown):
+    """bitsandbytes warns on import about kernels-community kernels it cannot fetch; a plain run
+    shows none of its warnings, eval-quant --verbose (or a debug log) shows them."""
+    argv = [sys.executable, "-c", BNB_NOISE, *([flag] if flag else [])]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=120, check=True)
+    assert ("optional kernels missing" in done.stderr) is shown
+    if not shown:
+        assert done.stderr == ""

@@ -102,6 +102,19 @@ def test_bench_command_writes_table_json_and_plots(url, tmp_path, capsys):
         assert (tmp_path / f"{name}.png").stat().st_size > 1000
 
 
+def test_bench_without_out_writes_under_the_results_folder_and_says_where(
+    url, tmp_path, capsys, monkeypatch
+):
+    monkeypatch.setenv("APPLIANCE_RESULTS_DIR", str(tmp_path))
+    parser = argparse.ArgumentParser()
+    add_bench_parser(parser.add_subparsers(dest="command"))
+    argv = ["bench", "--url", url, "--no-progress", "--input-len", "8", "--output-len", "2"]
+    assert run_bench(parser.parse_args(argv + ["--num-requests", "2", "--duration", "600s"])) == 0
+    (out,) = tmp_path.iterdir()
+    assert out.name.startswith("bench-") and (out / "bench.json").is_file()
+    assert f"results written to {out}" in capsys.readouterr().out
+
+
 def _bench_json(url, out, *flags) -> dict:
     parser = argparse.ArgumentParser()
     add_bench_parser(parser.add_subparsers(dest="command"))

@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from engine.models.config import ModelConfig
-from engine.planner import GIB, WEIGHT_FORMATS, Device, PlanError, PlanRequest, plan
+from engine.planner import GIB, WEIGHT_FORMATS, Device, PlanError, PlanRequest, plan, plan_settings
 from engine.planner.formulas import kv_bytes_per_token, weight_bytes
 
 KIB = 1024
@@ -296,3 +296,14 @@ def test_overheads_are_sized_for_the_chosen_batch_and_the_rest_goes_to_kv():
     assert (at_cap.kv_cache_dtype, p.kv_cache_dtype) == ("int8", "bfloat16") and p.target_met
     pinned = plan(m, dev, PlanRequest(max_num_seqs=seqs))  # overheads sized for exactly seqs
     assert pinned.kv_cache_dtype == "bfloat16" and pinned.num_kv_blocks >= p.num_kv_blocks
+
+
+def test_plan_settings_name_a_cpu_plans_memory_share_without_a_gpu():
+    cpu = Device(kind="cpu", name="host", total_bytes=16 * GIB, utilization=0.5, max_kv_bytes=GIB)
+    on_cpu = {name: why for name, _, why in plan_settings(plan(QWEN3, cpu).to_dict())}
+    assert "gpu_memory_utilization" not in on_cpu
+    assert on_cpu["memory_utilization"] == "the CPU profile's share of the available RAM"
+    assert not any("gpu" in why.lower() for why in on_cpu.values())
+    on_gpu = {name: why for name, _, why in plan_settings(plan(QWEN3, gpu(24)).to_dict())}
+    assert on_gpu["gpu_memory_utilization"] == "class default"
+    assert list(on_gpu) == list(plan(QWEN3, gpu(24)).engine_kwargs())

@@ -73,12 +73,19 @@ def fake_torch_gpu(monkeypatch, name: str, total_gib: float):
     monkeypatch.setattr(device_mod, "read_cuda", lambda: readings)
 
 
-def test_probe_without_pynvml_is_a_cpu_probe(monkeypatch):
+def test_probe_without_pynvml_is_a_cpu_probe_with_nothing_to_note(monkeypatch):
     monkeypatch.setitem(sys.modules, "pynvml", None)  # import pynvml -> ImportError
     no_torch_gpu(monkeypatch)
     found = probe_mod.probe()
     assert found.device == "cpu" and found.gpu is None and found.profile.key == "cpu"
-    assert any("NVML unavailable" in p for p in found.problems)
+    assert found.problems == []  # no GPU, no NVML: a CPU machine, not a problem
+
+
+def test_a_gpu_without_nvml_is_noted(monkeypatch):
+    monkeypatch.setitem(sys.modules, "pynvml", None)
+    fake_torch_gpu(monkeypatch, "NVIDIA A100-SXM4-80GB", 80)
+    found = probe_mod.probe()
+    assert found.device == "cuda" and any("NVML unavailable" in p for p in found.problems)
 
 
 def test_probe_survives_nvml_init_failure(monkeypatch):
@@ -199,6 +206,15 @@ def test_profile_prints_a_table_for_the_embedded_model(capsys):
     for text in ("Memory plan", "KV bytes / token", "concurrency", "max_model_len", "cpu:"):
         assert text in out, text
     assert "--measure needs a CUDA GPU" in out
+
+
+def test_a_cpu_plan_speaks_of_no_gpu(monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "pynvml", None)
+    no_torch_gpu(monkeypatch)
+    assert run(["profile"]) == 0
+    out = capsys.readouterr().out
+    assert "gpu" not in out.lower() and "cuda" not in out.lower()
+    assert "memory_utilization" in out and "share of the available RAM" in out
 
 
 def test_profile_shows_n_a_for_what_nvml_cannot_read(monkeypatch, capsys):

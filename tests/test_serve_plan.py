@@ -1,62 +1,74 @@
-"""`appliance serve` runs the memory planner: pins reach it, planned values reach the engine and
-/v1/stats, a pin that cannot fit is refused before anything loads; and the profile's
-predicted-vs-measured table."""
+"""`appliance serve` runs the memory planner once, in its engine core: pins reach it, the plan
+the core reports is the one the front end logs and /v1/stats serves, a pin that cannot fit is
+refused before any weight loads; and the profile's predicted-vs-measured table."""
 
 from __future__ import annotations
 
 import json
+import logging
 import time
 import urllib.request
 
+from aiohttp.test_utils import TestClient, TestServer
 from rich.console import Console
 
 from appliance.cli import main
 from appliance.profile_measure import memory_table, report_dict
-from appliance.serve_plan import plan_for_serve
+from appliance.server import create_app
 from appliance.settings import ServeSettings
-from engine import LLM
 from engine.memory_check import MemoryItems, MemoryReport
-from engine.planner import GIB, Device
+from engine.planner import GIB, Device, Plan, plan_settings
+from tests.support.fake_engine import wait_until_served
 from tests.support.serve_process import start_server
 
 MIB = 1024**2
 
 
+def planned(settings: ServeSettings) -> Plan:
+    """The plan an engine makes for `settings` on this machine's CPU, as the engine core of
+    `appliance serve` makes it."""
+    from engine.config import EngineConfig
+    from engine.models.config import ModelConfig
+    from engine.models.loader import resolve_model_folder
+    from engine.planning import plan_engine
+
+    pins = EngineConfig.from_kwargs(**settings.engine_kwargs())
+    model = ModelConfig.from_folder(resolve_model_folder(settings.model))
+    return plan_engine(pins, model, "cpu")[0]
+
+
 def test_pins_reach_the_planner_and_the_rest_is_planned():
-    p = plan_for_serve(ServeSettings(device="cpu", max_model_len=1024, enforce_eager=True))
+    p = planned(ServeSettings(device="cpu", max_model_len=1024, enforce_eager=True))
     assert p.reasons["max_model_len"] == "pinned" and p.reasons["max_num_seqs"] != "pinned"
     assert p.block_size == 16 and p.reasons["num_kv_blocks"] != "pinned"
-    p = plan_for_serve(ServeSettings(device="cpu", max_model_len=1024))
+    p = planned(ServeSettings(device="cpu", max_model_len=1024))
     assert p.device == "cpu" and p.max_model_len == 1024 and p.reasons["max_model_len"] == "pinned"
     assert p.max_num_seqs == 16  # the CPU class's cap
     # the CPU pool holds the worst case (every sequence at max_model_len), no more
     assert p.num_kv_blocks == p.max_num_seqs * 1024 // p.block_size
 
 
-def test_llm_plans_what_serve_plans(monkeypatch):
-    """The offline engine, with no settings, runs the plan `appliance serve` makes for the same
-    model on the same device."""
-    device = Device(
-        kind="cpu",
-        name="fixed",
-        total_bytes=8 * GIB,
-        utilization=0.5,
-        max_num_seqs=16,
-        max_kv_bytes=GIB,
-    )
-    monkeypatch.setattr("engine.planning.read_device", lambda kind: device)  # both read it
-    served = plan_for_serve(ServeSettings(device="cpu"))
-    engine = LLM(device="cpu").engine
-    assert engine.plan == served
-    assert {k: getattr(engine.config, k) for k in served.engine_kwargs()} == served.engine_kwargs()
-    pinned = LLM(device="cpu", max_num_seqs=4).engine
-    assert pinned.plan == plan_for_serve(ServeSettings(device="cpu", max_num_seqs=4))
-    assert pinned.config.max_num_seqs == 4
-    assert pinned.plan.reasons["max_num_seqs"].startswith("pinned")
+async def test_the_server_logs_and_serves_the_plan_its_engine_runs(caplog):
+    """Planned once, in the engine core: the front end's plan lines are the plan /v1/stats
+    serves and the configuration the engine runs, in a CPU plan's words."""
+    settings = ServeSettings(device="cpu", max_model_len=1024, warmup=False)
+    with caplog.at_level(logging.INFO, logger="appliance.plan"):
+        async with TestClient(TestServer(create_app(settings))) as client:
+            await wait_until_served(client)
+            stats = await (await client.get("/v1/stats")).json()
+    logged = [r.getMessage() for r in caplog.records if r.name == "appliance.plan"]
+    plan, config = stats["plan"], stats["config"]
+    assert logged == [f"plan: {n} = {v} ({why})" for n, v, why in plan_settings(plan)]
+    assert plan["max_model_len"] == config["max_model_len"] == 1024
+    assert "plan: max_model_len = 1024 (pinned)" in logged
+    for key in ("max_num_seqs", "num_kv_blocks", "max_num_batched_tokens", "dtype"):
+        assert config[key] == plan[key], key
+    assert any(line.startswith("plan: memory_utilization = 0.5 (") for line in logged)
+    assert not any("gpu" in line.lower() for line in logged)
 
 
 def test_unpinned_cpu_plan_keeps_the_kv_pool_small():
-    p = plan_for_serve(ServeSettings(device="cpu"))
+    p = planned(ServeSettings(device="cpu"))
     assert p.kv_pool_bytes <= 2 * GIB  # not many GiB of zeros on a shared 24 GB machine
     assert p.num_kv_blocks * p.block_size >= p.max_model_len
 

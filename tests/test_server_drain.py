@@ -49,3 +49,25 @@ async def test_drain_timeout_ends_streams_with_an_error_event():
         assert r.status == 503 and (await r.json())["error"]["code"] == "drain_timeout"
         stats = await (await client.get("/v1/stats")).json()
         assert stats["engine"]["kv_blocks_used"] == 0 and stats["requests_in_flight"] == 0
+
+
+async def test_a_second_signal_cuts_requests_saying_so():
+    """The drain's own limit is far off: a second Ctrl-C (the `force` event) cuts the requests,
+    and they are told it was that signal, not the drain timeout."""
+    async with fake_client(FakeEngine()) as client:
+        state = client.app[STATE]
+        body = {"prompt": f"w{STALL_MARK} w1", "max_tokens": 50}
+        streamed = await client.post(COMPLETIONS, json={**body, "stream": True})
+        plain = asyncio.create_task(client.post(COMPLETIONS, json=body))
+        await asyncio.sleep(0.05)
+        force = asyncio.Event()
+        drain = asyncio.create_task(state.drain(30.0, force))
+        await asyncio.sleep(0.05)
+        force.set()
+        assert await asyncio.wait_for(drain, 5) is False
+        events = [x for x in (await streamed.text()).split("\n") if x.startswith("data: ")]
+        error = json.loads(events[-2][len("data: ") :])["error"]
+        assert error["code"] == "shutdown_signal" and "cut by a second signal" in error["message"]
+        assert "drain timeout" not in error["message"]
+        r = await plain
+        assert r.status == 503 and (await r.json())["error"]["code"] == "shutdown_signal"

@@ -41,8 +41,11 @@ async def test_ready_is_503_while_loading_and_200_once_served(tmp_path):
     async with TestClient(TestServer(app)) as client:
         assert await probe(client, "/health/ready") == (503, "loading")
         assert await probe(client, "/health/live") == (200, None)
-        r = await client.get("/health")  # unchanged: its own words for the same phase
-        assert r.status == 503 and (await r.json()) == {"status": "loading"}
+        r = await client.get("/health")  # its own words for the same phase
+        assert r.status == 503 and (await r.json()) == {
+            "status": "loading",
+            "phase": "loading the model",
+        }
         release.touch()
         await wait_until_served(client)
         assert await probe(client, "/health/ready") == (200, None)

@@ -87,3 +87,36 @@ def test_cuda_engine_reports_every_phase(tiny_llama, eager):
     assert list(startup) == [*CPU_PHASES[:-1], *measured, "total"]
     parts = sum(s for name, s in startup.items() if name != "total")
     assert startup["total"] == pytest.approx(parts, abs=0.05 + 0.05 * startup["total"])
+
+
+def test_an_engine_tells_each_phase_as_it_begins_and_converts_a_gguf_once(tmp_path, monkeypatch):
+    """What the engine core reports to the front end (and /health shows): the first start on a
+    .gguf file converts it, a second start finds the conversion cached."""
+    from engine.llm_engine import LLMEngine
+    from engine.startup import phase_words
+    from tests.support.tiny_models import write_tiny_gguf
+
+    monkeypatch.setenv("APPLIANCE_CACHE_DIR", str(tmp_path / "cache"))
+    path = tmp_path / "tiny.gguf"
+    write_tiny_gguf(path)
+    pins = {**PINS, "max_model_len": 128}  # the file's context length
+    first: list[str] = []
+    engine = LLMEngine(str(path), on_phase=first.append, **pins)
+    assert first == ["convert", *CPU_PHASES[:-1]]
+    assert list(engine.startup_s) == ["convert", *CPU_PHASES]
+    again: list[str] = []
+    engine = LLMEngine(str(path), on_phase=again.append, **pins)
+    assert again == CPU_PHASES[:-1] and "convert" not in engine.startup_s
+    assert phase_words("convert").startswith("converting the GGUF file")
+    assert phase_words("load") == "loading weights"
+
+
+def test_a_phase_inside_another_tells_the_outer_again_when_it_resumes():
+    told: list[str] = []
+    timer = StartupTimer(told.append)
+    with timer.phase("memory_check"):
+        with timer.phase("warm_up"):
+            pass
+    with timer.phase("kv_alloc"):
+        pass
+    assert told == ["memory_check", "warm_up", "memory_check", "kv_alloc"]

@@ -30,13 +30,16 @@ STATS_INTERVAL_S = 0.25
 
 @routes.get("/health")
 async def health(request: web.Request) -> web.Response:
-    """200 {"status": "ok"} when serving; 503 with "loading", "draining" or "error" otherwise."""
+    """200 {"status": "ok"} when serving; 503 otherwise: "loading" with the phase the engine is
+    in ("converting the GGUF file ...", "loading weights", "warming up"), "draining", or
+    "error" with the reason (the engine failed to load, or its process died)."""
     state = request.app[STATE]
     status = state.phase.value
     if state.phase is Phase.READY and not state.core.is_running:
         status = Phase.FAILED.value
     error = state.load_error if status == Phase.FAILED.value else None
-    body = HealthResponse(status=status, error=error or None)
+    phase = state.loading_words if state.phase is Phase.LOADING else None
+    body = HealthResponse(status=status, phase=phase, error=error or None)
     return web.json_response(
         body.model_dump(exclude_none=True), status=200 if status == "ok" else 503
     )

@@ -22,6 +22,7 @@ from typing import Any
 from aiohttp import web
 
 from appliance.key_limits import ANONYMOUS
+from appliance.serve_plan import log_plan
 from appliance.server.admin_routes import routes as admin_routes
 from appliance.server.auth import make_auth_middleware
 from appliance.server.errors import error_middleware
@@ -30,12 +31,19 @@ from appliance.server.keys import EXECUTOR, LIMITER, METRICS, REQUEST_LOG, STATE
 from appliance.server.limits import Limiter
 from appliance.server.metrics import Metrics
 from appliance.server.openai_routes import routes as openai_routes
-from appliance.server.request_keys import KEY_NAME, RATE_LIMIT_HEADERS, RECEIVED_AT, REQUEST_ID
+from appliance.server.request_keys import (
+    CLIENT_GONE,
+    KEY_NAME,
+    RATE_LIMIT_HEADERS,
+    RECEIVED_AT,
+    REQUEST_ID,
+)
 from appliance.server.request_log import RequestLog
-from appliance.server.state import Phase, ServerState
+from appliance.server.state import ServerState
 from appliance.server.stats import StatsTracker
 from appliance.settings import ServeSettings
-from engine.core.process import PHASE_WARMING_UP, CoreStartError, start_core
+from engine.core.process import PHASE_WARM_UP, CoreStartError, start_core
+from engine.startup import phase_words
 
 logger = logging.getLogger("appliance.server")
 _REQUEST_ID = re.compile(r"^[A-Za-z0-9._:~-]{1,128}$")
@@ -54,28 +62,44 @@ EXPOSED_HEADERS = ", ".join(
 class Progress:
     """Startup progress callbacks (the CLI shows them with rich; tests ignore them)."""
 
-    def phase(self, name: str) -> None: ...
+    def phase(self, name: str) -> None:
+        """The engine has begun `name`, in a user's words ("loading weights")."""
 
     def done(self) -> None: ...
 
 
+CLIENT_CLOSED = 499
+"""The access log's status for a request whose client disconnected before its answer ended
+(nginx's "client closed request")."""
+
+
 @web.middleware
 async def request_id_middleware(request: web.Request, handler) -> web.StreamResponse:
-    """Give every request an id (an incoming X-Request-Id if it is sane) and log its outcome."""
+    """Give every request an id (an incoming X-Request-Id if it is sane) and log its outcome:
+    one access-log line per request, a client that went away included (499)."""
     incoming = request.headers.get("X-Request-Id", "")
     request[REQUEST_ID] = incoming if _REQUEST_ID.match(incoming) else uuid.uuid4().hex
     request[RECEIVED_AT] = time.time()
-    response = await handler(request)
+    try:
+        response = await handler(request)
+    except (asyncio.CancelledError, ConnectionResetError):  # the client went away
+        _access_log(request, CLIENT_CLOSED)
+        raise
+    _access_log(request, CLIENT_CLOSED if request.get(CLIENT_GONE) else response.status)
+    return response
+
+
+def _access_log(request: web.Request, status: int) -> None:
     logger.info(
-        "%s %s %s %d %.1fms key=%s",
+        "%s %s %s %d %.1fms key=%s%s",
         request[REQUEST_ID],
         request.method,
         request.path,
-        response.status,
+        status,
         (time.time() - request[RECEIVED_AT]) * 1000,
         request.get(KEY_NAME, "-"),
+        " client disconnected" if status == CLIENT_CLOSED else "",
     )
-    return response
 
 
 async def _on_prepare(request: web.Request, response: web.StreamResponse) -> None:
@@ -204,9 +228,14 @@ async def _load(state: ServerState, source: Any, progress: Progress) -> None:
     def on_phase(name: str) -> None:
         loop.call_soon_threadsafe(_on_phase, name)
 
+    shown: list[str] = []
+
     def _on_phase(name: str) -> None:
-        state.is_warming_up = name == PHASE_WARMING_UP
-        progress.phase(name)
+        state.loading = name
+        words = phase_words(name)
+        if not shown or shown[-1] != words:  # the engine's warm-up phases read as one
+            shown.append(words)
+            progress.phase(words)
 
     cancel = threading.Event()
     start = partial(
@@ -224,8 +253,9 @@ async def _load(state: ServerState, source: Any, progress: Progress) -> None:
             cancel.set()  # the thread kills the loading process and returns
             raise
         await state.attach(core.info, core.address, core)
+        log_plan(core.info.plan)  # the plan that runs: the core made it
         if settings.warmup:
-            state.is_warming_up = True
+            _on_phase(PHASE_WARM_UP)
             try:  # the first render compiles the template: do it now, not on a client's request
                 core.info.apply_chat_template([{"role": "user", "content": "Hello"}])
             except ValueError:
@@ -235,12 +265,13 @@ async def _load(state: ServerState, source: Any, progress: Progress) -> None:
     except asyncio.CancelledError:
         raise
     except CoreStartError as exc:
-        logger.error("the engine failed to load: %s", exc)
-        state.phase, state.load_error = Phase.FAILED, str(exc)
+        if not exc.refused:  # a refusal is the user's to read once, where serve prints it
+            logger.error("the engine failed to load: %s", exc)
+        state.fail_load(str(exc), refused=exc.refused)
         progress.done()
     except BaseException as exc:
         logger.exception("the engine failed to load")
-        state.phase, state.load_error = Phase.FAILED, f"{type(exc).__name__}: {exc}"
+        state.fail_load(f"{type(exc).__name__}: {exc}")
         progress.done()
 
 

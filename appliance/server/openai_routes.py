@@ -23,7 +23,13 @@ from appliance.server.protocol import (
     parse_completion,
 )
 from appliance.server.records import ChoiceRecord, RequestRecord
-from appliance.server.request_keys import KEY_NAME, RATE_LIMIT_HEADERS, RECEIVED_AT, REQUEST_ID
+from appliance.server.request_keys import (
+    CLIENT_GONE,
+    KEY_NAME,
+    RATE_LIMIT_HEADERS,
+    RECEIVED_AT,
+    REQUEST_ID,
+)
 from appliance.server.responses import Formatter, dumps, send_event, usage
 from appliance.server.schema.responses import ModelCard, ModelList
 from appliance.server.state import ServerState
@@ -358,4 +364,5 @@ async def _stream(
         await resp.write_eof()
     except ConnectionResetError:
         outcome[:] = ["cancelled", 499, "client disconnected"]
+        request[CLIENT_GONE] = True
     return resp

@@ -1,4 +1,5 @@
-"""Typed keys of per-request values set by middlewares and routes (id, arrival, key, headers)."""
+"""Typed keys of per-request values set by middlewares and routes (id, arrival, key, headers,
+a client gone before its answer ended)."""
 
 from __future__ import annotations
 
@@ -12,3 +13,6 @@ KEY_NAME = web.RequestKey("key_name", str)
 """Name of the API key the request authenticated with (never the key itself)."""
 RATE_LIMIT_HEADERS = web.RequestKey("rate_limit_headers", dict)
 """The x-ratelimit-* headers of the request's key after its admission (sent on the response)."""
+CLIENT_GONE = web.RequestKey("client_gone", bool)
+"""The client disconnected before its answer ended (a stream cut short): the access log says
+499 instead of the status the response began with."""

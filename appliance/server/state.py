@@ -17,6 +17,11 @@ from appliance.server.structured import GrammarCheck
 from appliance.settings import ServeSettings
 from engine.core.client import CoreClient
 from engine.core.info import EngineInfo
+from engine.core.process import PHASE_START
+from engine.startup import WARMING_UP, phase_words
+
+LOADING_RETRY_S = 5
+"""Retry-After (seconds) of the 503 a request gets while the model loads."""
 
 
 class Phase(enum.Enum):
@@ -46,6 +51,11 @@ class ServerState:
     """The engine core's CoreProcess, when this front end started it."""
     phase: Phase = Phase.LOADING
     load_error: str | None = None
+    load_refused: bool = False
+    """The engine refused its configuration (a model that is not there, pins that cannot fit):
+    a restart fails the same way."""
+    load_failed: asyncio.Event = field(default_factory=asyncio.Event)
+    """Set when the engine failed to load (phase FAILED, load_error says why)."""
     started_at: float = field(default_factory=time.time)
     inflight: dict[str, InFlight] = field(default_factory=dict)
     num_inflight_seqs: int = 0
@@ -56,8 +66,8 @@ class ServerState:
     """Compiles requests' grammars (None for a model without a tokenizer)."""
     defaults: GenerationDefaults = field(default_factory=GenerationDefaults)
     """What a request's omitted sampling fields become (the model's, the overrides)."""
-    is_warming_up: bool = False
-    """While loading: the engine is built and runs its warm-up (the core reported the phase)."""
+    loading: str = PHASE_START
+    """While loading: the start-up phase the core reported last (engine.startup.PHASE_WORDS)."""
 
     def __post_init__(self) -> None:
         self._idle.set()
@@ -87,6 +97,20 @@ class ServerState:
 
     def ready(self) -> None:
         self.phase = Phase.READY
+
+    def fail_load(self, reason: str, refused: bool = False) -> None:
+        self.phase, self.load_error, self.load_refused = Phase.FAILED, reason, refused
+        self.load_failed.set()
+
+    @property
+    def loading_words(self) -> str:
+        """What the engine is doing while it loads, in a user's words ("loading weights")."""
+        return phase_words(self.loading)
+
+    @property
+    def is_warming_up(self) -> bool:
+        """While loading: the weights are in and the engine warms up."""
+        return self.loading_words == WARMING_UP
 
     def readiness(self) -> str | None:
         """Why this server should get no traffic now ("loading", "warming up", "draining",
@@ -123,9 +147,9 @@ class ServerState:
         if self.phase is Phase.LOADING:
             raise APIError(
                 503,
-                "the model is still loading; retry shortly",
+                f"the model is loading ({self.loading_words}); retry in a few seconds",
                 code="loading",
-                headers={"Retry-After": "5"},
+                headers={"Retry-After": str(LOADING_RETRY_S)},
             )
         if self.phase is Phase.DRAINING:
             raise APIError(
@@ -191,11 +215,18 @@ class ServerState:
         self.phase = Phase.DRAINING
         if await _wait_any(self._idle, force, timeout):
             return True
-        reason = APIError(
-            503,
-            f"the server shut down before this request finished (drain timeout {timeout:g} s)",
-            code="drain_timeout",
-        )
+        if force is not None and force.is_set():
+            reason = APIError(
+                503,
+                "the server shut down before this request finished (cut by a second signal)",
+                code="shutdown_signal",
+            )
+        else:
+            reason = APIError(
+                503,
+                f"the server shut down before this request finished (drain timeout {timeout:g} s)",
+                code="drain_timeout",
+            )
         for entry in list(self.inflight.values()):
             entry.abort_reason = reason
             for engine_id in entry.engine_ids:

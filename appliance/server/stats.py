@@ -13,6 +13,7 @@ from collections.abc import Callable
 from appliance.server.key_stats import KeyStats
 from appliance.server.records import RequestRecord
 from appliance.server.state import ServerState
+from engine.planner import nvml
 
 logger = logging.getLogger("appliance.server")
 MAX_RECORDS = 1000
@@ -265,7 +266,7 @@ def _kv_section(by_request: dict[str, int] | None, used: int, total: int, estats
 
 
 class GpuReader:
-    """GPU readings through NVML (pynvml), cached for GPU_READ_INTERVAL_S.
+    """GPU readings through NVML (engine.planner.nvml), cached for GPU_READ_INTERVAL_S.
 
     Every field is None when it cannot be read: no NVML, no GPU, a CPU engine, or a reading the
     board does not support. It never raises.
@@ -301,46 +302,33 @@ class GpuReader:
         kind, _, number = str(device).partition(":")  # "cuda:0" (a torch.device or its name)
         if device is None or kind != "cuda":
             return None
-        nvml = self._init()
-        if nvml is None:
+        lib = self._init()
+        if lib is None:
             return None
-        index = int(number) if number.isdigit() else 0
-        visible = [v.strip() for v in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",")]
-        try:
-            if visible and visible[0] and index < len(visible):
-                v = visible[index]
-                if v.isdigit():
-                    return nvml.nvmlDeviceGetHandleByIndex(int(v))
-                return nvml.nvmlDeviceGetHandleByUUID(v)
-            return nvml.nvmlDeviceGetHandleByIndex(index)
-        except Exception:
-            return None
+        return nvml.handle(lib, int(number) if number.isdigit() else 0)
 
     def _init(self):
         if self._nvml is not None or self._failed:
             return self._nvml
         try:
-            import pynvml
-
-            pynvml.nvmlInit()
-            self._nvml = pynvml
+            self._nvml = nvml.load()
         except Exception as exc:
             logger.info("GPU readings unavailable (NVML: %s)", exc)
             self._failed = True
         return self._nvml
 
     def _readings(self, handle) -> dict:
-        nvml = self._nvml
+        lib = self._nvml
         getters = {
-            "name": lambda: _text(nvml.nvmlDeviceGetName(handle)),
-            "utilization_perc": lambda: float(nvml.nvmlDeviceGetUtilizationRates(handle).gpu),
-            "memory_used_bytes": lambda: int(nvml.nvmlDeviceGetMemoryInfo(handle).used),
-            "memory_total_bytes": lambda: int(nvml.nvmlDeviceGetMemoryInfo(handle).total),
-            "power_w": lambda: nvml.nvmlDeviceGetPowerUsage(handle) / 1000.0,
+            "name": lambda: nvml.text(lib.nvmlDeviceGetName(handle)),
+            "utilization_perc": lambda: float(lib.nvmlDeviceGetUtilizationRates(handle).gpu),
+            "memory_used_bytes": lambda: int(lib.nvmlDeviceGetMemoryInfo(handle).used),
+            "memory_total_bytes": lambda: int(lib.nvmlDeviceGetMemoryInfo(handle).total),
+            "power_w": lambda: lib.nvmlDeviceGetPowerUsage(handle) / 1000.0,
             "temperature_c": lambda: float(
-                nvml.nvmlDeviceGetTemperature(handle, nvml.NVML_TEMPERATURE_GPU)
+                lib.nvmlDeviceGetTemperature(handle, lib.NVML_TEMPERATURE_GPU)
             ),
-            "sm_clock_mhz": lambda: float(nvml.nvmlDeviceGetClockInfo(handle, nvml.NVML_CLOCK_SM)),
+            "sm_clock_mhz": lambda: float(lib.nvmlDeviceGetClockInfo(handle, lib.NVML_CLOCK_SM)),
         }
         out: dict = {}
         for key, get in getters.items():
@@ -349,10 +337,6 @@ class GpuReader:
             except Exception:  # unsupported on this board, or the GPU went away
                 out[key] = None
         return out
-
-
-def _text(value) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
 
 
 def _model_params(engine) -> dict:

@@ -1,8 +1,9 @@
 """Starting the engine core process: it builds the engine (load, plan, warm-up), binds the IPC
 socket, reports EngineInfo, then runs CoreLoop until told to stop or its parent is gone.
 
-Start-up talks over a multiprocessing pipe (phases for the progress display, then the info or
-the error); serving talks over ZMQ (engine.core.wire). Processes come from a forkserver that
+Start-up talks over a multiprocessing pipe (each start-up phase as it begins, for the progress
+display and /health; then the info, the plan included, or why it failed); serving talks over
+ZMQ (engine.core.wire). Processes come from a forkserver that
 has already imported the engine's modules, so a start costs a fork, not a fresh interpreter,
 and no process is forked from one that has touched CUDA.
 
@@ -13,6 +14,7 @@ stops on the front end's SHUTDOWN, or by itself when the front end process is go
 
 from __future__ import annotations
 
+import inspect
 import logging
 import multiprocessing
 import os
@@ -30,14 +32,16 @@ import zmq
 from engine.core.info import EngineInfo
 from engine.core.loop import CoreLoop
 from engine.sampling_params import SamplingParams
+from engine.startup import WEIGHTS_PHASE
 
 logger = logging.getLogger("engine.core")
 PRELOAD = ["engine.core.process", "engine.llm_engine"]
 """Modules the forkserver imports once, so each core process starts from them."""
 WARMUP_LIMIT_S = 120
-PHASE_LOADING = "loading the model"
-PHASE_WARMING_UP = "warming up"
-"""The start-up phases a core reports, in order (the front end's progress and readiness)."""
+PHASE_START = "start"
+PHASE_WARM_UP = "warm_up"
+"""The phases a core reports around its engine's own (engine.startup.PHASE_WORDS): "start"
+before the engine reports any, "warm_up" for the core's warm-up request."""
 
 
 def prestart() -> None:
@@ -51,7 +55,13 @@ def prestart() -> None:
 
 
 class CoreStartError(RuntimeError):
-    """The engine failed to load in the core process (the message says why)."""
+    """The engine failed to load in the core process (the message says why). `refused`: a
+    ValueError before the weights began to load, a configuration that fails the same way on
+    every start (a model that is not there, pins that cannot fit)."""
+
+    def __init__(self, message: str, refused: bool = False) -> None:
+        super().__init__(message)
+        self.refused = refused
 
 
 @dataclass
@@ -87,9 +97,11 @@ def start_core(
     cancel: threading.Event | None = None,
 ) -> CoreProcess:
     """Start a core process on `source`, an engine (pickled across) or a picklable callable that
-    builds one there, and wait until it serves. Blocks for the whole load: call it from a
-    worker thread, and set `cancel` to give up (the process is killed). Raises CoreStartError
-    when the engine fails to load."""
+    builds one there (told each start-up phase when it takes an `on_phase` keyword, as
+    LLMEngine does), and wait until it serves. Blocks for the whole load: call it from a
+    worker thread, and set `cancel` to give up (the process is killed). `on_phase` gets each
+    phase's name (engine.startup.PHASE_WORDS) as it begins. Raises CoreStartError when the
+    engine fails to load."""
     ctx = multiprocessing.get_context("forkserver")
     ctx.set_forkserver_preload(PRELOAD)
     socket_dir = tempfile.mkdtemp(prefix="appliance-core-")
@@ -120,8 +132,8 @@ def start_core(
                 raise CoreStartError(_died(process.exitcode)) from None
             if kind == "phase" and on_phase is not None:
                 on_phase(value)
-            elif kind == "failed":
-                raise CoreStartError(value)
+            elif kind in ("failed", "refused"):
+                raise CoreStartError(value, refused=kind == "refused")
             elif kind == "ready":
                 return CoreProcess(process, address, value, socket_dir)
     except BaseException:
@@ -148,12 +160,18 @@ def _main(source, address, conn, warmup, parent_pid, log_level, log_file) -> Non
     logging.basicConfig(
         level=log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s", **target
     )
+    phases: list[str] = []
+
+    def report(name: str) -> None:
+        phases.append(name)
+        conn.send(("phase", name))
+
     try:
-        conn.send(("phase", PHASE_LOADING))
+        report(PHASE_START)
         is_engine = hasattr(source, "step") and not isinstance(source, type)
-        engine = source if is_engine else source()
+        engine = source if is_engine else _build(source, report)
         if warmup:
-            conn.send(("phase", PHASE_WARMING_UP))
+            report(PHASE_WARM_UP)
             _warm_up(engine)
         ctx = zmq.Context()
         sock = ctx.socket(zmq.ROUTER)
@@ -163,8 +181,11 @@ def _main(source, address, conn, warmup, parent_pid, log_level, log_file) -> Non
         sock.bind(address)
         conn.send(("ready", EngineInfo.of(engine)))
     except BaseException as exc:
-        logging.getLogger("engine.core").exception("the engine failed to load")
-        conn.send(("failed", f"{type(exc).__name__}: {exc}"))
+        if isinstance(exc, ValueError) and WEIGHTS_PHASE not in phases:
+            conn.send(("refused", str(exc)))  # the message names what to change: no traceback
+        else:
+            logging.getLogger("engine.core").exception("the engine failed to load")
+            conn.send(("failed", f"{type(exc).__name__}: {exc}"))
         raise SystemExit(1) from None
     finally:
         conn.close()
@@ -183,6 +204,15 @@ def _main(source, address, conn, warmup, parent_pid, log_level, log_file) -> Non
     # alive (the interpreter would wait for the thread at exit).
     logging.shutdown()
     os._exit(code)
+
+
+def _build(loader: Callable[..., Any], on_phase: Callable[[str], None]) -> Any:
+    """loader(), telling it each start-up phase where it takes `on_phase` (LLMEngine does)."""
+    try:
+        takes_phases = "on_phase" in inspect.signature(loader).parameters
+    except (TypeError, ValueError):  # a callable without a signature to read
+        takes_phases = False
+    return loader(on_phase=on_phase) if takes_phases else loader()
 
 
 def _warm_up(engine: Any) -> None:

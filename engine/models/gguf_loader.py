@@ -102,6 +102,13 @@ def gguf_to_hf_folder(gguf_path: str | Path, cache_dir: str | Path | None = None
     return folder
 
 
+def is_converted(gguf_path: str | Path, cache_dir: str | Path | None = None) -> bool:
+    """Whether gguf_to_hf_folder(gguf_path) finds its folder in the cache (no conversion)."""
+    path = Path(gguf_path).expanduser().resolve()
+    cache_root = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_root()
+    return _is_complete(cache_root / "gguf" / _cache_key(path))
+
+
 def _check_magic(path: Path) -> None:
     with open(path, "rb") as f:
         magic = f.read(4)

@@ -48,6 +48,24 @@ def resolve_model_folder(model: str | Path | None) -> Path:
     return path
 
 
+def needs_conversion(model: str | Path | None) -> bool:
+    """Whether resolve_model_folder(model) converts a .gguf file: its first use, seconds to
+    minutes; False for a folder, a converted file, or a model it will refuse."""
+    try:
+        if model is None:
+            from engine.models.embedded import default_model_path
+
+            model = default_model_path()
+        path = Path(model).expanduser()
+        if not path.is_file() or path.suffix.lower() != ".gguf":
+            return False
+        from engine.models.gguf_loader import is_converted
+
+        return not is_converted(path)
+    except OSError:  # resolve_model_folder says what is wrong with it
+        return False
+
+
 def _safetensors_files(folder: Path) -> list[Path]:
     index = folder / "model.safetensors.index.json"
     if index.is_file():

@@ -11,7 +11,7 @@ from __future__ import annotations
 from engine.planner.device import Device, DeviceReadings, device_for, read_device
 from engine.planner.formulas import GIB, WEIGHT_FORMATS, size_text
 from engine.planner.refusal import plan
-from engine.planner.request import PINNABLE, PLANNED, Plan, PlanError, PlanRequest
+from engine.planner.request import PINNABLE, PLANNED, Plan, PlanError, PlanRequest, plan_settings
 
 __all__ = [
     "GIB",
@@ -26,5 +26,6 @@ __all__ = [
     "device_for",
     "size_text",
     "plan",
+    "plan_settings",
     "read_device",
 ]

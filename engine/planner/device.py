@@ -208,46 +208,12 @@ def _nominal(prof: GpuProfile | None) -> str | None:
     return f"nominal ({prof.name}, profiles/gpus/{prof.key}.toml)" if prof else None
 
 
-def read_device(
-    kind: str, profiles: dict[str, GpuProfile] | None = None, *, nvml: bool = False
-) -> Device:
-    """The Device of this machine's cuda:0 ("cuda") or of its CPU and RAM ("cpu"). nvml: read
-    the GPU through NVML, without creating a CUDA context in this process (a process that
-    plans for an engine another process will run); torch's reading where NVML cannot."""
+def read_device(kind: str, profiles: dict[str, GpuProfile] | None = None) -> Device:
+    """The Device of this machine's cuda:0 ("cuda", read through torch: the process that reads
+    it is the one that runs the engine) or of its CPU and RAM ("cpu")."""
     if kind != "cuda":
         return device_for(read_cpu(), profiles)
-    readings = read_cuda_nvml() if nvml else None
-    return device_for(readings or read_cuda(), profiles)
-
-
-def read_cuda_nvml() -> DeviceReadings | None:
-    """cuda:0 through NVML (CUDA_VISIBLE_DEVICES' first entry, by index or UUID): name,
-    memory, compute capability; None when NVML cannot say."""
-    import os
-
-    try:
-        import pynvml
-
-        pynvml.nvmlInit()
-        first = os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",")[0].strip()
-        if first.startswith(("GPU-", "MIG-")):
-            handle = pynvml.nvmlDeviceGetHandleByUUID(first)
-        else:
-            handle = pynvml.nvmlDeviceGetHandleByIndex(int(first) if first.isdigit() else 0)
-        name = pynvml.nvmlDeviceGetName(handle)
-        memory = pynvml.nvmlDeviceGetMemoryInfo(handle)
-        major, minor = pynvml.nvmlDeviceGetCudaComputeCapability(handle)
-    except Exception:  # no NVML, no such GPU, a reading this board does not give
-        return None
-    return DeviceReadings(
-        "cuda",
-        name.decode() if isinstance(name, bytes) else name,
-        int(memory.total),
-        int(memory.free),
-        has_own_context=False,
-        bf16_supported=major >= 8,
-        compute_capability=(major, minor),
-    )
+    return device_for(read_cuda(), profiles)
 
 
 def read_cpu() -> DeviceReadings:

@@ -342,7 +342,12 @@ def _finish(d: _Draft) -> Plan:
     chunk = f"the class's prefill chunk; activation peak {size_text(d.act)}"
     why["max_num_batched_tokens"] = "pinned" if req.max_num_batched_tokens else chunk
     why["dtype"] = "pinned" if req.dtype else AUTO_DTYPE_REASONS[d.dtype]
-    why["gpu_memory_utilization"] = "pinned" if req.gpu_memory_utilization else "class default"
+    if req.gpu_memory_utilization:
+        why["gpu_memory_utilization"] = "pinned"
+    elif d.dev.kind == "cpu":
+        why["gpu_memory_utilization"] = "the CPU profile's share of the available RAM"
+    else:
+        why["gpu_memory_utilization"] = "class default"
     why["block_size"] = "tokens per KV-cache block"
     why.setdefault(
         "num_kv_blocks",

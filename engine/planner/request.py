@@ -24,6 +24,9 @@ PLANNED = (*PINNABLE, "block_size")
 """Every engine setting a Plan carries."""
 AUTO = "auto"
 """A str setting left to the planner (None for numbers)."""
+CPU_NAMES = {"gpu_memory_utilization": "memory_utilization"}
+"""How a CPU plan names the settings whose engine names speak of a GPU (the share of the RAM
+the plan takes is still set with --gpu-memory-utilization)."""
 
 
 @dataclass
@@ -196,6 +199,14 @@ class Plan:
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+
+def plan_settings(plan: dict) -> list[tuple[str, object, str]]:
+    """(name, value, reason) for each setting of a plan (Plan.to_dict(), or the plan an engine
+    reports), in the words of the plan's device: a CPU plan speaks of no GPU."""
+    names = CPU_NAMES if plan.get("device") == "cpu" else {}
+    reasons = plan.get("reasons") or {}
+    return [(names.get(n, n), plan.get(n), reasons.get(n, "")) for n in PLANNED if n in plan]
 
 
 class PlanError(ValueError):

@@ -21,6 +21,7 @@ from collections.abc import Iterable, Iterator
 
 import torch
 
+from engine import library_logs
 from engine.quant.format import BNB_INSTALL, WeightQuant, check_int4_group
 
 log = logging.getLogger(__name__)
@@ -29,6 +30,7 @@ _STATE_KEY = ".weight.quant_state.bitsandbytes__"
 
 
 def bnb_functional():
+    library_logs.quiet("bitsandbytes")  # before its import, which logs about optional kernels
     try:
         import bitsandbytes.functional as bnb_f
     except ImportError as e:

@@ -369,6 +369,23 @@ class SlowLoader:
         return FakeEngine()
 
 
+@dataclass(frozen=True)
+class PhasedLoader:
+    """Builds a FakeEngine in the core process through LLMEngine's start-up phases: it reports
+    converting a GGUF file until the file `release` exists (at most 10 s), then loading
+    weights."""
+
+    release: str
+
+    def __call__(self, on_phase) -> FakeEngine:
+        on_phase("convert")
+        deadline = time.monotonic() + 10
+        while not os.path.exists(self.release) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        on_phase("load")
+        return FakeEngine()
+
+
 class BrokenLoader:
     """A model that fails to load, in the core process."""
 
@@ -388,6 +405,17 @@ def app_server(app):
             return AppRunner(self.app, **kwargs)
 
     return AppServer(app)
+
+
+REFUSAL = "max_num_seqs=4096 needs 9 GiB of KV cache; the pool holds 1 GiB: set max_num_seqs to 448"
+
+
+class RefusingLoader:
+    """Settings the engine refuses while it plans, before any weight loads (a PlanError)."""
+
+    def __call__(self, on_phase) -> FakeEngine:
+        on_phase("plan")
+        raise ValueError(REFUSAL)
 
 
 @contextlib.asynccontextmanager

@@ -90,3 +90,56 @@ def make_tiny_model(arch: str | PretrainedConfig, folder: Path, seed: int = 0) -
     model.save_pretrained(folder)
     byte_tokenizer().save_pretrained(folder)
     return Path(folder)
+
+
+def write_tiny_gguf(path: Path) -> None:
+    """A 2-layer llama GGUF in float16 with its own (untied) output matrix."""
+    import numpy as np
+    from gguf import GGUFWriter, TokenType
+
+    hidden, layers, heads, kv_heads, ffn = 64, 2, 4, 2, 128
+    tokens = [chr(c) for c in range(33, 127)] + ["ab", "<s>", "</s>"]
+    w = GGUFWriter(str(path), "llama")
+    w.add_name("tiny")
+    w.add_block_count(layers)
+    w.add_context_length(128)
+    w.add_embedding_length(hidden)
+    w.add_feed_forward_length(ffn)
+    w.add_head_count(heads)
+    w.add_head_count_kv(kv_heads)
+    w.add_layer_norm_rms_eps(1e-5)
+    w.add_rope_freq_base(10000.0)
+    w.add_vocab_size(len(tokens))
+    w.add_tokenizer_model("gpt2")
+    w.add_token_list(tokens)
+    w.add_token_types([TokenType.NORMAL] * (len(tokens) - 2) + [TokenType.CONTROL] * 2)
+    w.add_token_merges(["a b"])
+    w.add_token_scores([0.0] * len(tokens))
+    w.add_bos_token_id(len(tokens) - 2)
+    w.add_eos_token_id(len(tokens) - 1)
+    rng = np.random.default_rng(0)
+
+    def f16(*shape):
+        return (rng.standard_normal(shape) * 0.05).astype(np.float16)
+
+    kv = kv_heads * hidden // heads
+    w.add_tensor("token_embd.weight", f16(len(tokens), hidden))
+    w.add_tensor("output_norm.weight", np.ones(hidden, np.float32))
+    w.add_tensor("output.weight", f16(len(tokens), hidden))
+    for i in range(layers):
+        for name, shape in [
+            ("attn_q", (hidden, hidden)),
+            ("attn_k", (kv, hidden)),
+            ("attn_v", (kv, hidden)),
+            ("attn_output", (hidden, hidden)),
+            ("ffn_gate", (ffn, hidden)),
+            ("ffn_up", (ffn, hidden)),
+            ("ffn_down", (hidden, ffn)),
+        ]:
+            w.add_tensor(f"blk.{i}.{name}.weight", f16(*shape))
+        w.add_tensor(f"blk.{i}.attn_norm.weight", np.ones(hidden, np.float32))
+        w.add_tensor(f"blk.{i}.ffn_norm.weight", np.ones(hidden, np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()

@@ -215,4 +215,11 @@ class ProbeResponse(ResponseModel):
 
 class HealthResponse(ResponseModel):
     status: Literal["ok", "loading", "draining", "error"]
-    error: str | None = Field(None, description="Why loading failed (status error).")
+    phase: str | None = Field(
+        None,
+        description="What the engine is doing while it loads (status loading): e.g. "
+        '"converting the GGUF file ...", "loading weights", "warming up".',
+    )
+    error: str | None = Field(
+        None, description="Why the engine failed to load or stopped (status error)."
+    )
