@@ -231,10 +231,15 @@ def bench_batch1(
 
 
 def bench_family(engines: Engines, hw: Hardware, sz: dict, code: str, full: bool) -> list:
-    """A family's shape (FAMILIES[code]): batch-1 decode, then workload A's requests."""
+    """A family's shape (FAMILIES[code]): batch-1 decode, then workload A's requests. A's
+    timeout (its share of the budget spent) becomes A's error row and keeps B's row."""
     preset = FAMILIES[code]
     rows = bench_batch1(engines, hw, sz, full, preset, f"{code}-B")
-    return rows + bench_throughput(engines, hw, sz, f"{code}-A", full, preset)
+    try:
+        return rows + bench_throughput(engines, hw, sz, f"{code}-A", full, preset)
+    except TimeoutError as exc:
+        engines.drop()
+        return rows + [_row(f"{code}-A", "", None, None, False, {"error": f"TimeoutError: {exc}"})]
 
 
 def bench_ttft(engines: Engines, hw: Hardware, sz: dict, full: bool) -> list:
