@@ -111,7 +111,7 @@ models)
         tests/test_gdn_kernels.py
     ;;
 moe)
-    run_tests 150 tests/test_moe_kernel.py tests/test_moe_route.py tests/test_moe_block_kernel.py
+    run_tests 150 tests/test_moe_kernel.py tests/test_moe_block_kernel.py
     run_part bench_moe 150 "$PY" scripts/bench_moe.py --tokens 1,2,4,8 --weights bf16,int8,int4 \
         --out "$OUT/bench_moe.json"
     for preset in qwen3-30b-a3b gpt-oss-20b gemma-4-26b-a4b; do
