@@ -14,7 +14,14 @@ from engine.quant.reference import dequantize_to
 from tests.support.triton_modules import HAS_CUDA, import_kernel_modules
 from tests.support.triton_versions import each_triton, run_under_triton
 
-_align, _moe = import_kernel_modules([("moe_align", "_align_kernel"), ("moe", "_gate_up_kernel")])
+_align, _moe = import_kernel_modules(
+    [
+        ("moe_align", "_align_kernel"),
+        ("moe_tiles", "weight_tile"),
+        ("moe_gemv", "_gate_up_pairs_kernel"),
+        ("moe", "_gate_up_kernel"),
+    ]
+)[::3]
 DEVICE = "cuda" if HAS_CUDA else "cpu"
 SMALL = _moe.MoeConfig(16, 16, 16, 4, 1)  # BLOCK_M, BLOCK_N, BLOCK_K, warps, stages
 WIDE = _moe.MoeConfig(32, 32, 32, 4, 1)
@@ -151,11 +158,55 @@ def test_int4_experts_match_the_dequantized_reference(dtype, group, config):
 
 def test_one_bias_int32_ids_and_the_default_config():
     gen = torch.Generator().manual_seed(5)
-    x, w13, w2, b13, _ = _layer(3, 32, 16, 8, torch.float32, gen, bias=True)
-    weights, ids = _routing(3, 2, 8, gen)
+    tokens = _moe.moe_gemv.MAX_TOKENS + 5  # past the few-token path: the sorted GEMMs
+    x, w13, w2, b13, _ = _layer(tokens, 32, 16, 8, torch.float32, gen, bias=True)
+    weights, ids = _routing(tokens, 2, 8, gen)
     got = _moe.fused_moe(x, w13, w2, weights, ids.int(), "gelu_tanh", b_gate_up=b13)
     want = fused_moe_ref(x, w13, w2, weights, ids, "gelu_tanh", b_gate_up=b13)
     _assert_close(got, want, torch.float32)
+
+
+# tokens, k, experts, weights (bf16 / int8 / int4), activation, biases: fused_moe's few-token
+# path (config None, up to moe_gemv.MAX_TOKENS tokens), hidden and inter not multiples of its
+# tiles except int4's (whole groups along K)
+FEW_TOKEN_CASES = [
+    (1, 8, 16, "plain", "silu", False),
+    (2, 4, 6, "plain", "gelu_tanh", True),
+    (4, 2, 4, "plain", "swiglu_oai", True),  # tokens share experts
+    (1, 4, 8, "int8", "silu", True),
+    (3, 2, 8, "int4", "swiglu_oai", True),
+]
+
+
+@pytest.mark.filterwarnings("ignore:overflow encountered in exp")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("tokens,k,experts,kind,activation,bias", FEW_TOKEN_CASES)
+def test_few_tokens_read_each_pairs_expert_directly(
+    tokens, k, experts, kind, activation, bias, dtype
+):
+    """Up to MAX_TOKENS tokens, fused_moe's default runs moe_gemv's two kernels (no sort, the
+    slot sum inside the down kernel): the same result as fused_moe_ref."""
+    assert tokens <= _moe.moe_gemv.MAX_TOKENS
+    gen = torch.Generator().manual_seed(tokens * 7 + k)
+    hidden, inter = (64, 32) if kind == "int4" else (40, 24)
+    x, w13, w2, b13, b2 = _layer(tokens, hidden, inter, experts, dtype, gen, bias)
+    quant, packed = {}, (w13, w2)
+    if kind == "int8":
+        q13, s13, w13 = _int8_experts(experts, 2 * inter, hidden, gen, dtype)
+        q2, s2, w2 = _int8_experts(experts, hidden, inter, gen, dtype)
+        quant, packed = {"gate_up_scales": s13, "down_scales": s2}, (q13, q2)
+    elif kind == "int4":
+        code = torch.randn(16, generator=gen).sort().values / 2
+        q13, s13, w13 = _int4_experts(experts, 2 * inter, hidden, 16, code, gen, dtype)
+        q2, s2, w2 = _int4_experts(experts, hidden, inter, 16, code, gen, dtype)
+        quant = {"gate_up_scales": s13, "down_scales": s2, "code": code.to(DEVICE)}
+        quant, packed = quant | {"group_size": 16}, (q13, q2)
+    weights, ids = _routing(tokens, k, experts, gen)
+    if tokens == 4:
+        ids[1] = ids[0]  # two tokens on the same experts
+    got = _moe.fused_moe(x, *packed, weights, ids.int(), activation, b13, b2, **quant)
+    want = fused_moe_ref(x, w13, w2, weights, ids, activation, b13, b2)
+    _assert_close(got, want, dtype)
 
 
 @pytest.mark.parametrize("one_program", [True, False], ids=["one-program", "scatter"])
@@ -247,7 +298,7 @@ QWEN3_30B_A3B = (2048, 768, 128, 8)  # hidden, moe_intermediate, experts, top-k
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("kind", ["bf16", "int8", "int4"])
-@pytest.mark.parametrize("tokens", [1, 256])
+@pytest.mark.parametrize("tokens", [1, 8, 256])
 def test_qwen3_30b_a3b_layer(tokens, kind):
     """bf16 activations, experts in bf16, or int8 / int4 against their dequantized weights."""
     hidden, inter, experts, k = QWEN3_30B_A3B
@@ -270,19 +321,20 @@ def test_qwen3_30b_a3b_layer(tokens, kind):
 
 
 @pytest.mark.gpu
-def test_decode_step_replays_from_a_cuda_graph():
+@pytest.mark.parametrize("tokens", [4, 16])  # the few-token path, the sorted GEMMs
+def test_decode_step_replays_from_a_cuda_graph(tokens):
     """Captured once, replayed on new tokens and new routing copied into the same buffers."""
     hidden, inter, experts, k = QWEN3_30B_A3B
     gen = torch.Generator().manual_seed(7)
-    x, w13, w2, _, _ = _layer(4, hidden, inter, experts, torch.bfloat16, gen, bias=False)
-    weights, ids = _routing(4, k, experts, gen)
+    x, w13, w2, _, _ = _layer(tokens, hidden, inter, experts, torch.bfloat16, gen, bias=False)
+    weights, ids = _routing(tokens, k, experts, gen)
     _moe.fused_moe(x, w13, w2, weights, ids)  # compile outside the capture
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         out = _moe.fused_moe(x, w13, w2, weights, ids)
     new_x = torch.randn(x.shape, generator=gen).to(DEVICE, x.dtype)
-    new_weights, new_ids = _routing(4, k, experts, gen)
+    new_weights, new_ids = _routing(tokens, k, experts, gen)
     x.copy_(new_x)
     weights.copy_(new_weights)
     ids.copy_(new_ids)
@@ -298,4 +350,4 @@ def test_kernels_compile_for_sm90(triton_dir):
     in a fresh process, with the venv's Triton and with the H200's 3.6)."""
     run = run_under_triton(triton_dir, ["-m", "tests.support.moe_sm90_compile"], timeout=600)
     variants = int(run.stdout.split("variants: ")[-1])
-    assert variants == 20 and run.stdout.count("ok ") == variants, run.stdout
+    assert variants == 28 and run.stdout.count("ok ") == variants, run.stdout

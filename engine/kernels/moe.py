@@ -10,7 +10,7 @@ engine/kernels/moe_ref.py's fused_moe_ref.
   routing weight in fp32, written in x's dtype to the pair's own row of [num_tokens * k, hidden].
 - _sum_slots_kernel: out[t] = the sum in fp32 of rows t * k .. t * k + k - 1, in x's dtype.
 Quantized experts (engine/quant/format.py's layouts) are read packed and widened in the K loop
-(_weight_tile): int8 exactly, its row scale multiplying the fp32 sum in the epilogue (a byte a
+(weight_tile): int8 exactly, its row scale multiplying the fp32 sum in the epilogue (a byte a
 weight); int4 through the code table times the group's scale (half a byte a weight, plus the
 scales).
 
@@ -18,7 +18,8 @@ A program reads its expert's weight rows once; with at most BLOCK_M pairs an exp
 an expert is one tile, so each active expert's weights are read once a step and an expert with
 no pair is never read. Nothing waits on the host: buffers have worst-case shapes known from the
 input shapes, and tiles past the used rows exit at once, so a decode step can be captured in a
-CUDA graph.
+CUDA graph. Up to moe_gemv.MAX_TOKENS tokens (decode at small batches) skip the sort and the
+slot sum: engine/kernels/moe_gemv.py reads each pair's expert directly, in two launches.
 """
 
 from __future__ import annotations
@@ -27,57 +28,13 @@ import torch
 import triton
 import triton.language as tl
 
+from engine.kernels import moe_gemv
 from engine.kernels.launch_math import cdiv
 from engine.kernels.moe_align import align_by_expert
 from engine.kernels.moe_args import MoeConfig, QuantArgs, check_args, config_for
 from engine.kernels.moe_ref import ACTIVATIONS, SWIGLU_OAI_ALPHA, SWIGLU_OAI_LIMIT
+from engine.kernels.moe_tiles import act_and_mul, block_k_for, weight_tile
 from engine.kernels.paged_args import dot_dtype
-
-
-@triton.jit
-def _act_and_mul(gate, up, ACTIVATION: tl.constexpr, LIMIT: tl.constexpr, ALPHA: tl.constexpr):
-    """moe_ref.act_and_mul on fp32 tiles; ACTIVATION indexes moe_ref.ACTIVATIONS."""
-    if ACTIVATION == 0:  # silu
-        return gate * tl.sigmoid(gate) * up
-    elif ACTIVATION == 1:  # gelu_tanh: 0.5 * (1 + tanh(z)) = sigmoid(2z)
-        z = 0.7978845608028654 * (gate + 0.044715 * gate * gate * gate)
-        return gate * tl.sigmoid(2.0 * z) * up
-    else:  # swiglu_oai
-        gate = tl.minimum(gate, LIMIT)
-        up = tl.minimum(tl.maximum(up, -LIMIT), LIMIT)
-        return (up + 1.0) * (gate * tl.sigmoid(gate * ALPHA))
-
-
-@triton.jit
-def _weight_tile(
-    rows,  # [BLOCK_N, 1] each weight row's start (int4: its bytes)
-    s_rows,  # [BLOCK_N] each row's first scale group (WKIND 2)
-    code_ptr,  # [16] fp32 int4 table (WKIND 2)
-    k0,
-    k_end,
-    n_mask,  # [BLOCK_N]
-    WKIND: tl.constexpr,
-    GROUP: tl.constexpr,
-    BLOCK_K: tl.constexpr,
-    DOT_DTYPE: tl.constexpr,
-):
-    """The weights of columns k0 .. k0 + BLOCK_K of the rows, [BLOCK_N, BLOCK_K] in DOT_DTYPE:
-    as stored (WKIND 0), int8 widened exactly (1; the row scale comes in the epilogue), or
-    int4 (2): each code's table value times its group's scale in fp32, rounded once; whole
-    groups a step and no mask along K (the wrapper's BLOCK_K divides K)."""
-    if WKIND == 2:
-        block_n: tl.constexpr = rows.shape[0]
-        offs_b = k0 // 2 + tl.arange(0, BLOCK_K // 2)  # column 2j in byte j's high nibble
-        packed = tl.load(rows + offs_b[None, :], mask=n_mask[:, None], other=0).to(tl.int32)
-        w = tl.join(tl.load(code_ptr + (packed >> 4)), tl.load(code_ptr + (packed & 0xF)))
-        groups = k0 // GROUP + tl.arange(0, BLOCK_K // GROUP)
-        s = tl.load(s_rows[:, None] + groups[None, :], mask=n_mask[:, None], other=0.0)
-        w = tl.reshape(w, (block_n, BLOCK_K // GROUP, GROUP)) * s[:, :, None]
-        return tl.reshape(w, (block_n, BLOCK_K)).to(DOT_DTYPE)
-    else:
-        offs_k = k0 + tl.arange(0, BLOCK_K)
-        mask = n_mask[:, None] & (offs_k[None, :] < k_end)
-        return tl.load(rows + offs_k[None, :], mask=mask, other=0).to(DOT_DTYPE)
 
 
 @triton.jit(do_not_specialize=["num_pairs"])
@@ -129,10 +86,10 @@ def _gate_up_kernel(
         offs_k = k0 + tl.arange(0, BLOCK_K)
         x_mask = valid[:, None] & (offs_k[None, :] < hidden)
         x = tl.load(x_rows + offs_k[None, :], mask=x_mask, other=0.0).to(DOT_DTYPE)
-        g = _weight_tile(
+        g = weight_tile(
             g_rows, g_scales, code_ptr, k0, hidden, n_mask, WKIND, GROUP, BLOCK_K, DOT_DTYPE
         )
-        u = _weight_tile(
+        u = weight_tile(
             u_rows, u_scales, code_ptr, k0, hidden, n_mask, WKIND, GROUP, BLOCK_K, DOT_DTYPE
         )
         acc_g = tl.dot(x, tl.trans(g), acc_g, input_precision=PRECISION)
@@ -143,7 +100,7 @@ def _gate_up_kernel(
     if HAS_BIAS:
         acc_g += tl.load(b_ptr + g_index, mask=n_mask, other=0.0).to(tl.float32)[None, :]
         acc_u += tl.load(b_ptr + g_index + inter, mask=n_mask, other=0.0).to(tl.float32)[None, :]
-    h = _act_and_mul(acc_g, acc_u, ACTIVATION, LIMIT, ALPHA)
+    h = act_and_mul(acc_g, acc_u, ACTIVATION, LIMIT, ALPHA)
     out = h_ptr + rows.to(tl.int64)[:, None] * inter + offs_n[None, :]
     tl.store(out, h.to(h_ptr.dtype.element_ty), mask=valid[:, None] & n_mask[None, :])
 
@@ -190,7 +147,7 @@ def _down_kernel(
         offs_k = k0 + tl.arange(0, BLOCK_K)
         h_mask = valid[:, None] & (offs_k[None, :] < inter)
         h = tl.load(h_rows + offs_k[None, :], mask=h_mask, other=0.0)
-        w = _weight_tile(
+        w = weight_tile(
             w_rows, w_scales, code_ptr, k0, inter, n_mask, WKIND, GROUP, BLOCK_K, DOT_DTYPE
         )
         acc = tl.dot(h.to(DOT_DTYPE), tl.trans(w), acc, input_precision=PRECISION)
@@ -233,7 +190,8 @@ def fused_moe(
     """fused_moe_ref's result (module docstring says how), the experts' weights in x's dtype or
     quantized in engine/quant/format.py's layouts, each expert's rows as one weight's: int8
     with fp32 row scales [.., rows], or int4 (uint8, two codes a byte) with fp32 group scales
-    [.., rows, cols / group_size] and the [16] code table. config None: config_for's choice.
+    [.., rows, cols / group_size] and the [16] code table. config None: config_for's choice,
+    or for up to moe_gemv.MAX_TOKENS tokens moe_gemv's two launches with no sort.
     Ids outside [0, num_experts) are not checked (that would wait on the device)."""
     quant = QuantArgs(gate_up_scales, down_scales, code, group_size)
     check_args(x, w_gate_up, w_down, topk_weights, topk_ids, activation, b_gate_up, b_down, quant)
@@ -243,6 +201,11 @@ def fused_moe(
     k = topk_ids.shape[1]
     if num_tokens == 0:
         return torch.empty_like(x)
+    if config is None and num_tokens <= moe_gemv.MAX_TOKENS:
+        return moe_gemv.fused_moe_pairs(
+            x, w_gate_up, w_down, topk_weights, topk_ids, activation, b_gate_up, b_down,
+            gate_up_scales, down_scales, code, group_size,
+        )  # fmt: skip
     cfg = config or config_for(num_tokens, k, num_experts)
     sorted_pairs, tile_expert = align_by_expert(topk_ids, num_experts, cfg.block_m)
     num_rows, num_tiles, num_pairs = sorted_pairs.numel(), tile_expert.numel(), num_tokens * k
@@ -275,7 +238,7 @@ def fused_moe(
         ALPHA=SWIGLU_OAI_ALPHA,
         HAS_BIAS=b_gate_up is not None,
         DOT_DTYPE=dot_dtype(x.dtype, _gate_up_kernel),
-        BLOCK_K=_block_k(cfg.block_k, hidden, wkind, group),
+        BLOCK_K=block_k_for(cfg.block_k, hidden, wkind, group),
         **common,
     )
     y = torch.empty(num_pairs, hidden, dtype=x.dtype, device=x.device)  # [num_pairs, hidden]
@@ -294,18 +257,10 @@ def fused_moe(
         inter,
         HAS_BIAS=b_down is not None,
         DOT_DTYPE=dot_dtype(x.dtype, _down_kernel),
-        BLOCK_K=_block_k(cfg.block_k, inter, wkind, group),
+        BLOCK_K=block_k_for(cfg.block_k, inter, wkind, group),
         **common,
     )
     out = torch.empty_like(x)
     block = min(1024, max(16, 1 << (hidden - 1).bit_length()))
     _sum_slots_kernel[(num_tokens, cdiv(hidden, block))](y, out, hidden, TOPK=k, BLOCK=block)
     return out
-
-
-def _block_k(block_k: int, cols: int, wkind: int, group: int) -> int:
-    """The config's K step, or for int4 whole scale groups that divide the row (int4 tiles are
-    not masked along K): the config's step where it does, else one group."""
-    if wkind != 2:
-        return block_k
-    return block_k if block_k % group == 0 and cols % block_k == 0 else group

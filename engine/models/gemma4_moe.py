@@ -22,7 +22,7 @@ from torch import nn
 
 from engine.models.config import ModelConfig
 from engine.models.layers import RMSNorm
-from engine.models.moe import MoEBlock, softmax_topk_renormalized
+from engine.models.moe import MoEBlock, pick_experts, softmax_topk_renormalized
 
 CHECKPOINT_NAMES = {
     "router.proj.weight": "router.proj.weight",
@@ -83,8 +83,7 @@ class Gemma4MoE(MoEBlock):
 
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """[T, hidden] -> (topk_weights fp32, topk_ids), [T, k] each."""
-        weights, ids = self.routing(self.router(x), self.top_k)  # [T, k] each
-        return weights * self.router.per_expert_scale[ids].float(), ids
+        return pick_experts(self.router(x), self.top_k, self.routing, self.router.per_expert_scale)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [T, hidden] -> [T, hidden]
         experts_in = self.pre_feedforward_layernorm_2(x)

@@ -44,6 +44,44 @@ def topk_softmax(router_logits: torch.Tensor, k: int) -> tuple[torch.Tensor, tor
     return torch.softmax(logits, dim=-1), ids
 
 
+RENORMALIZES: dict[RoutingRule, bool] = {
+    softmax_topk: False,
+    softmax_topk_renormalized: True,
+    topk_softmax: True,
+}
+"""The rules engine/kernels/moe_route.py computes in one launch, and whether each divides the
+picked weights by their sum (topk_softmax's softmax over the k picked logits is the same)."""
+
+
+@cache
+def _triton_route() -> Callable | None:
+    """engine.kernels.moe_route.route_topk where Triton runs (CUDA), else None."""
+    from engine.kernels import triton_available
+
+    if not triton_available():
+        return None
+    from engine.kernels.moe_route import route_topk
+
+    return route_topk
+
+
+def pick_experts(
+    router_logits: torch.Tensor,  # [num_tokens, num_experts]
+    k: int,
+    rule: RoutingRule,
+    expert_scale: torch.Tensor | None = None,  # [num_experts]
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """`rule` over the logits, each picked weight times expert_scale[id] where given: one
+    Triton launch on CUDA for the rules in RENORMALIZES, else the rule in PyTorch."""
+    route = _triton_route() if router_logits.is_cuda else None
+    if route is not None and rule in RENORMALIZES:
+        return route(router_logits.contiguous(), k, RENORMALIZES[rule], expert_scale)
+    weights, ids = rule(router_logits, k)
+    if expert_scale is not None:
+        weights = weights * expert_scale[ids].float()
+    return weights, ids
+
+
 @cache
 def _triton_moe() -> Callable | None:
     """engine.kernels.moe.fused_moe where Triton runs (CUDA), else None."""
@@ -117,7 +155,7 @@ class MoEBlock(nn.Module):
 
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """[num_tokens, hidden] -> (topk_weights fp32, topk_ids), [num_tokens, k] each."""
-        return self.routing(self.gate(x), self.top_k)
+        return pick_experts(self.gate(x), self.top_k, self.routing)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [num_tokens, hidden]
         return self.run_experts(x, *self.route(x))

@@ -1,9 +1,10 @@
-"""Compile the fused MoE kernels (engine/kernels/moe.py, moe_align.py) for sm_90 with Triton and
-its bundled ptxas, no GPU needed: both sorts, both grouped GEMMs at every tile config the
-wrapper picks (each activation, with and without biases, bf16, int8 and int4 weights) and the slot
-sum. Run as `python -m tests.support.moe_sm90_compile` (tests/test_moe_kernel.py does, in a
-fresh process, under the venv's Triton and the H200's 3.6). Prints one line per variant, then
-the count."""
+"""Compile the fused MoE kernels (engine/kernels/moe.py, moe_align.py, moe_gemv.py,
+moe_route.py) for sm_90 with Triton and its bundled ptxas, no GPU needed: both sorts, both
+grouped GEMMs at every tile config the wrapper picks (each activation, with and without biases,
+bf16, int8 and int4 weights), the slot sum, the few-token kernels for each weight kind and the
+routing kernel. Run as `python -m tests.support.moe_sm90_compile` (tests/test_moe_kernel.py
+does, in a fresh process, under the venv's Triton and the H200's 3.6). Prints one line per
+variant, then the count."""
 
 from __future__ import annotations
 
@@ -86,7 +87,40 @@ def main() -> None:
     types = {"y_ptr": "*bf16", "out_ptr": "*bf16", "hidden": "i32"}
     cubin = compile_sm90(_sum_slots_kernel, types, dict(TOPK=8, BLOCK=1024), 4)
     print(f"ok sum slots: {len(cubin)} bytes")
-    print(f"variants: {count + 1}")
+    count += 1 + _compile_few_token_kernels()
+    print(f"variants: {count}")
+
+
+def _compile_few_token_kernels() -> int:
+    """moe_gemv's two kernels for each weight kind (Qwen3-30B-A3B's top-8, silu) and
+    moe_route's kernel for 128 and 32 experts; returns how many were built."""
+    from engine.kernels import moe_gemv
+    from engine.kernels.moe_route import _route_kernel
+
+    count = 0
+    for wkind in (0, 1, 2):
+        weights = {"w_ptr": W_TYPES[wkind], "b_ptr": "*bf16", "s_ptr": "*fp32"}
+        weights |= {"code_ptr": "*fp32", "ids_ptr": "*i32", "hidden": "i32", "inter": "i32"}
+        gemv = dict(HAS_BIAS=wkind == 0, WKIND=wkind, GROUP=64 if wkind == 2 else 1)
+        gemv |= dict(W_DTYPE=tl.bfloat16, BLOCK_K=moe_gemv.BLOCK_K)
+        types = {"x_ptr": "*bf16", "h_ptr": "*bf16", **weights}
+        consts = dict(TOPK=8, ACTIVATION=0, LIMIT=7.0, ALPHA=1.702, **gemv)
+        consts["BLOCK_N"] = moe_gemv.GATE_UP_BLOCK_N
+        cubin = compile_sm90(moe_gemv._gate_up_pairs_kernel, types, consts, 4, 3, ALIGNED[:3])
+        print(f"ok gate_up pairs {W_TYPES[wkind]}: {len(cubin)} bytes")
+        types = {"h_ptr": "*bf16", "weights_ptr": "*fp32", "out_ptr": "*bf16", **weights}
+        consts = dict(TOPK=8, BLOCK_N=moe_gemv.DOWN_BLOCK_N, **gemv)
+        cubin = compile_sm90(moe_gemv._down_sum_kernel, types, consts, 4, 3, ("w_ptr", "h_ptr"))
+        print(f"ok down sum {W_TYPES[wkind]}: {len(cubin)} bytes")
+        count += 2
+    for experts, scale in ((128, False), (32, True)):
+        types = {"logits_ptr": "*bf16", "scale_ptr": "*bf16", "weights_ptr": "*fp32"}
+        types |= {"ids_ptr": "*i32", "num_experts": "i32"}
+        consts = dict(TOPK=8 if experts == 128 else 4, RENORMALIZE=True, HAS_SCALE=scale)
+        consts |= dict(BLOCK_E=experts, BLOCK_K=consts["TOPK"])
+        print(f"ok route {experts}: {len(compile_sm90(_route_kernel, types, consts, 1))} bytes")
+        count += 1
+    return count
 
 
 if __name__ == "__main__":
