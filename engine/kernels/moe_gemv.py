@@ -20,6 +20,7 @@ import torch
 import triton
 import triton.language as tl
 
+from engine.kernels import pdl
 from engine.kernels.launch_math import cdiv
 from engine.kernels.moe_ref import ACTIVATIONS, SWIGLU_OAI_ALPHA, SWIGLU_OAI_LIMIT
 from engine.kernels.moe_tiles import act_and_mul, block_k_for, weight_tile
@@ -54,7 +55,9 @@ def _gate_up_pairs_kernel(
     W_DTYPE: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    pdl.enter(PDL)  # engine/kernels/pdl.py: the expert to read is only known after the wait
     pair = tl.program_id(0).to(tl.int64)
     token = pair // TOPK
     expert = tl.load(ids_ptr + pair).to(tl.int64)
@@ -109,7 +112,9 @@ def _down_sum_kernel(
     W_DTYPE: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    pdl.enter(PDL)
     token = tl.program_id(0).to(tl.int64)
     offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     n_mask = offs_n < hidden
@@ -159,7 +164,9 @@ def fused_moe_pairs(
     k = topk_ids.shape[1]
     group = group_size if wkind == 2 else 1
     w_dtype = dot_dtype(x.dtype, _gate_up_pairs_kernel)  # weights rounded to this, as moe.py
+    use_pdl = pdl.enabled(x)  # one token: batch-1 decode
     common = {"WKIND": wkind, "GROUP": group, "W_DTYPE": w_dtype, "num_warps": 4}
+    common |= {"PDL": use_pdl, "launch_pdl": use_pdl}
     ids = topk_ids.reshape(-1)
     h = torch.empty(num_tokens * k, inter, dtype=x.dtype, device=x.device)  # [pairs, inter]
     _gate_up_pairs_kernel[(num_tokens * k, cdiv(inter, GATE_UP_BLOCK_N))](

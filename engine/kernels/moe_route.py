@@ -17,6 +17,7 @@ import torch
 import triton
 import triton.language as tl
 
+from engine.kernels import pdl
 from engine.kernels.launch_math import next_power_of_2
 
 
@@ -32,7 +33,9 @@ def _route_kernel(
     HAS_SCALE: tl.constexpr,
     BLOCK_E: tl.constexpr,
     BLOCK_K: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    pdl.enter(PDL)  # engine/kernels/pdl.py
     token = tl.program_id(0).to(tl.int64)
     experts = tl.arange(0, BLOCK_E)
     in_range = experts < num_experts
@@ -85,6 +88,7 @@ def route_topk(
     ids = torch.empty(num_tokens, k, dtype=torch.int32, device=logits.device)
     if num_tokens == 0:
         return weights, ids
+    use_pdl = pdl.enabled(logits)  # one token: batch-1 decode
     _route_kernel[(num_tokens,)](
         logits,
         expert_scale if expert_scale is not None else logits,
@@ -96,6 +100,8 @@ def route_topk(
         HAS_SCALE=expert_scale is not None,
         BLOCK_E=max(16, next_power_of_2(num_experts)),
         BLOCK_K=max(2, next_power_of_2(k)),
+        PDL=use_pdl,
         num_warps=1 if num_experts <= 128 else 4,
+        launch_pdl=use_pdl,
     )
     return weights, ids

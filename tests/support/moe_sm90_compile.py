@@ -102,7 +102,7 @@ def _compile_few_token_kernels() -> int:
         weights = {"w_ptr": W_TYPES[wkind], "b_ptr": "*bf16", "s_ptr": "*fp32"}
         weights |= {"code_ptr": "*fp32", "ids_ptr": "*i32", "hidden": "i32", "inter": "i32"}
         gemv = dict(HAS_BIAS=wkind == 0, WKIND=wkind, GROUP=64 if wkind == 2 else 1)
-        gemv |= dict(W_DTYPE=tl.bfloat16, BLOCK_K=moe_gemv.BLOCK_K)
+        gemv |= dict(W_DTYPE=tl.bfloat16, BLOCK_K=moe_gemv.BLOCK_K, PDL=True)
         types = {"x_ptr": "*bf16", "h_ptr": "*bf16", **weights}
         consts = dict(TOPK=8, ACTIVATION=0, LIMIT=7.0, ALPHA=1.702, **gemv)
         consts["BLOCK_N"] = moe_gemv.GATE_UP_BLOCK_N
@@ -117,7 +117,7 @@ def _compile_few_token_kernels() -> int:
         types = {"logits_ptr": "*bf16", "scale_ptr": "*bf16", "weights_ptr": "*fp32"}
         types |= {"ids_ptr": "*i32", "num_experts": "i32"}
         consts = dict(TOPK=8 if experts == 128 else 4, RENORMALIZE=True, HAS_SCALE=scale)
-        consts |= dict(BLOCK_E=experts, BLOCK_K=consts["TOPK"])
+        consts |= dict(BLOCK_E=experts, BLOCK_K=consts["TOPK"], PDL=True)
         print(f"ok route {experts}: {len(compile_sm90(_route_kernel, types, consts, 1))} bytes")
         count += 1
     return count
