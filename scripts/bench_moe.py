@@ -24,6 +24,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from engine.kernels import moe_gemv  # noqa: E402
 from engine.kernels.moe import MoeConfig, config_for, fused_moe  # noqa: E402
 from engine.timing import graph_seconds  # noqa: E402
 from scripts.bench_floor import measure_hardware  # noqa: E402
@@ -94,7 +95,7 @@ def floor_bytes(shape: tuple, ids: torch.Tensor, kind: str) -> int:
     return distinct * expert_bytes(shape, kind) + 2 * ids.shape[0] * shape[0] * 2
 
 
-def per_call_seconds(layers: list[dict], call: tuple, config: MoeConfig) -> float:
+def per_call_seconds(layers: list[dict], call: tuple, config: MoeConfig | None) -> float:
     """Seconds per fused_moe call on (x, topk_weights, topk_ids, activation), timed in one
     CUDA graph that calls it once per layer."""
     x, weights, ids, activation = call
@@ -120,13 +121,14 @@ def bench_shape(
         ids = torch.rand(t, experts, device=DEVICE).argsort(dim=1)[:, :k].contiguous()
         weights = torch.softmax(torch.randn(t, k, device=DEVICE), dim=-1)
         floor = floor_bytes(shape, ids, kind) / bandwidth
-        for config in configs or [config_for(t, k, experts)]:
+        for config in configs or [None]:  # None: the kernel's own choice
             seconds = per_call_seconds(layers, (x, weights, ids, activation), config)
+            chosen = config or (None if t <= moe_gemv.MAX_TOKENS else config_for(t, k, experts))
             row = {
                 "shape": name,
                 "weights": kind,
                 "tokens": t,
-                "config": list(config),
+                "config": list(chosen) if chosen else "few-token GEMV",
                 "distinct_experts": int(ids.unique().numel()),
                 "us": seconds * 1e6,
                 "floor_us": floor * 1e6,
@@ -134,7 +136,7 @@ def bench_shape(
             }
             rows.append(row)
             print(
-                f"{name:14} {kind:5} {t:4d} tokens {str(tuple(config)):24} "
+                f"{name:14} {kind:5} {t:4d} tokens {str(row['config']):24} "
                 f"{row['distinct_experts']:4d} experts {row['us']:9.1f} us  "
                 f"floor {row['floor_us']:8.1f} us  {100 * row['of_floor']:5.1f}% of floor",
                 flush=True,

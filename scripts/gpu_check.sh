@@ -114,6 +114,8 @@ moe)
     run_tests 150 tests/test_moe_kernel.py tests/test_moe_block_kernel.py
     run_part bench_moe 150 "$PY" scripts/bench_moe.py --tokens 1,2,4,8 --weights bf16,int8,int4 \
         --out "$OUT/bench_moe.json"
+    run_part bench_moe_sorted 100 "$PY" scripts/bench_moe.py --tokens 1,2,4 \
+        --configs '[[16, 32, 128, 4, 3]]'  # the grouped GEMMs at the same sizes, to compare
     for preset in qwen3-30b-a3b gpt-oss-20b gemma-4-26b-a4b; do
         run_part "profile_$preset" 120 "$PY" scripts/profile_step.py --preset "$preset" \
             --kernels 30 --steps 20
