@@ -78,7 +78,7 @@ def select_backend(device: torch.device) -> AttentionBackend:
     """Triton kernels on CUDA when available, else the PyTorch path."""
     if device.type == "cuda":
         try:
-            from engine.kernels.triton_backend import TritonBackend
+            from engine.attention_triton import TritonBackend
         except ImportError:
             return AttentionBackend()
         return TritonBackend()
