@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from engine.attention import AttentionBackend
+from engine.attention_torch import AttentionBackend
 from engine.context import AttentionMetadata
 from engine.kernels import decode_attention as decode_kernels
 from engine.kernels import prefill_attention as prefill_kernels
