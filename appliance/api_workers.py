@@ -21,10 +21,10 @@ import signal
 import sys
 from typing import Any
 
+from appliance.listener import ENGINE_GONE_GRACE_S, LOG_FORMAT, listen, make_ssl_context
 from appliance.settings import ServeSettings
 
 logger = logging.getLogger("appliance.server")
-LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
 
 def start_workers(settings: ServeSettings, port: int, info: Any, address: str) -> list:
@@ -78,7 +78,6 @@ def _worker_main(settings: ServeSettings, info: Any, address: str) -> None:
 
 
 async def _serve_worker(settings: ServeSettings, info: Any, address: str) -> int:
-    from appliance.serve import ENGINE_GONE_GRACE_S, listen, make_ssl_context
     from appliance.server.app import create_app
     from appliance.server.keys import STATE
 

@@ -14,24 +14,25 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from aiohttp import web
 from rich.console import Console
 from rich.markup import escape
 from rich.progress import Progress as RichBar
 from rich.progress import SpinnerColumn, TextColumn, TimeElapsedColumn
 
 from appliance.api_workers import start_workers, stop_workers, watch_workers
+from appliance.listener import (
+    ENGINE_GONE_GRACE_S,
+    LOG_FORMAT,
+    base_url,
+    listen,
+    make_ssl_context,
+)
 from appliance.server.app import Progress, create_app
 from appliance.server.keys import STATE
-from appliance.server.runner import AppRunner
 from appliance.server.state import Phase
 from appliance.settings import ServeSettings
 
 logger = logging.getLogger("appliance.server")
-LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
-ENGINE_GONE_GRACE_S = 1.0
-"""How long the server keeps answering once the engine died or failed to load: the answers on
-their way go out, and /health says why to whoever polls it."""
 
 
 class ConsoleProgress(Progress):
@@ -109,45 +110,6 @@ def run_server(settings: ServeSettings, loader: Callable[..., Any] | None = None
         print(f"appliance: stopped; the server log is {settings.tui_log_path}", file=sys.stderr)
         return code
     return asyncio.run(serve(settings, ssl_ctx, loader))
-
-
-def make_ssl_context(settings: ServeSettings) -> ssl.SSLContext | None:
-    if not settings.ssl_certfile:
-        return None
-    ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-    ctx.load_cert_chain(settings.ssl_certfile, settings.ssl_keyfile)
-    return ctx
-
-
-def base_url(runner: web.AppRunner, settings: ServeSettings, is_tls: bool) -> str:
-    """The listening server's URL: "http://127.0.0.1:8000" (the bound port where it was 0)."""
-    scheme = "https" if is_tls else "http"
-    host = f"[{settings.host}]" if ":" in settings.host else settings.host
-    port = runner.addresses[0][1] if runner.addresses else settings.port
-    return f"{scheme}://{host}:{port}"
-
-
-async def listen(
-    app: web.Application, settings: ServeSettings, ssl_ctx: ssl.SSLContext | None
-) -> web.AppRunner | None:
-    """Start listening (before the engine loads, so /health answers 503 meanwhile); None,
-    with the reason on stderr, when the address cannot be bound."""
-    runner = AppRunner(app, handler_cancellation=True, shutdown_timeout=3.0, access_log=None)
-    await runner.setup()
-    site = web.TCPSite(
-        runner,
-        settings.host,
-        settings.port,
-        ssl_context=ssl_ctx,
-        reuse_port=settings.api_workers > 1,  # the API workers bind the same port
-    )
-    try:
-        await site.start()
-    except OSError as exc:
-        print(f"cannot listen on {settings.host}:{settings.port}: {exc.strerror}", file=sys.stderr)
-        await runner.cleanup()
-        return None
-    return runner
 
 
 async def serve(

@@ -3,13 +3,31 @@ read)."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Protocol
 
-if TYPE_CHECKING:
-    from engine.llm_engine import LLMEngine
+from engine.bandwidth import BandwidthMeter
+from engine.block_manager import BlockManager
+from engine.compile_count import CompileWatch
+from engine.scheduler import Scheduler
+from engine.spec.step import SpecDecoder
+from engine.structured.pool import GrammarPool
 
 
-def engine_stats(engine: LLMEngine) -> dict:
+class StatsSource(Protocol):
+    """What engine_stats reads: the LLMEngine's components and counters."""
+
+    scheduler: Scheduler
+    block_manager: BlockManager
+    grammars: GrammarPool | None
+    spec: SpecDecoder | None
+    bandwidth: BandwidthMeter
+    compiles: CompileWatch
+    prompt_tokens_total: int
+    generation_tokens_total: int
+    num_steps: int
+
+
+def engine_stats(engine: StatsSource) -> dict:
     """The engine's counters and gauges: what /v1/stats, /metrics and the dashboard read."""
     slots = engine.block_manager.slots
     return {

@@ -20,8 +20,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine import timing
-from engine.kernels import triton_available
-from engine.models.layers import Linear, PagedAttention, fused_kernels_enabled
+from engine.kernels import fused_kernels_enabled, triton_available
+from engine.models.layers import Linear, PagedAttention
 from engine.models.rope import RotaryEmbedding
 from engine.quant.tuning import QuantChoices, choose_quant_linears
 

@@ -42,7 +42,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from engine import LLM, SamplingParams  # noqa: E402
+from engine import LLM  # noqa: E402
 from scripts.bench_floor import (  # noqa: E402
     Hardware,
     ModelShape,
@@ -53,6 +53,7 @@ from scripts.bench_floor import (  # noqa: E402
     ttft_floor_s,
     verdict,
 )
+from scripts.bench_generate import greedy, timed_generate  # noqa: E402
 from scripts.bench_presets import (  # noqa: E402
     SIZES,
     materialise_preset,
@@ -75,10 +76,6 @@ FAMILIES = {
 
 
 # --- workloads ---------------------------------------------------------------------------------
-def _params(max_tokens: int) -> SamplingParams:
-    return SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
-
-
 @contextmanager
 def time_limit(seconds: float):
     """Raise TimeoutError in the main thread after `seconds` (no-op off the main thread)."""
@@ -172,18 +169,6 @@ def _row(name: str, metric: str, achieved, floor, full: bool, detail: dict) -> d
     return dict(zip(keys, (name, metric, achieved, floor, target, result, detail), strict=True))
 
 
-def _timed_generate(llm: LLM, prompts, output_lens) -> tuple[float, list, dict]:
-    """Warm up on the same batch (short), then time one generate; returns (s, outputs, stats)."""
-    llm.generate([p[:32] for p in prompts], _params(4))
-    before = llm.engine.stats()
-    start = time.perf_counter()
-    outs = llm.generate(prompts, [_params(n) for n in output_lens])
-    elapsed = time.perf_counter() - start
-    after = llm.engine.stats()
-    stats = {k: after[k] - before[k] for k in ("num_steps", "num_preemptions_total")}
-    return elapsed, outs, stats
-
-
 def bench_throughput(
     engines: Engines, hw: Hardware, sz: dict, name: str, full: bool, preset: str = BIG
 ) -> list:
@@ -196,7 +181,7 @@ def bench_throughput(
         out_lens = [sz["a_output"]] * n
     llm = engines.get(preset)
     prompts = random_prompts(n, lo, hi, llm.engine.model_config.vocab_size, seed=10)
-    elapsed, outs, stats = _timed_generate(llm, prompts, out_lens)
+    elapsed, outs, stats = timed_generate(llm, prompts, out_lens)
     num_out = sum(len(o.token_ids) for o in outs)
     floor = throughput_floor(engines.shape(), hw, [len(p) for p in prompts], out_lens)
     ttfts = [o.metrics.first_token_time - o.metrics.arrival_time for o in outs]
@@ -209,11 +194,11 @@ def bench_throughput(
 def batch1_rates(llm: LLM, sz: dict) -> list[float]:
     """Decode tok/s of one request = (tokens - 1) / (finish - first token), per repeat."""
     vocab = llm.engine.model_config.vocab_size
-    llm.generate(random_prompts(1, sz["b_prompt"], sz["b_prompt"], vocab, 20), _params(16))
+    llm.generate(random_prompts(1, sz["b_prompt"], sz["b_prompt"], vocab, 20), greedy(16))
     rates = []
     for i in range(sz["b_repeats"]):
         prompt = random_prompts(1, sz["b_prompt"], sz["b_prompt"], vocab, seed=21 + i)
-        (out,) = llm.generate(prompt, _params(sz["b_output"]))
+        (out,) = llm.generate(prompt, greedy(sz["b_output"]))
         m = out.metrics
         rates.append((len(out.token_ids) - 1) / (m.finished_time - m.first_token_time))
     return rates
@@ -248,10 +233,10 @@ def bench_ttft(engines: Engines, hw: Hardware, sz: dict, full: bool) -> list:
     llm = engines.get(preset)
     vocab, rows = llm.engine.model_config.vocab_size, []
     for n in sz["c_prompts"]:
-        llm.generate(random_prompts(1, n, n, vocab, seed=30), _params(1))  # warm-up
+        llm.generate(random_prompts(1, n, n, vocab, seed=30), greedy(1))  # warm-up
         times, before = [], _allocator_counts(llm)
         for i in range(sz["c_repeats"]):  # a fresh prompt each time: no prefix reuse
-            (out,) = llm.generate(random_prompts(1, n, n, vocab, seed=31 + i), _params(1))
+            (out,) = llm.generate(random_prompts(1, n, n, vocab, seed=31 + i), greedy(1))
             times.append((out.metrics.first_token_time - out.metrics.arrival_time) * 1e3)
         floor_ms = ttft_floor_s(engines.shape(), hw, n) * 1e3
         after = _allocator_counts(llm)  # device mallocs/frees during the timed runs (want 0)
@@ -281,7 +266,7 @@ def _profiled_ttft(llm: LLM, prompt: list[list[int]]) -> dict:
 
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         start = time.perf_counter()
-        llm.generate(prompt, _params(1))
+        llm.generate(prompt, greedy(1))
         if torch.cuda.is_available():
             torch.cuda.synchronize()
         wall = time.perf_counter() - start
@@ -346,7 +331,7 @@ def main(argv: list[str] | None = None) -> int:
             "A": lambda: bench_throughput(engines, hw, sz, "A", full),
             "B": lambda: bench_batch1(engines, hw, sz, full),
             "C": lambda: bench_ttft(engines, hw, sz, c_full),
-            "HF": lambda: compare_hf(engines, sz, args),  # scripts/bench_gpu_hf.py
+            "HF": lambda: compare_hf(engines, BIG, sz, args),  # scripts/bench_gpu_hf.py
             "D": lambda: bench_throughput(engines, hw, sz, "D", full),
         }
         for code in FAMILIES:

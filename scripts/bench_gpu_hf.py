@@ -5,20 +5,30 @@ from __future__ import annotations
 
 import argparse
 import time
+from typing import Protocol
 
 import torch
 
-from scripts.bench_gpu import BIG, Engines, _timed_generate
+from engine import LLM
+from scripts.bench_generate import timed_generate
 from scripts.bench_presets import load_preset, random_prompts
 
 
-def compare_hf(engines: Engines, sz: dict, args: argparse.Namespace) -> dict:
+class EngineSource(Protocol):
+    """bench_gpu.Engines: one engine alive at a time."""
+
+    def get(self, preset: str) -> LLM: ...
+
+    def drop(self) -> None: ...
+
+
+def compare_hf(engines: EngineSource, preset: str, sz: dict, args: argparse.Namespace) -> dict:
     """Reduced workload A on our engine, then on transformers' generate_batch (same prompts)."""
-    preset, n, out_len = BIG, sz["hf_requests"], sz["hf_output"]
+    n, out_len = sz["hf_requests"], sz["hf_output"]
     raw = load_preset(preset, args.tiny)
     prompts = random_prompts(n, *sz["a_prompt"], raw["vocab_size"], seed=40)
     llm = engines.get(preset)
-    elapsed, outs, _ = _timed_generate(llm, prompts, [out_len] * n)
+    elapsed, outs, _ = timed_generate(llm, prompts, [out_len] * n)
     ours = sum(len(o.token_ids) for o in outs) / elapsed
     engines.drop()
     try:

@@ -34,7 +34,8 @@ from engine.models.config import ModelConfig  # noqa: E402
 from engine.models.loader import load_model  # noqa: E402
 from engine.quant.format import resolve_weight_quant  # noqa: E402
 from scripts.bench_floor import measure_hardware  # noqa: E402
-from scripts.bench_gpu import _params, batch1_rates  # noqa: E402
+from scripts.bench_generate import greedy  # noqa: E402
+from scripts.bench_gpu import batch1_rates  # noqa: E402
 from scripts.bench_presets import materialise_preset, random_prompts  # noqa: E402
 
 PRESET = "llama-3-8b"
@@ -92,9 +93,9 @@ def bench_kind(folder: Path, kind: str, sz: dict, bandwidth: float, eager: bool)
     # Reduced workload A: all requests at t=0.
     n, (lo, hi) = sz["a_requests"], sz["a_prompt"]
     prompts = random_prompts(n, lo, hi, vocab, seed=10)
-    llm.generate([p[:32] for p in prompts], _params(4))  # warm-up
+    llm.generate([p[:32] for p in prompts], greedy(4))  # warm-up
     start = time.perf_counter()
-    outs = llm.generate(prompts, _params(sz["a_output"]))
+    outs = llm.generate(prompts, greedy(sz["a_output"]))
     row["a_out_tok_s"] = sum(len(o.token_ids) for o in outs) / (time.perf_counter() - start)
     row["a_requests"], row["a_output"] = n, sz["a_output"]
     del llm, outs

@@ -20,13 +20,12 @@ from tests.support.triton_modules import HAS_CUDA, import_kernel_modules
 from tests.support.triton_versions import each_triton, run_under_triton
 
 DEVICE = "cuda" if HAS_CUDA else "cpu"
-_variants_mod, _tiles_mod, _decode_mod, _prefill_mod, _backend_mod = import_kernel_modules(
+_variants_mod, _tiles_mod, _decode_mod, _prefill_mod = import_kernel_modules(
     [
         ("attention_variants", "soft_cap"),
         ("prefill_tiles", "attend_kv_tile"),
         ("decode_attention", "_decode_split_kernel"),
         ("prefill_attention", "_prefill_kernel"),
-        ("triton_backend", "decode_attention"),
     ]
 )
 # Max abs error against an fp32 reference on the same cache (outputs O(1)): as in
@@ -237,6 +236,7 @@ def test_backend_passes_the_variant_to_both_kernels():
     """A mixed step (two decodes, two prefill chunks) through the Triton backend equals the
     PyTorch backend with the same variant, at a fixed split count as CUDA graphs run it."""
     from engine.attention import AttentionBackend
+    from engine.attention_triton import TritonBackend
 
     gen = torch.Generator().manual_seed(17)
     num_heads, num_kv_heads, head_dim = 4, 2, 32
@@ -262,7 +262,7 @@ def test_backend_passes_the_variant_to_both_kernels():
         seq_lens_cpu=seq_lens,
         decode_num_splits=3,
     )
-    got = _backend_mod.TritonBackend().attention(q, k, v, meta, 0.2, **variant)
+    got = TritonBackend().attention(q, k, v, meta, 0.2, **variant)
     want = AttentionBackend().attention(
         q.cpu(), k.cpu(), v.cpu(), _on_cpu(meta), 0.2, **{n: _cpu(x) for n, x in variant.items()}
     )

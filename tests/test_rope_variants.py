@@ -15,7 +15,8 @@ from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding, apply
 
 from engine import LLM, SamplingParams
 from engine.models import rope as rope_mod
-from engine.models.config import ROPE_TYPES, ModelConfig
+from engine.models.config import ModelConfig
+from engine.models.config_fields import ROPE_TYPES
 from engine.models.layers import PagedAttention
 from engine.models.rope import RotaryEmbedding, inv_freq_and_scale
 from tests.support.greedy_reference import assert_greedy_agrees

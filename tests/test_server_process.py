@@ -15,7 +15,8 @@ from functools import partial
 import aiohttp
 import pytest
 
-from appliance.serve import make_ssl_context, serve
+from appliance.listener import make_ssl_context
+from appliance.serve import serve
 from appliance.settings import ServeSettings
 from tests.support.fake_engine import BrokenLoader, FakeEngine
 from tests.support.serve_process import wait_for_url

@@ -37,3 +37,12 @@ def triton_available() -> bool:
     import torch
 
     return torch.cuda.is_available()
+
+
+@functools.cache
+def fused_kernels_enabled() -> bool:
+    """Fused Triton kernels for RMSNorm, RoPE and SiLU-and-mul run on CUDA tensors (CUDA is
+    available and Triton imports); the plain PyTorch ops everywhere else."""
+    import torch
+
+    return torch.cuda.is_available() and triton_available()

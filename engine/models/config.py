@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from engine.models.config_fields import FULL, SLIDING, rope_scaling_from
 from engine.models.linear_attention import LINEAR, LinearAttention
 from engine.models.registry import (
     ARCHITECTURES,
@@ -20,19 +21,6 @@ from engine.models.registry import (
 
 if TYPE_CHECKING:
     from engine.models.param_counts import ParamCounts
-
-SLIDING, FULL = "sliding_attention", "full_attention"
-"""Layer types, by config.json's `layer_types` names."""
-
-ROPE_TYPES = {
-    "default": (),
-    "linear": ("factor",),
-    "llama3": ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"),
-    "yarn": ("factor", "original_max_position_embeddings"),
-    "proportional": (),  # partial_rotary_factor and factor optional (Gemma 4's full layers)
-}
-"""The RoPE types the engine builds (engine/models/rope.py), each with the keys its scaling
-dict must hold."""
 
 KV_ELEMENT_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "int8": 1}
 """Bytes per KV-cache element, by kv_cache_dtype name."""
@@ -343,23 +331,6 @@ class ModelConfig:
                 "model folder: config.json, *.safetensors, tokenizer files)"
             )
         return cls.from_dict(json.loads(path.read_text()))
-
-
-def rope_scaling_from(params: dict) -> dict | None:
-    """A layer's RoPE scaling from config.json's rope_parameters (or older rope_scaling) dict:
-    None for plain RoPE, else the dict with its type under `rope_type`, checked against
-    ROPE_TYPES and the keys that type needs."""
-    rope_type = params.get("rope_type", params.get("type", "default"))
-    if rope_type not in ROPE_TYPES:
-        raise ValueError(
-            f"unsupported rope scaling {rope_type!r}; supported: {', '.join(ROPE_TYPES)}"
-        )
-    if rope_type == "default":
-        return None
-    missing = [key for key in ROPE_TYPES[rope_type] if params.get(key) is None]
-    if missing:
-        raise ValueError(f"rope scaling {rope_type!r} needs {', '.join(missing)} in config.json")
-    return {**params, "rope_type": rope_type}
 
 
 def _qwen2_layer_types(raw: dict) -> tuple[str, ...]:

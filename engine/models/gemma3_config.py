@@ -4,7 +4,7 @@ layer types and the RoPE of each layer type. Torch-free (the planner reads it)."
 
 from __future__ import annotations
 
-from engine.models.config import FULL, SLIDING
+from engine.models.config_fields import FULL, SLIDING
 
 TEXT_DEFAULTS = {
     "vocab_size": 262_208,

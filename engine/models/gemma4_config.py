@@ -17,7 +17,7 @@ As transformers 5.24's Gemma4TextConfig builds them:
 from __future__ import annotations
 
 from engine.models import gemma3_config
-from engine.models.config import FULL, SLIDING, rope_scaling_from
+from engine.models.config_fields import FULL, SLIDING, rope_scaling_from
 
 TEXT_DEFAULTS = {
     "vocab_size": 262_144,

@@ -17,20 +17,10 @@ from torch import nn
 from engine.attention import AttentionBackend
 from engine.context import get_context
 from engine.env import env_flag
+from engine.kernels import fused_kernels_enabled
 
 if TYPE_CHECKING:
     from engine.models.rope import RotaryEmbedding
-
-
-@cache
-def fused_kernels_enabled() -> bool:
-    """Fused Triton kernels for RMSNorm, RoPE and SiLU-and-mul run on CUDA tensors (CUDA is
-    available and Triton imports); the plain PyTorch ops everywhere else."""
-    if not torch.cuda.is_available():
-        return False
-    from engine.kernels import triton_available
-
-    return triton_available()
 
 
 class Linear(nn.Linear):

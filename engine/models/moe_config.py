@@ -3,7 +3,7 @@ gpt-oss and Qwen3.5-MoE. Torch-free (the planner reads configs)."""
 
 from __future__ import annotations
 
-from engine.models.config import FULL, SLIDING
+from engine.models.config_fields import FULL, SLIDING
 
 
 def qwen3_moe_fields(raw: dict) -> dict:

@@ -1,12 +1,14 @@
 """Parameter counts by kind (ParamCounts): what the planner's weight bytes and speed floor read,
-from a ModelConfig's per-layer description. Torch-free."""
+from a ModelConfig's per-layer description. Torch-free. ModelConfig.param_counts() calls this
+module, so it takes the config untyped rather than import engine/models/config.py back."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
-from engine.models.config import LINEAR, ModelConfig
 from engine.models.gemma4_config import per_layer_input_params
+from engine.models.linear_attention import LINEAR
 
 
 @dataclass(frozen=True)
@@ -37,7 +39,7 @@ class ParamCounts:
         return self.active_linear + self.embed + self.other
 
 
-def count_params(cfg: ModelConfig) -> ParamCounts:
+def count_params(cfg: Any) -> ParamCounts:
     """Parameters by kind: attention (per layer's shape; K/V-sharing layers: no k/v, no k
     norm; k_eq_v: no v), dense MLPs (mlp_size) and/or experts, norms, routers, per-layer
     inputs (gemma4_config.per_layer_input_params)."""
@@ -80,7 +82,7 @@ def count_params(cfg: ModelConfig) -> ParamCounts:
     return ParamCounts(linear, rows, embed, other + h, active, experts, expert_rows)
 
 
-def linear_attention_params(cfg: ModelConfig) -> tuple[int, int, int]:
+def linear_attention_params(cfg: Any) -> tuple[int, int, int]:
     """One LINEAR layer's (projection weights, their output rows, other parameters): the
     q/k/v, z (output gate), b (beta) and a (decay) input projections and out_proj; the
     conv1d taps, A_log, dt_bias and the gated norm's weight."""

@@ -12,7 +12,7 @@ embedding)."""
 
 from __future__ import annotations
 
-from engine.models.config import FULL
+from engine.models.config_fields import FULL
 from engine.models.linear_attention import LINEAR, LinearAttention
 
 TEXT_DEFAULTS = {

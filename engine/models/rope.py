@@ -20,8 +20,8 @@ import math
 import torch
 from torch import nn
 
-from engine.models.config import ROPE_TYPES
-from engine.models.layers import fused_kernels_enabled
+from engine.kernels import fused_kernels_enabled
+from engine.models.config_fields import ROPE_TYPES
 
 
 def rotary_dim(head_dim: int, partial_rotary_factor: float) -> int:

@@ -95,12 +95,12 @@ def _requests(decode_lens: list[int], prefills: list[tuple[int, int]]):
 def run_step(decode_lens: list[int], prefills: list[tuple[int, int]], kv_int8: bool) -> None:
     """The kernel calls of one eager step's layer (engine/models/llama.py's slicing), with the
     runner's input tensors (engine/input_prep.prepare_inputs: views of one upload)."""
+    from engine.attention_triton import TritonBackend
     from engine.input_prep import prepare_inputs
     from engine.kernels.rmsnorm import rms_norm
     from engine.kernels.rope import apply_rope
     from engine.kernels.rope_store import rope_store
     from engine.kernels.silu_mul import silu_and_mul
-    from engine.kernels.triton_backend import TritonBackend
 
     global _group
     _group = "int8 KV" if kv_int8 else ""

@@ -1,15 +1,17 @@
-"""The Triton attention backend (CUDA): the AttentionBackend interface over our kernels. A
-layer's variant (`window`, `softcap`, `sinks`) goes to both kernels as it is."""
+"""The Triton attention backend (CUDA): the AttentionBackend interface over the kernels in
+engine/kernels/. A layer's variant (`window`, `softcap`, `sinks`) goes to both kernels as it
+is. The kernels are called through their modules, so a test that reloads a kernel module
+under Triton's CPU interpreter reaches this backend too."""
 
 from __future__ import annotations
 
 import torch
 
-from engine.attention import AttentionBackend
+from engine.attention_torch import AttentionBackend
 from engine.context import AttentionMetadata
-from engine.kernels.decode_attention import decode_attention, decode_workspace
-from engine.kernels.prefill_attention import prefill_attention
-from engine.kernels.store_kv import store_kv
+from engine.kernels import decode_attention as decode_kernels
+from engine.kernels import prefill_attention as prefill_kernels
+from engine.kernels import store_kv as store_kernels
 
 
 class TritonBackend(AttentionBackend):
@@ -19,7 +21,7 @@ class TritonBackend(AttentionBackend):
         self._workspaces: dict[tuple, torch.Tensor] = {}
 
     def store_kv(self, k, v, k_cache, v_cache, slot_mapping, k_scales=None, v_scales=None) -> None:
-        store_kv(k, v, k_cache, v_cache, slot_mapping, k_scales, v_scales)
+        store_kernels.store_kv(k, v, k_cache, v_cache, slot_mapping, k_scales, v_scales)
 
     def _workspace(self, q: torch.Tensor, num_splits: int) -> torch.Tensor | None:
         """A persistent split-K workspace (fixed addresses, as CUDA-graph replay needs)."""
@@ -29,7 +31,9 @@ class TritonBackend(AttentionBackend):
         key = (num_heads, head_dim, num_splits, q.device)
         ws = self._workspaces.get(key)
         if ws is None or ws.shape[0] < num_seqs:
-            ws = decode_workspace(max(num_seqs, 256), num_heads, head_dim, num_splits, q.device)
+            ws = decode_kernels.decode_workspace(
+                max(num_seqs, 256), num_heads, head_dim, num_splits, q.device
+            )
             self._workspaces[key] = ws
         return ws
 
@@ -47,7 +51,7 @@ class TritonBackend(AttentionBackend):
     ):
         n = meta.num_decodes
         splits = meta.decode_num_splits
-        return decode_attention(
+        return decode_kernels.decode_attention(
             q,
             k_cache,
             v_cache,
@@ -81,7 +85,7 @@ class TritonBackend(AttentionBackend):
         if n:
             self.decode(q[:n], k_cache, v_cache, meta, scale, *scales, out=out[:n], **var)
         if n < meta.num_seqs:
-            prefill_attention(
+            prefill_kernels.prefill_attention(
                 q,
                 k_cache,
                 v_cache,
