@@ -1,18 +1,33 @@
-"""plan() with its refusals: when the pins cannot fit, find the one setting to change and the
-value to give it (or the device memory that would fit), so the error says "set X to V"."""
+"""plan(): one pass through the stages (attempt) and, when the pins cannot fit, the refusal: the
+one setting to change and the value to give it (or the device memory that would fit), so the
+error says "set X to V"."""
 
 from __future__ import annotations
 
 from dataclasses import replace
 
 from engine.models.config import ModelConfig
+from engine.planner.budget import budget, weights_and_kv_dtype
 from engine.planner.device import Device
 from engine.planner.formulas import GIB, WEIGHT_FORMATS
-from engine.planner.plan import Misfit, attempt
+from engine.planner.plan_state import Misfit, PlanPass
 from engine.planner.request import Plan, PlanError, PlanRequest
+from engine.planner.sizing import finish, kv_blocks, max_model_len, max_num_seqs, state_pool
 
 FITS = 99
 """Stage of a plan that passed every check."""
+
+
+def attempt(m: ModelConfig, dev: Device, req: PlanRequest) -> Plan:
+    """Plan once, stage by stage; raises Misfit naming the setting at fault."""
+    d = PlanPass(m, dev, req, req.max_num_seqs or dev.max_num_seqs)
+    budget(d)
+    weights_and_kv_dtype(d)
+    kv_blocks(d)
+    max_model_len(d)
+    max_num_seqs(d)
+    state_pool(d)
+    return finish(d)
 
 
 def plan(model: ModelConfig, device: Device, request: PlanRequest | None = None) -> Plan:
