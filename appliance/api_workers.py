@@ -79,7 +79,7 @@ def _worker_main(settings: ServeSettings, info: Any, address: str) -> None:
 
 async def _serve_worker(settings: ServeSettings, info: Any, address: str) -> int:
     from appliance.server.app import create_app
-    from appliance.server.keys import STATE
+    from appliance.server.app_keys import STATE
 
     app = create_app(settings, core=(info, address))
     runner = await listen(app, settings, make_ssl_context(settings))  # reuse_port: N > 1

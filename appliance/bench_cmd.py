@@ -14,10 +14,10 @@ from pathlib import Path
 from rich.console import Console
 
 from appliance.loadgen.client import ClientConfig
+from appliance.loadgen.load_shapes import Stage
 from appliance.loadgen.processes import STREAMS_PER_PROCESS, auto_processes
 from appliance.loadgen.report import SLO, parse_duration, summarize_all
 from appliance.loadgen.report import write_json as write_bench_json
-from appliance.loadgen.runner import Stage
 from appliance.loadgen.session import LoadSession
 from appliance.loadgen.tables import cache_line, table, turn_ratio_line, turn_table
 from appliance.loadgen.workload import LengthDist, WorkloadSpec

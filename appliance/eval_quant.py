@@ -4,7 +4,7 @@ Runs one prompt set through the unquantized model (the baseline: the dtype the e
 fp32 on a CPU, bf16 on most GPUs) and through each quantized configuration, one engine at a
 time, and compares: greedy token agreement (first divergence per prompt), perplexity on a
 reference text, and the mean KL(baseline || quantized) of next-token distributions. The
-distributions are teacher-forced through the engine (engine.scoring), so attention reads the
+distributions are teacher-forced through the engine (engine.runner.scoring), so attention reads the
 quantized KV cache exactly as in serving; they are scored on the reference text and on each
 prompt followed by the baseline's answer. KL is computed over the baseline's top-K tokens plus
 one bucket for the rest of the vocabulary (a lower bound of the full KL, tight when the top-K
@@ -116,7 +116,7 @@ def _score(engine, sequences, refs, chunk_size):
     against them. Returns (per-sequence NLL sums, counts, [(position, kl)] or None)."""
     import torch
 
-    from engine.scoring import iter_next_token_logprobs
+    from engine.runner.scoring import iter_next_token_logprobs
 
     nll, counts, kls = [], [], []
     built = []

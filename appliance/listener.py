@@ -9,7 +9,7 @@ import sys
 
 from aiohttp import web
 
-from appliance.server.runner import AppRunner
+from appliance.server.app_runner import AppRunner
 from appliance.settings import ServeSettings
 
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"

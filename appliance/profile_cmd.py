@@ -90,9 +90,9 @@ def measure_gpu() -> dict[str, float]:
 def run_profile(args: argparse.Namespace) -> int:
     from appliance.settings import engine_pins
     from engine.config import EngineConfig
-    from engine.models.config import ModelConfig
+    from engine.models.model_config import ModelConfig
     from engine.planner import read_device
-    from engine.planning import plan_engine
+    from engine.startup.planned_config import plan_engine
 
     notes: list[str] = []
     try:

@@ -24,7 +24,7 @@ LABELS = {
 
 
 def measure_plan(folder: str, config, device: Device):
-    """The engine's MemoryReport (engine.memory_check) for a planned EngineConfig on cuda:0,
+    """The engine's MemoryReport (engine.memory.memory_check) for a planned EngineConfig on cuda:0,
     planned for `device` (the same plan), with random weights. Its kernels compile into the
     appliance's Triton cache, as `appliance serve`'s do."""
     import torch

@@ -28,7 +28,7 @@ from appliance.listener import (
     make_ssl_context,
 )
 from appliance.server.app import Progress, create_app
-from appliance.server.keys import STATE
+from appliance.server.app_keys import STATE
 from appliance.server.state import Phase
 from appliance.settings import ServeSettings
 

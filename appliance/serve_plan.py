@@ -1,11 +1,11 @@
 """`appliance serve`'s engine: the loader the engine core process calls to build it, and the plan
 that core reports, logged by the front end.
 
-The engine plans once, in the core, for the device as that process reads it (engine.planning:
-the settings the user pinned through flags, APPLIANCE_* variables, the config file or a tuned
-profile, every other one chosen). The core sends the plan back with what else it reports at
-start-up (engine.core.info.EngineInfo); the front end logs that plan and serves it in
-/v1/stats, so the log says what runs. Planning needs only the model's config.json: pins that
+The engine plans once, in the core, for the device as that process reads it
+(engine.startup.planned_config: the settings the user pinned through flags, APPLIANCE_* variables,
+the config file or a tuned profile, every other one chosen). The core sends the plan back with what
+else it reports at start-up (engine.core.info.EngineInfo); the front end logs that plan and serves
+it in /v1/stats, so the log says what runs. Planning needs only the model's config.json: pins that
 cannot fit are refused before any weight loads, and `appliance serve` exits 2.
 """
 

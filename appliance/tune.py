@@ -8,9 +8,9 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 from appliance.loadgen.client import RequestResult
+from appliance.loadgen.load_shapes import StatsSample
 from appliance.loadgen.profile import TunedProfile, load_tuned_profile, write_tuned_profile
 from appliance.loadgen.report import SLO, LevelSummary, percentile
-from appliance.loadgen.runner import StatsSample
 from appliance.tune_probe import MAX_ERROR_FRAC, MAX_REPEATS, Measured, binding
 
 __all__ = [

@@ -18,8 +18,8 @@ from rich.console import Console
 from appliance import tune as tuning
 from appliance import tune_probe, tune_sweep
 from appliance.bench_cmd import _common, _console, _setup
+from appliance.loadgen.load_shapes import Stage
 from appliance.loadgen.report import parse_duration, summarize
-from appliance.loadgen.runner import Stage
 from appliance.loadgen.session import LoadSession
 from appliance.loadgen.tables import table
 from appliance.settings import TUNABLE

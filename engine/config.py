@@ -72,7 +72,8 @@ class EngineConfig:
     """The step's token budget with an empty queue when adaptive_batching is on."""
     long_prompt_share: float = 0.5
     """While a short request waits, the share of a step's token budget that long prompts'
-    chunks may take together (0 < share <= 1; engine.policy). Alone, a long prompt takes it all."""
+    chunks may take together (0 < share <= 1; engine.scheduling.scheduling_policy). Alone, a long
+    prompt takes it all."""
     long_prompt_tokens: int | None = None
     """A prompt is long when more than this many of its tokens remain to compute; unset (None) =
     more than long_prompt_share of the step's token budget."""
@@ -90,7 +91,7 @@ class EngineConfig:
     grammar do not speculate."""
     num_speculative_tokens: int | None = None
     """Drafted tokens per decode and step (k) with speculative decoding, fixed; unset (None):
-    chosen each step (0-8) from step costs measured at start-up (engine/spec/policy.py)."""
+    chosen each step (0-8) from step costs measured at start-up (engine/spec/draft_length.py)."""
     load_format: str = "auto"
     """auto = the checkpoint's weights; random = random weights in the config's shapes
     (benchmarks: only config.json is needed, prompts are token ids)."""

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from engine.bandwidth import BandwidthMeter
-from engine.block_manager import BlockManager
-from engine.compile_count import CompileWatch
-from engine.scheduler import Scheduler
+from engine.memory.bandwidth import BandwidthMeter
+from engine.runner.compile_count import CompileWatch
+from engine.scheduling.block_manager import BlockManager
+from engine.scheduling.scheduler import Scheduler
 from engine.spec.step import SpecDecoder
 from engine.structured.pool import GrammarPool
 

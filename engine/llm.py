@@ -7,8 +7,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from engine.llm_engine import LLMEngine
-from engine.request import RequestOutput
 from engine.sampling_params import SamplingParams
+from engine.scheduling.request import RequestOutput
 
 
 class LLM:

@@ -10,31 +10,36 @@ import random
 from collections.abc import Callable
 from pathlib import Path
 
-from engine import compile_count
-from engine.bandwidth import BandwidthMeter
-from engine.block_manager import BlockManager
 from engine.config import EngineConfig
-from engine.detokenizer import IncrementalDetokenizer
 from engine.engine_stats import engine_stats
-from engine.memory_check import Measurement, MemoryItems
-from engine.model_runner import Forward, ModelRunner
-from engine.models.config import ModelConfig
+from engine.memory.bandwidth import BandwidthMeter
+from engine.memory.memory_check import Measurement, MemoryItems
+from engine.memory.state_pool import SlotAllocator
 from engine.models.loader import needs_conversion, resolve_model_folder
-from engine.pending_step import PendingStep
+from engine.models.model_config import ModelConfig
 from engine.planner import Device
-from engine.planning import TORCH_DTYPES, plan_engine, prefix_caching_for, resolve_device
-from engine.request import Request, RequestOutput, RequestStatus
+from engine.runner import compile_count
+from engine.runner.model_runner import Forward, ModelRunner
+from engine.runner.pending_step import PendingStep
+from engine.runner.warmup import WarmUp, run_peak_step
 from engine.sampling_params import SamplingParams
-from engine.scheduler import Scheduler
+from engine.scheduling.block_manager import BlockManager
+from engine.scheduling.request import Request, RequestOutput, RequestStatus
+from engine.scheduling.scheduler import Scheduler
 from engine.spec.draft_model import draft_model_config
 from engine.spec.step import SpecCounters, spec_decoder
-from engine.startup import StartupTimer, startup_line
-from engine.state_pool import SlotAllocator
+from engine.startup.phases import StartupTimer, startup_line
+from engine.startup.planned_config import (
+    TORCH_DTYPES,
+    plan_engine,
+    prefix_caching_for,
+    resolve_device,
+)
+from engine.structured.grammar_state import start_tokens
 from engine.structured.llguidance_backend import llguidance_pool
 from engine.structured.pool import GrammarPool
-from engine.structured.state import start_tokens
-from engine.tokenizer import apply_chat_template, encode_prompt, eos_token_ids, load_tokenizer
-from engine.warmup import WarmUp, run_peak_step
+from engine.text.detokenizer import IncrementalDetokenizer
+from engine.text.tokenizer import apply_chat_template, encode_prompt, eos_token_ids, load_tokenizer
 
 logger = logging.getLogger(__name__)
 
@@ -57,7 +62,7 @@ class LLMEngine:
         model on this device (engine.planner), as `appliance serve` plans it. device_info: the
         Device to plan for (default: read here). measure: replaces the CUDA memory measurement
         after warm-up (tests). on_phase: called with each start-up phase's name as it begins
-        (engine.startup.PHASE_WORDS; the engine core reports them to the front end)."""
+        (engine.startup.phases.PHASE_WORDS; the engine core reports them to the front end)."""
         timer = StartupTimer(on_phase)
         if needs_conversion(model):
             with timer.phase("convert"):
@@ -163,8 +168,8 @@ class LLMEngine:
 
     def warm_up(self) -> None:
         """Run the steps serving will meet, so no kernel variant compiles while users wait
-        (engine/warmup.py): a full-budget prefill step (several prompts where max_model_len is
-        shorter than the budget, so the activation peak the memory check measures is the
+        (engine/runner/warmup.py): a full-budget prefill step (several prompts where max_model_len
+        is shorter than the budget, so the activation peak the memory check measures is the
         serving one), a lone prefill of every token-count class, decodes beside prefill chunks
         (one and several, short and long contexts), a chunk continuing a prompt longer than the
         budget; greedy, seeded and fully featured sampling. Counters are reset afterwards."""
@@ -172,7 +177,7 @@ class LLMEngine:
         self._reset_counters()
 
     def run_peak_step(self) -> None:
-        """The heaviest steps serving can meet (engine/warmup.py, run_peak_step)."""
+        """The heaviest steps serving can meet (engine/runner/warmup.py, run_peak_step)."""
         run_peak_step(self)
         self._run_to_completion()
 

@@ -5,12 +5,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from engine.structured.spec import StructuredOutput
+from engine.structured.structured_output import StructuredOutput
 
 MAX_CACHE_SALT = 256
 """Longest cache_salt, in characters."""
 PRIORITIES = ("interactive", "batch")
-"""Priority classes, the first served first (engine/policy.py orders the waiting queue)."""
+"""Priority classes, the first served first (engine/scheduling/scheduling_policy.py orders the
+waiting queue)."""
 
 
 @dataclass

@@ -113,7 +113,7 @@ class ModelShape:
 
     @classmethod
     def from_model_config(cls, mc, weight_bytes: int = 2, kv_bytes: int = 2) -> ModelShape:
-        """From engine.models.config.ModelConfig (or anything with the same attributes): the
+        """From engine.models.model_config.ModelConfig (or anything with the same attributes): the
         state in the recurrent state's fp32 and the conv state in the weights' dtype."""
         from engine.models.linear_attention import RECURRENT_STATE_BYTES
 

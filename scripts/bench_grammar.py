@@ -86,7 +86,7 @@ def main() -> int:
     ap.add_argument("--repeat", type=int, default=3, help="runs per schema (the median is kept)")
     args = ap.parse_args()
     from engine.models.loader import resolve_model_folder
-    from engine.tokenizer import load_tokenizer
+    from engine.text.tokenizer import load_tokenizer
 
     tokenizer = load_tokenizer(resolve_model_folder(args.model))
     eos = tokenizer.eos_token_id

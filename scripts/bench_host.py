@@ -24,7 +24,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import engine.model_runner as model_runner  # noqa: E402
+import engine.runner.model_runner as model_runner  # noqa: E402
 from engine import LLM, SamplingParams  # noqa: E402
 from scripts.bench_presets import materialise_preset, random_prompts  # noqa: E402
 

@@ -11,7 +11,7 @@ position on a random-weight model.
    reads can beat it somewhat). int8 reads half the bytes plus 2 scale bytes per 128.
 2. Drift: the same random-weight model (profiles/models/<model>, load_format="random", seed
    0) in two engines, bf16 and int8 KV; one random token sequence teacher-forced through both
-   (engine.scoring); KL(bf16 || int8) and top-1 agreement of next-token distributions, by
+   (engine.runner.scoring); KL(bf16 || int8) and top-1 agreement of next-token distributions, by
    position bucket. Drift shows as KL growing with position.
 """
 
@@ -31,7 +31,7 @@ sys.path.insert(0, str(ROOT))
 from engine import LLM  # noqa: E402
 from engine.kernels.decode_attention import decode_attention  # noqa: E402
 from engine.kernels.torch_ref import KV_SCALE_DTYPE  # noqa: E402
-from engine.scoring import iter_next_token_logprobs  # noqa: E402
+from engine.runner.scoring import iter_next_token_logprobs  # noqa: E402
 from scripts.bench_floor import measure_hardware  # noqa: E402
 from scripts.bench_presets import materialise_preset  # noqa: E402
 

@@ -20,7 +20,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from engine.models import loader  # noqa: E402
-from engine.models.config import ModelConfig  # noqa: E402
+from engine.models.model_config import ModelConfig  # noqa: E402
 
 GIB = 2**30
 

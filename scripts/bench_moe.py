@@ -51,7 +51,8 @@ INT4_GROUP = 64
 
 def make_layers(shape: tuple, kind: str) -> list[dict]:
     """fused_moe's weight arguments for as many layers as L2_FLUSH_BYTES holds (two or more):
-    experts in bf16, or int8 / int4 (group INT4_GROUP) in engine/quant/format.py's layouts."""
+    experts in bf16, or int8 / int4 (group INT4_GROUP) in engine/quant/weight_format.py's
+    layouts."""
     hidden, inter, experts, _, _, bias = shape
     count = max(2, L2_FLUSH_BYTES // (expert_bytes(shape, kind) * experts))
     return [make_layer(hidden, inter, experts, bias, kind) for _ in range(count)]

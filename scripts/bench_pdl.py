@@ -8,7 +8,8 @@ Prints, per weight kind and PDL setting, the chain's time per layer, and what it
 every weight byte moved at the copy bandwidth measured in the same run. The difference between
 PDL off and on is the launch, ramp-up and tail time PDL hides. Needs bitsandbytes for int4's
 NF4 table only (engine/quant/bnb.py code_table; no bitsandbytes call). The kernel configs are
-timed first, as the engine's start-up does (engine/tuning.py, engine/quant/tuning.py).
+timed first, as the engine's start-up does (engine/startup/kernel_choices.py,
+engine/quant/quant_choices.py).
 """
 
 from __future__ import annotations
@@ -28,10 +29,10 @@ from engine.kernels.rmsnorm import rms_norm  # noqa: E402
 from engine.kernels.silu_mul import silu_and_mul  # noqa: E402
 from engine.quant.bnb import code_table  # noqa: E402
 from engine.quant.dispatch import fused_silu, quant_linear  # noqa: E402
-from engine.quant.format import QuantizedWeight  # noqa: E402
-from engine.quant.tuning import choose_gemv, choose_gemv_silu  # noqa: E402
+from engine.quant.quant_choices import choose_gemv, choose_gemv_silu  # noqa: E402
+from engine.quant.weight_format import QuantizedWeight  # noqa: E402
+from engine.startup.kernel_choices import KernelChoices, choose_gemv_configs, gemv_key  # noqa: E402
 from engine.timing import graph_seconds  # noqa: E402
-from engine.tuning import KernelChoices, choose_gemv_configs, gemv_key  # noqa: E402
 from scripts.bench_floor import measure_hardware  # noqa: E402
 
 HIDDEN, QKV, INTER = 4096, 6144, 14336

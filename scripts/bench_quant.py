@@ -30,9 +30,9 @@ sys.path.insert(0, str(ROOT))
 
 from engine import LLM  # noqa: E402
 from engine.config import EngineConfig  # noqa: E402
-from engine.models.config import ModelConfig  # noqa: E402
 from engine.models.loader import load_model  # noqa: E402
-from engine.quant.format import resolve_weight_quant  # noqa: E402
+from engine.models.model_config import ModelConfig  # noqa: E402
+from engine.quant.weight_format import resolve_weight_quant  # noqa: E402
 from scripts.bench_floor import measure_hardware  # noqa: E402
 from scripts.bench_generate import greedy  # noqa: E402
 from scripts.bench_gpu import batch1_rates  # noqa: E402

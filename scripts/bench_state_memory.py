@@ -25,9 +25,9 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from engine.kv_pool import KVPool  # noqa: E402
-from engine.models.config import ModelConfig  # noqa: E402
+from engine.memory.kv_pool import KVPool  # noqa: E402
 from engine.models.layers import PagedAttention  # noqa: E402
+from engine.models.model_config import ModelConfig  # noqa: E402
 from engine.planner.formulas import (  # noqa: E402
     ELEMENT_BYTES,
     kv_bytes_per_token,
@@ -76,7 +76,7 @@ def measured(
     row = {"kv_bytes": kv_pool.nbytes, "kv_allocated": kv_alloc, "state_bytes": 0}
     row["state_allocated"] = 0 if device.type == "cuda" else None
     if cfg.linear_layer_ids():
-        from engine.state_pool import StatePool
+        from engine.memory.state_pool import StatePool
 
         holders = [SimpleNamespace() for _ in cfg.linear_layer_ids()]  # bound to their views
         state_pool, state_alloc = _allocated(

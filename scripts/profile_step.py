@@ -25,9 +25,9 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from engine import LLM, SamplingParams  # noqa: E402
-from engine.context import forward_context  # noqa: E402
-from engine.input_prep import prepare_inputs, prepare_sampling  # noqa: E402
-from engine.sampler import sample  # noqa: E402
+from engine.runner.forward_context import forward_context  # noqa: E402
+from engine.runner.input_prep import prepare_inputs, prepare_sampling  # noqa: E402
+from engine.runner.sampler import sample  # noqa: E402
 
 PROFILES = Path(__file__).resolve().parents[1] / "profiles" / "models"
 

@@ -16,7 +16,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from engine import LLM  # noqa: E402
-from engine.spec.policy import SpecPolicy  # noqa: E402
+from engine.spec.draft_length import SpecPolicy  # noqa: E402
 
 
 def decisions(costs, rates: list[float], batches: list[int]) -> list[tuple[float, int, int, float]]:

@@ -13,8 +13,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine.context import AttentionMetadata
 from engine.kernels.torch_ref import decode_attention_ref, prefill_attention_ref
+from engine.runner.forward_context import AttentionMetadata
 from tests.support.paged_kv import paged_caches, reference_caches
 from tests.support.triton_modules import HAS_CUDA, import_kernel_modules
 from tests.support.triton_versions import each_triton, run_under_triton
@@ -235,8 +235,8 @@ def test_chunked_prefill_across_the_window_edge_equals_one_shot():
 def test_backend_passes_the_variant_to_both_kernels():
     """A mixed step (two decodes, two prefill chunks) through the Triton backend equals the
     PyTorch backend with the same variant, at a fixed split count as CUDA graphs run it."""
-    from engine.attention import AttentionBackend
-    from engine.attention_triton import TritonBackend
+    from engine.runner.attention_backends import AttentionBackend
+    from engine.runner.attention_triton import TritonBackend
 
     gen = torch.Generator().manual_seed(17)
     num_heads, num_kv_heads, head_dim = 4, 2, 32

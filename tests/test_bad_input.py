@@ -9,7 +9,7 @@ import pytest
 
 from engine import LLM, SamplingParams
 from engine.structured import StructuredOutput
-from engine.surrogates import find_in_value
+from engine.text.surrogates import find_in_value
 
 OK = SamplingParams(max_tokens=4, temperature=0.0)
 

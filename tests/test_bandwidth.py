@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from engine import LLM, SamplingParams
-from engine.bandwidth import BandwidthMeter
+from engine.memory.bandwidth import BandwidthMeter
 
 # tests/support/tiny_models.py's llama: hidden 64, intermediate 128, 2 layers, 4 heads and 2 KV
 # heads of 16, vocabulary 320, untied embeddings; float32 on the CPU.

@@ -9,7 +9,7 @@ from dataclasses import replace
 import pytest
 import torch
 
-from engine.models.config import ModelConfig
+from engine.models.model_config import ModelConfig
 from scripts import bench_gpu, bench_presets
 from scripts.bench_floor import (
     Hardware,

@@ -9,7 +9,7 @@ import json
 import pytest
 import torch
 
-from engine.models.config import ModelConfig
+from engine.models.model_config import ModelConfig
 from scripts import bench_gpu, bench_presets, bench_state_memory
 from scripts.bench_floor import (
     Hardware,
@@ -123,7 +123,7 @@ def test_memory_per_sequence_at_32k_planned():
 
 
 def test_memory_per_sequence_measured_from_the_engines_pools_on_the_cpu():
-    pytest.importorskip("engine.state_pool")
+    pytest.importorskip("engine.memory.state_pool")
     device = torch.device("cpu")
     for name in bench_state_memory.MODELS:
         cfg = config(name)

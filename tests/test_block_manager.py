@@ -9,7 +9,7 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from engine.block_manager import ROOT_KEY, BlockManager, block_key
+from engine.scheduling.block_manager import ROOT_KEY, BlockManager, block_key
 
 NUM_BLOCKS, BLOCK_SIZE = 16, 4
 

@@ -8,7 +8,7 @@ import json
 import pytest
 
 from appliance.server.reasoning import prompt_starts_in_reasoning
-from engine.tokenizer import apply_chat_template, render_chat_template
+from engine.text.tokenizer import apply_chat_template, render_chat_template
 from tests.support.chat_templates import FORCED_THINKING, HERMES, LLAMA31, MISTRAL
 from tests.support.tiny_models import byte_tokenizer
 

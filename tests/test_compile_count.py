@@ -1,4 +1,4 @@
-"""The count of Triton kernel variants built in the process (engine/compile_count.py): the
+"""The count of Triton kernel variants built in the process (engine/runner/compile_count.py): the
 listener's arithmetic, its chaining, "unknown" without Triton, and the real listener firing
 when Triton compiles a kernel for sm_90 with its bundled ptxas (no GPU needed), with the
 venv's Triton and with the H200's 3.6."""
@@ -10,8 +10,8 @@ import textwrap
 
 import pytest
 
-from engine import compile_count
-from engine.compile_count import CompileCounter
+from engine.runner import compile_count
+from engine.runner.compile_count import CompileCounter
 from tests.support.triton_versions import each_triton, run_under_triton
 
 
@@ -59,7 +59,7 @@ import triton
 import triton.language as tl
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
-from engine import compile_count
+from engine.runner import compile_count
 
 @triton.jit
 def add_one(x_ptr, n, BLOCK: tl.constexpr):

@@ -1,7 +1,7 @@
 """The one-pass Triton dequantization for batched quantized linears (engine/kernels/dequant.py)
 against dequantize_to (engine/quant/reference.py), bit for bit: small shapes under Triton's CPU
 interpreter (ragged rows and columns, every int8 value, every 4-bit code, NF4 and FP4), its
-routing (engine/quant/dispatch.py) and start-up choice (engine/quant/tuning.py), and on a GPU
+routing (engine/quant/dispatch.py) and start-up choice (engine/quant/quant_choices.py), and on a GPU
 the choice and a batched QuantLinear."""
 
 from __future__ import annotations
@@ -10,9 +10,9 @@ import pytest
 import torch
 
 from engine.quant.dispatch import dequantized
-from engine.quant.format import QuantizedWeight
+from engine.quant.quant_choices import QuantChoices, choose_dequant, dequant_key
 from engine.quant.reference import dequantize_to, wq_matmul_ref
-from engine.quant.tuning import QuantChoices, choose_dequant, dequant_key
+from engine.quant.weight_format import QuantizedWeight
 from tests.support.quant_weights import random_quant_weight
 from tests.support.triton_modules import HAS_CUDA, import_kernel_modules
 
@@ -147,8 +147,8 @@ def test_choice_and_batched_linear_gpu(kind, monkeypatch):
     """On Llama-3-8B's gate_up shape: bf16 bit for bit, the start-up choice made (either way)
     and logged, and a 64-row QuantLinear equal to the reference whichever way it dequantizes
     (no GEMM chosen: 64 rows dequantize)."""
-    from engine.quant.format import WeightQuant
     from engine.quant.modules import QuantLinear
+    from engine.quant.weight_format import WeightQuant
 
     q, s, code, group = _layer(kind, 28672, 4096, 64)
     dtype = torch.bfloat16

@@ -13,8 +13,8 @@ from hypothesis import strategies as st
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
-from engine.detokenizer import IncrementalDetokenizer
 from engine.models.embedded import default_model_path
+from engine.text.detokenizer import IncrementalDetokenizer
 
 SAMPLES = [
     "Hello, world! This is a plain ASCII sentence, with numbers 12345.",

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from engine.core.client import CoreClient
+from engine.core.core_client import CoreClient
 from engine.core.loop import IDLE_POLL_MS
 from engine.core.process import start_core
 from engine.core.stream import EngineDeadError

@@ -18,7 +18,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from engine import LLM, SamplingParams
-from engine.models.config import ModelConfig
+from engine.models.model_config import ModelConfig
 from tests.support.greedy_reference import assert_greedy_agrees, generate_under_pressure
 from tests.support.tiny_models import make_tiny_model, tiny_config
 

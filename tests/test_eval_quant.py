@@ -1,4 +1,4 @@
-"""Teacher-forced scoring (engine.scoring) and `appliance eval-quant`: end to end on the
+"""Teacher-forced scoring (engine.runner.scoring) and `appliance eval-quant`: end to end on the
 embedded SmolLM2 (real numbers), failed configs, thresholds, the JSON report."""
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from appliance.eval_quant import (
     parse_configs,
 )
 from engine import LLM
-from engine.scoring import iter_next_token_logprobs, sequence_nll
+from engine.runner.scoring import iter_next_token_logprobs, sequence_nll
 
 
 def test_scoring_equals_transformers_and_ignores_chunking(tiny_llama):

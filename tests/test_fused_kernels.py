@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from engine.models.layers import RMSNorm, silu_and_mul
-from engine.models.rope import RotaryEmbedding
+from engine.models.rope_tables import RotaryEmbedding
 from tests.support.triton_modules import HAS_CUDA, import_kernel_modules
 
 DEVICE = "cuda" if HAS_CUDA else "cpu"

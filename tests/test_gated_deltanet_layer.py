@@ -10,11 +10,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine.context import AttentionMetadata, forward_context
 from engine.kernels import gdn_ref
 from engine.models import gated_deltanet
-from engine.models.config import ModelConfig
 from engine.models.gated_deltanet import GatedDeltaNet
+from engine.models.model_config import ModelConfig
+from engine.runner.forward_context import AttentionMetadata, forward_context
 from tests.support.triton_modules import HAS_CUDA, import_kernel_modules
 from tests.test_qwen3_5_config import tiny_text_config
 

@@ -19,10 +19,10 @@ import torch
 from transformers import AutoModelForCausalLM, Gemma3Config, Gemma3TextConfig, SiglipVisionConfig
 
 from engine import LLM, SamplingParams
-from engine.models.config import FULL, SLIDING, ModelConfig
 from engine.models.gemma3 import Gemma3ForCausalLM
 from engine.models.gguf_loader import gguf_to_hf_folder, restore_gemma3_config
 from engine.models.loader import iter_safetensors
+from engine.models.model_config import FULL, SLIDING, ModelConfig
 from tests.support.greedy_reference import assert_greedy_agrees, generate_under_pressure
 from tests.support.tiny_models import EOS_ID, VOCAB, make_tiny_model
 

@@ -23,13 +23,13 @@ from transformers import (
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
 from engine import LLM, SamplingParams
-from engine.attention import AttentionBackend
-from engine.context import AttentionMetadata, forward_context
-from engine.models.config import FULL, SLIDING, ModelConfig
 from engine.models.gemma4 import Gemma4ForCausalLM
 from engine.models.layers import PagedAttention
 from engine.models.loader import iter_safetensors
-from engine.models.rope import inv_freq_and_scale
+from engine.models.model_config import FULL, SLIDING, ModelConfig
+from engine.models.rope_tables import inv_freq_and_scale
+from engine.runner.attention_backends import AttentionBackend
+from engine.runner.forward_context import AttentionMetadata, forward_context
 from tests.support.greedy_reference import assert_greedy_agrees, generate_under_pressure
 from tests.support.tiny_models import EOS_ID, VOCAB, make_tiny_model
 

@@ -11,9 +11,9 @@ import math
 import pytest
 import torch
 
-from engine.models.config import ModelConfig
 from engine.models.gemma4_moe import CHECKPOINT_NAMES, Gemma4MoE
-from engine.quant.format import WeightQuant
+from engine.models.model_config import ModelConfig
+from engine.quant.weight_format import WeightQuant
 
 HIDDEN, INTER, EXPERTS, TOP_K, EPS = 32, 16, 16, 4, 1e-6
 HAS_BNB = importlib.util.find_spec("bitsandbytes") is not None

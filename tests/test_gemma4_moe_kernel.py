@@ -13,7 +13,7 @@ _align, _kernel = import_kernel_modules(
     [("moe_align", "_align_kernel"), ("moe", "_gate_up_kernel")]
 )
 
-from engine.models import moe  # noqa: E402  (after the kernels: see import_kernel_modules)
+from engine.models import moe_block as moe  # noqa: E402  (after the kernels: see import_kernel_modules)
 from tests.test_gemma4_moe import HIDDEN, _checkpoint, _ours  # noqa: E402
 
 

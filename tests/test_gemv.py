@@ -1,6 +1,6 @@
 """The split-K batch-1 GEMV against F.linear: small shapes under Triton's CPU interpreter,
-Llama-3-8B shapes on a GPU (with the measured choice against cuBLAS, engine/tuning.py, and a
-CUDA-graph replay)."""
+Llama-3-8B shapes on a GPU (with the measured choice against cuBLAS,
+engine/startup/kernel_choices.py, and a CUDA-graph replay)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,12 @@ import torch
 import torch.nn.functional as F
 
 from engine.models.layers import Linear
-from engine.tuning import KernelChoices, choose_batch1_linears, choose_gemv_configs, gemv_key
+from engine.startup.kernel_choices import (
+    KernelChoices,
+    choose_batch1_linears,
+    choose_gemv_configs,
+    gemv_key,
+)
 from tests.support.triton_modules import HAS_CUDA, import_kernel_modules
 
 DEVICE = "cuda" if HAS_CUDA else "cpu"

@@ -17,7 +17,7 @@ from safetensors import safe_open
 from engine.models import embedded
 from engine.models.embedded import default_model_path
 from engine.models.gguf_loader import gguf_to_hf_folder
-from engine.tokenizer import apply_chat_template, eos_token_ids, load_tokenizer
+from engine.text.tokenizer import apply_chat_template, eos_token_ids, load_tokenizer
 from tests.support.tiny_models import write_tiny_gguf
 
 

@@ -16,7 +16,7 @@ from transformers import AutoModelForCausalLM, GptOssConfig
 from transformers.integrations.mxfp4 import convert_moe_packed_tensors
 
 from engine import LLM, SamplingParams
-from engine.models.config import FULL, SLIDING, ModelConfig
+from engine.models.model_config import FULL, SLIDING, ModelConfig
 from engine.quant.mxfp4 import dequantize_mxfp4, gate_up_rows_first
 from tests.support.greedy_reference import assert_greedy_agrees, generate_under_pressure
 from tests.support.tiny_models import EOS_ID, VOCAB, make_tiny_model

@@ -20,7 +20,7 @@ def tiny_qwen3_5(tmp_path_factory):
 
 
 def test_the_engine_allocates_the_planned_state_pool_and_counts_its_slots(tiny_qwen3_5, caplog):
-    with caplog.at_level(logging.INFO, logger="engine.planning"):
+    with caplog.at_level(logging.INFO, logger="engine.startup.planned_config"):
         llm = LLM(str(tiny_qwen3_5), device="cpu", max_model_len=128, max_num_seqs=4)
     engine = llm.engine
     lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("prefix caching")]

@@ -17,9 +17,9 @@ from tests.support.triton_modules import HAS_CUDA, import_kernel_modules
 )
 from triton.runtime.errors import OutOfResources  # noqa: E402  (after the interpreter flag)
 
-from engine.quant.format import WeightQuant  # noqa: E402
 from engine.quant.modules import QuantLinear  # noqa: E402
-from engine.tuning import KernelChoices  # noqa: E402
+from engine.quant.weight_format import WeightQuant  # noqa: E402
+from engine.startup.kernel_choices import KernelChoices  # noqa: E402
 
 DEVICE = "cuda" if HAS_CUDA else "cpu"
 
@@ -85,7 +85,7 @@ def test_two_engines_share_no_choice(monkeypatch):
     """Two engines' models of the same shape, timed into their own KernelChoices: one where
     the decode-batch GEMM is faster, one where it is slower. Each keeps its own answer, its
     module holds that answer, and an untouched KernelChoices stays empty."""
-    from engine.quant.tuning import tune_quant_linears
+    from engine.quant.quant_choices import tune_quant_linears
 
     gemm_ran = []
     real = _gemm.wq_gemm

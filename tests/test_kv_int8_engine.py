@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from engine import LLM, SamplingParams
-from engine.models.config import ModelConfig
 from engine.models.embedded import default_model_path
+from engine.models.model_config import ModelConfig
 from engine.planner import GIB, Device, PlanRequest, plan
 from engine.planner.formulas import kv_bytes_per_token
 

@@ -8,9 +8,9 @@ import dataclasses
 import pytest
 import torch
 
-from engine.kv_pool import KVPool
-from engine.models.config import FULL, SLIDING, ModelConfig
+from engine.memory.kv_pool import KVPool
 from engine.models.layers import PagedAttention
+from engine.models.model_config import FULL, SLIDING, ModelConfig
 
 BLOCKS, BLOCK_SIZE = 7, 4
 

@@ -13,8 +13,8 @@ import pytest
 from rich.console import Console
 
 from appliance.loadgen.client import RequestResult
+from appliance.loadgen.load_shapes import Stage, StageResult, arrival_gaps
 from appliance.loadgen.report import SLO, parse_duration, percentile, summarize, write_json
-from appliance.loadgen.runner import Stage, StageResult, arrival_gaps
 from appliance.loadgen.tables import cache_line, turn_ratio_line, turn_table
 from appliance.loadgen.workload import (
     WORDS,
@@ -171,8 +171,8 @@ def test_stage_shares_over_client_processes():
 
 def test_merged_stage_spans_every_process_and_keeps_the_whole_level():
     from appliance.loadgen.client import RequestResult
+    from appliance.loadgen.load_shapes import StageResult
     from appliance.loadgen.processes import merge
-    from appliance.loadgen.runner import StageResult
 
     stage = Stage("closed", 8, num_requests=3)
     a = StageResult(stage, [RequestResult(4.0, 1.5), RequestResult(4.0, 1.0)], start=1.0, wall_s=2)

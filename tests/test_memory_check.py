@@ -7,10 +7,11 @@ from __future__ import annotations
 
 import pytest
 
-from engine import LLM, SamplingParams, compile_count
-from engine.memory_cap import CAP_ENV, capped, memory_cap_bytes
-from engine.memory_check import GIB, Measurement, MemoryItems, blocks_to_shed
-from engine.model_runner import ModelRunner
+from engine import LLM, SamplingParams
+from engine.memory.memory_cap import CAP_ENV, capped, memory_cap_bytes
+from engine.memory.memory_check import GIB, Measurement, MemoryItems, blocks_to_shed
+from engine.runner import compile_count
+from engine.runner.model_runner import ModelRunner
 
 MIB = 1024**2
 PINS = dict(

@@ -17,7 +17,7 @@ import random
 import pytest
 
 from appliance.model_presets import load_preset
-from engine.memory_cap import CAP_ENV
+from engine.memory.memory_cap import CAP_ENV
 from engine.sampling_params import SamplingParams
 
 MAX_MODEL_LEN = 1024

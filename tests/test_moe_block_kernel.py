@@ -10,9 +10,9 @@ import importlib.util
 import pytest
 import torch
 
-from engine.models import moe
-from engine.models.moe import MoEBlock, softmax_topk, softmax_topk_renormalized, topk_softmax
-from engine.quant.format import WeightQuant
+from engine.models import moe_block as moe
+from engine.models.moe_block import MoEBlock, softmax_topk, softmax_topk_renormalized, topk_softmax
+from engine.quant.weight_format import WeightQuant
 from tests.support.triton_modules import HAS_CUDA, import_kernel_modules
 
 _align, _kernel = import_kernel_modules(

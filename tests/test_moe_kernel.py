@@ -100,7 +100,7 @@ def test_every_activation_with_biases(activation, dtype):
 
 def _int8_experts(experts, rows, cols, gen, dtype):
     """(int8 weights [experts, rows, cols], fp32 row scales [experts, rows], their dequantized
-    weights in dtype) in engine/quant/format.py's int8 layout, of about 1 / sqrt(cols)."""
+    weights in dtype) in engine/quant/weight_format.py's int8 layout, of about 1 / sqrt(cols)."""
     q = torch.randint(-127, 128, (experts, rows, cols), generator=gen, dtype=torch.int8)
     scales = (0.5 + torch.rand(experts, rows, generator=gen)) * (3 / cols) ** 0.5 / 127
     w = dequantize_to(q.view(-1, cols), scales.view(-1), None, 0, dtype).view(q.shape)
@@ -126,7 +126,7 @@ def test_int8_experts_match_the_dequantized_reference(dtype, bias):
 
 def _int4_experts(experts, rows, cols, group, code, gen, dtype):
     """(uint8 codes [experts, rows, cols / 2], fp32 group scales [experts, rows, cols / group],
-    the dequantized weights in dtype) in engine/quant/format.py's int4 layout with the table
+    the dequantized weights in dtype) in engine/quant/weight_format.py's int4 layout with the table
     `code`, of about 1 / sqrt(cols)."""
     q = torch.randint(0, 256, (experts, rows, cols // 2), generator=gen, dtype=torch.uint8)
     scales = (0.5 + torch.rand(experts, rows, cols // group, generator=gen)) / cols**0.5

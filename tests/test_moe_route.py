@@ -1,5 +1,5 @@
 """The one-launch MoE routing (engine/kernels/moe_route.py) against the PyTorch rules it
-replaces (engine/models/moe.py): the same experts in the same order and the same weights, for
+replaces (engine/models/moe_block.py): the same experts in the same order and the same weights, for
 each rule, with Gemma 4's per-expert scale, under Triton's CPU interpreter or on a GPU."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine.models.moe import (
+from engine.models.moe_block import (
     RENORMALIZES,
     pick_experts,
     softmax_topk,

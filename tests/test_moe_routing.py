@@ -9,12 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from engine.models.moe import (
-    MoEBlock,
-    softmax_topk,
-    softmax_topk_renormalized,
-    topk_softmax,
-)
+from engine.models.moe_block import MoEBlock, softmax_topk, softmax_topk_renormalized, topk_softmax
 
 
 def _softmax(values: list[float]) -> list[float]:

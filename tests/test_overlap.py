@@ -13,8 +13,8 @@ import pytest
 import torch
 
 from engine import LLM, SamplingParams
-from engine.input_prep import PendingFill
-from engine.request import PLACEHOLDER
+from engine.runner.input_prep import PendingFill
+from engine.scheduling.request import PLACEHOLDER
 
 
 def _prompts(n: int = 8) -> list[list[int]]:

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engine.models.config import ModelConfig
+from engine.models.model_config import ModelConfig
 from engine.planner import GIB, WEIGHT_FORMATS, Device, PlanError, PlanRequest, plan, plan_settings
 from engine.planner.formulas import kv_bytes_per_token, weight_bytes
 

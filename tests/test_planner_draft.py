@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from engine.memory_check import MemoryItems
+from engine.memory.memory_check import MemoryItems
 from engine.planner import PlanRequest, plan
 from engine.planner.formulas import weight_bytes
 from tests.test_planner import LLAMA3, gpu

@@ -11,9 +11,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engine.bandwidth import BandwidthMeter
-from engine.models.config import FULL
+from engine.memory.bandwidth import BandwidthMeter
 from engine.models.linear_attention import LINEAR, LinearAttention
+from engine.models.model_config import FULL
 from engine.models.param_counts import linear_attention_params
 from engine.planner import GIB, PlanError, PlanRequest, plan
 from engine.planner.formulas import state_bytes_per_sequence
@@ -154,7 +154,7 @@ def test_profile_shows_kv_per_token_state_per_sequence_and_both_pools(capsys):
 
 
 def test_the_memory_check_predicts_and_lists_the_state_pool():
-    from engine.memory_check import MemoryItems, MemoryReport
+    from engine.memory.memory_check import MemoryItems, MemoryReport
 
     p = plan(Q35, gpu(80))
     items = MemoryItems.from_plan(p)
@@ -170,10 +170,10 @@ def test_the_memory_check_predicts_and_lists_the_state_pool():
 
 def test_prefix_caching_is_turned_off_for_a_hybrid_model_with_one_log_line(caplog):
     from engine.config import EngineConfig
-    from engine.planning import prefix_caching_for
+    from engine.startup.planned_config import prefix_caching_for
 
     config = EngineConfig.from_kwargs(dtype="bfloat16")
-    with caplog.at_level("INFO", logger="engine.planning"):
+    with caplog.at_level("INFO", logger="engine.startup.planned_config"):
         off = prefix_caching_for(Q35, config)
         assert prefix_caching_for(LLAMA3, config).prefix_caching  # a dense model keeps it
         assert not prefix_caching_for(Q35, replace(config, prefix_caching=False)).prefix_caching

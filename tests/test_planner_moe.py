@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from engine.bandwidth import BandwidthMeter
-from engine.models.config import ModelConfig
+from engine.memory.bandwidth import BandwidthMeter
+from engine.models.model_config import ModelConfig
 from engine.planner import GIB, Device, PlanRequest, plan
 from engine.planner.formulas import (
     activation_bytes,

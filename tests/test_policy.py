@@ -1,6 +1,6 @@
-"""The scheduling policy (engine.policy): the waiting order (aging, class, fair share, short
-first), the preemption victim, the long-prompt share of a step, and the scheduler applying them
-(a real BlockManager and Requests, no model, a fake clock)."""
+"""The scheduling policy (engine.scheduling.scheduling_policy): the waiting order (aging, class,
+fair share, short first), the preemption victim, the long-prompt share of a step, and the scheduler
+applying them (a real BlockManager and Requests, no model, a fake clock)."""
 
 from __future__ import annotations
 
@@ -8,12 +8,12 @@ from itertools import count
 
 import pytest
 
-from engine.block_manager import BlockManager
 from engine.config import EngineConfig
-from engine.policy import FairShare, SchedulingPolicy
-from engine.request import Request
 from engine.sampling_params import SamplingParams
-from engine.scheduler import Scheduler
+from engine.scheduling.block_manager import BlockManager
+from engine.scheduling.request import Request
+from engine.scheduling.scheduler import Scheduler
+from engine.scheduling.scheduling_policy import FairShare, SchedulingPolicy
 
 _token_ids = count(1000)
 

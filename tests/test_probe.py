@@ -15,7 +15,7 @@ from appliance.model_presets import load_preset
 from appliance.probe import GpuProbe
 from appliance.profile_cmd import add_profile_parser, run_profile
 from engine.config import EngineConfig
-from engine.models.config import ModelConfig
+from engine.models.model_config import ModelConfig
 from engine.planner import GIB, plan
 from engine.planner import device as device_mod
 from engine.planner.device import (

@@ -19,8 +19,8 @@ from engine import LLM, SamplingParams
 from engine.models.llama import LlamaForCausalLM
 from engine.models.loader import iter_safetensors
 from engine.quant.bnb import code_table, quantize_4bit, quantize_int8
-from engine.quant.format import WeightQuant, checkpoint_quant
 from engine.quant.reference import dequantize_ref
+from engine.quant.weight_format import WeightQuant, checkpoint_quant
 from tests.support.tiny_models import byte_tokenizer
 
 pytestmark = pytest.mark.skipif(
@@ -154,7 +154,7 @@ def test_a_bitsandbytes_checkpoint_generates_what_its_weights_do_in_fp32(
     checkpoint gives the greedy tokens of the engine on an fp32 copy of the model whose
     projections hold bitsandbytes' dequantization of the checkpoint, and teacher-forced over
     those tokens its log-probs are transformers' on that copy, within fp32 summation order."""
-    from engine.scoring import iter_next_token_logprobs
+    from engine.runner.scoring import iter_next_token_logprobs
 
     _save_bnb_checkpoint(kind, tiny_llama, tmp_path / "bnb")
     reference = _hf_model(tiny_llama, dtype=torch.float32)

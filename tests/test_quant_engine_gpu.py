@@ -2,8 +2,8 @@
 dequantizing GEMM (engine/kernels/wq_gemm.py), against the same engine run eagerly (no GEMM:
 the split-K GEMV, the tl.dot GEMM and dequantize + cuBLAS): greedy tokens' log-probabilities
 agree while the two runs' tokens do, for many requests at once. Each engine makes its own
-kernel choices (engine/tuning.py); the forced timing picks a kernel wherever one is a
-candidate (the GEMM, the fused SiLU forms, the batch-1 GEMVs), even where it is slower."""
+kernel choices (engine/startup/kernel_choices.py); the forced timing picks a kernel wherever one is
+a candidate (the GEMM, the fused SiLU forms, the batch-1 GEMVs), even where it is slower."""
 
 from __future__ import annotations
 

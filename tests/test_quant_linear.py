@@ -9,9 +9,9 @@ import torch
 from torch import nn
 
 from engine.quant.bnb import code_table, quantize_4bit, quantize_int8
-from engine.quant.format import WeightQuant
 from engine.quant.modules import QuantLinear
 from engine.quant.reference import dequantize_ref, dequantize_to, wq_matmul_ref
+from engine.quant.weight_format import WeightQuant
 from tests.support.triton_modules import HAS_CUDA, import_kernel_modules
 
 # Kernel modules first: bitsandbytes imports triton, which must see TRITON_INTERPRET first.

@@ -15,11 +15,11 @@ import torch
 from torch import nn
 
 from engine.models import loader
-from engine.models.config import ModelConfig
 from engine.models.llama import LlamaForCausalLM
+from engine.models.model_config import ModelConfig
 from engine.quant import modules
-from engine.quant.format import WeightQuant
 from engine.quant.modules import QUANTIZED_LINEARS, QuantLinear
+from engine.quant.weight_format import WeightQuant
 
 pytestmark = pytest.mark.skipif(  # not imported here: it imports triton (see test_quant_linear)
     importlib.util.find_spec("bitsandbytes") is None, reason="bitsandbytes is not installed"

@@ -16,9 +16,9 @@ from safetensors.torch import load_file, save_file
 from transformers import AutoModelForCausalLM
 
 from engine import LLM, SamplingParams
-from engine.block_manager import BlockManager
-from engine.request import Request
-from engine.state_pool import SlotAllocator
+from engine.memory.state_pool import SlotAllocator
+from engine.scheduling.block_manager import BlockManager
+from engine.scheduling.request import Request
 from tests.support.greedy_reference import assert_greedy_agrees, generate_under_pressure
 from tests.support.tiny_models import EOS_ID, VOCAB, make_tiny_model
 from tests.test_qwen3_5_config import tiny_text_config
@@ -126,9 +126,9 @@ def test_prefills_beside_decodes_and_an_abort(tiny):
 
 
 def test_scoring_builds_the_state_chunk_by_chunk(tiny):
-    """Teacher-forced scoring (engine/scoring.py) borrows a state slot: its first chunk starts
-    fresh, the later ones continue the state; the NLL equals transformers'."""
-    from engine.scoring import sequence_nll
+    """Teacher-forced scoring (engine/runner/scoring.py) borrows a state slot: its first chunk
+    starts fresh, the later ones continue the state; the NLL equals transformers'."""
+    from engine.runner.scoring import sequence_nll
 
     folder, hf = tiny
     llm = _llm(folder)

@@ -8,8 +8,8 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, Qwen3_5TextConfig
 
-from engine.models.config import FULL, ModelConfig
 from engine.models.linear_attention import LINEAR, LinearAttention
+from engine.models.model_config import FULL, ModelConfig
 
 
 def tiny_text_config(**overrides) -> Qwen3_5TextConfig:
@@ -98,7 +98,7 @@ def test_param_counts_equal_transformers_numel(tie):
 def test_rope_equals_transformers_multimodal_rope_at_text_positions():
     from transformers.models.qwen3_5.modeling_qwen3_5 import Qwen3_5TextRotaryEmbedding
 
-    from engine.models.rope import RotaryEmbedding
+    from engine.models.rope_tables import RotaryEmbedding
 
     hf = tiny_text_config(
         head_dim=256,

@@ -10,8 +10,8 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, Qwen3_5MoeTextConfig
 
-from engine.models.config import FULL, ModelConfig
 from engine.models.linear_attention import LINEAR
+from engine.models.model_config import FULL, ModelConfig
 
 NUM_EXPERTS, TOP_K = 8, 2
 
@@ -85,7 +85,7 @@ def test_moe_block_with_a_shared_expert_equals_transformers_sparse_block():
     from transformers.models.qwen3_5_moe.modeling_qwen3_5_moe import Qwen3_5MoeSparseMoeBlock
 
     from engine.models.llama import MLP
-    from engine.models.moe import MoEBlock, softmax_topk_renormalized
+    from engine.models.moe_block import MoEBlock, softmax_topk_renormalized
 
     config = tiny_moe_config()
     cfg = ModelConfig.from_dict(config.to_dict())
@@ -151,7 +151,7 @@ def _llm(folder, **kwargs):
 
 
 def test_greedy_agrees_short_and_long_prompts(tiny):
-    from engine.models.moe import MoEBlock
+    from engine.models.moe_block import MoEBlock
     from tests.support.greedy_reference import assert_greedy_agrees
 
     folder, hf = tiny
@@ -260,7 +260,7 @@ def test_gpu_greedy_agrees_through_the_triton_kernels(tiny, eager):
     import copy
 
     from engine import LLM
-    from engine.models.moe import _triton_moe
+    from engine.models.moe_block import _triton_moe
     from tests.support.greedy_reference import assert_greedy_agrees
 
     folder, hf = tiny

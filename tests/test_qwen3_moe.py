@@ -14,8 +14,8 @@ from safetensors.torch import save_file
 from transformers import AutoModelForCausalLM, Qwen3MoeConfig
 
 from engine import LLM, SamplingParams
-from engine.models.config import ModelConfig
-from engine.models.moe import MoEBlock
+from engine.models.model_config import ModelConfig
+from engine.models.moe_block import MoEBlock
 from tests.support.greedy_reference import assert_greedy_agrees, generate_under_pressure
 from tests.support.tiny_models import EOS_ID, VOCAB, make_tiny_model
 
@@ -181,7 +181,7 @@ def test_config_without_expert_fields_is_refused(tiny):
 def test_gpu_greedy_agrees_through_the_triton_moe_kernel(tiny, eager):
     """On CUDA the MoE blocks run engine/kernels/moe.py's fused_moe (in decode CUDA graphs
     unless eager), fp32, with chunked prefill."""
-    from engine.models.moe import _triton_moe
+    from engine.models.moe_block import _triton_moe
 
     folder, hf = tiny
     llm = LLM(

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine.models.rope import RotaryEmbedding
+from engine.models.rope_tables import RotaryEmbedding
 from tests.support.triton_modules import HAS_CUDA, import_kernel_modules
 
 DEVICE = "cuda" if HAS_CUDA else "cpu"
@@ -110,7 +110,7 @@ def test_choice_keeps_the_fused_kernel_only_when_equal_and_faster(
     kernel is kept only when it equals the two bit for bit and is faster; the choice is
     recorded in the KernelChoices given, and a second call times nothing."""
     import engine.timing as timing
-    from engine.tuning import KernelChoices, rope_store_wins
+    from engine.startup.kernel_choices import KernelChoices, rope_store_wins
 
     real, calls = _fused.rope_store, []
 
@@ -143,7 +143,7 @@ def test_choose_compares_and_times_on_the_device(monkeypatch):
     it, and a second call (a re-capture) keeps it without timing again."""
     import engine.timing as timing
     from engine.models.layers import PagedAttention
-    from engine.tuning import KernelChoices, choose_rope_store
+    from engine.startup.kernel_choices import KernelChoices, choose_rope_store
 
     rope = RotaryEmbedding(128, 4096, 500000.0, None).to(DEVICE)
     layers = [PagedAttention(32, 8, 128) for _ in range(4)]

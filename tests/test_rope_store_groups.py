@@ -6,9 +6,9 @@ from __future__ import annotations
 import torch
 from transformers import Gemma4TextConfig
 
-from engine.models.config import FULL, SLIDING, ModelConfig
 from engine.models.gemma4 import Gemma4ForCausalLM
-from engine.tuning import rope_store_groups
+from engine.models.model_config import FULL, SLIDING, ModelConfig
+from engine.startup.kernel_choices import rope_store_groups
 
 
 def test_gemma4_layers_group_by_shape_and_shared_layers_stay_out():

@@ -14,11 +14,11 @@ from transformers.models.gpt_oss.modeling_gpt_oss import GptOssRotaryEmbedding
 from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding, apply_rotary_pos_emb
 
 from engine import LLM, SamplingParams
-from engine.models import rope as rope_mod
-from engine.models.config import ModelConfig
+from engine.models import rope_tables as rope_mod
 from engine.models.config_fields import ROPE_TYPES
 from engine.models.layers import PagedAttention
-from engine.models.rope import RotaryEmbedding, inv_freq_and_scale
+from engine.models.model_config import ModelConfig
+from engine.models.rope_tables import RotaryEmbedding, inv_freq_and_scale
 from tests.support.greedy_reference import assert_greedy_agrees
 from tests.support.tiny_models import _COMMON, make_tiny_model
 

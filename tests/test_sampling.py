@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from engine import LLM, SamplingParams
-from engine.sampler import (
+from engine.runner.sampler import (
     SamplingTensors,
     apply_penalties,
     hashed_uniform,

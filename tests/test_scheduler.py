@@ -6,11 +6,11 @@ from __future__ import annotations
 
 from itertools import count
 
-from engine.block_manager import BlockManager
 from engine.config import EngineConfig
-from engine.request import Request, RequestStatus
 from engine.sampling_params import SamplingParams
-from engine.scheduler import ScheduledBatch, Scheduler
+from engine.scheduling.block_manager import BlockManager
+from engine.scheduling.request import Request, RequestStatus
+from engine.scheduling.scheduler import ScheduledBatch, Scheduler
 
 _token_ids = count(1000)
 

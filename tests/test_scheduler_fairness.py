@@ -11,11 +11,11 @@ from itertools import count
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engine.block_manager import BlockManager
 from engine.config import EngineConfig
-from engine.request import Request, RequestStatus
 from engine.sampling_params import PRIORITIES, SamplingParams
-from engine.scheduler import Scheduler
+from engine.scheduling.block_manager import BlockManager
+from engine.scheduling.request import Request, RequestStatus
+from engine.scheduling.scheduler import Scheduler
 
 NUM_BLOCKS, BLOCK_SIZE = 48, 4
 AGING_STEPS = 20

@@ -16,7 +16,7 @@ from appliance.cli import main
 from appliance.profile_measure import memory_table, report_dict
 from appliance.server import create_app
 from appliance.settings import ServeSettings
-from engine.memory_check import MemoryItems, MemoryReport
+from engine.memory.memory_check import MemoryItems, MemoryReport
 from engine.planner import GIB, Device, Plan, plan_settings
 from tests.support.fake_engine import wait_until_served
 from tests.support.serve_process import start_server
@@ -28,9 +28,9 @@ def planned(settings: ServeSettings) -> Plan:
     """The plan an engine makes for `settings` on this machine's CPU, as the engine core of
     `appliance serve` makes it."""
     from engine.config import EngineConfig
-    from engine.models.config import ModelConfig
     from engine.models.loader import resolve_model_folder
-    from engine.planning import plan_engine
+    from engine.models.model_config import ModelConfig
+    from engine.startup.planned_config import plan_engine
 
     pins = EngineConfig.from_kwargs(**settings.engine_kwargs())
     model = ModelConfig.from_folder(resolve_model_folder(settings.model))
@@ -137,12 +137,12 @@ def test_a_long_context_model_on_a_24gib_card_gets_the_length_that_fits(monkeypa
     max_model_len its KV pool holds twice (it used to take the model's maximum and raise)."""
     from appliance.model_presets import load_preset
     from engine.config import EngineConfig
-    from engine.models.config import ModelConfig
-    from engine.planning import plan_engine
+    from engine.models.model_config import ModelConfig
+    from engine.startup.planned_config import plan_engine
 
     config = {**load_preset("llama-3-8b"), "max_position_embeddings": 131072}
     card = Device(kind="cuda", name="24 GiB", total_bytes=24 * GIB, max_num_batched_tokens=2048)
-    monkeypatch.setattr("engine.planning.read_device", lambda kind: card)
+    monkeypatch.setattr("engine.startup.planned_config.read_device", lambda kind: card)
     plan, resolved = plan_engine(EngineConfig(), ModelConfig.from_dict(config), "cuda")
     assert 8192 <= plan.max_model_len < 131072 and plan.concurrency_at_max_len >= 2
     assert resolved.max_model_len == plan.max_model_len and resolved.num_kv_blocks > 0

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 
-from appliance.server.keys import STATE
+from appliance.server.app_keys import STATE
 from tests.support.fake_engine import STALL_MARK, FakeEngine, fake_client
 
 COMPLETIONS = "/v1/completions"

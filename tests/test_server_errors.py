@@ -11,7 +11,7 @@ import time
 import aiohttp
 import pytest
 
-from appliance.server.keys import STATE
+from appliance.server.app_keys import STATE
 from tests.support.fake_engine import (
     CRASH_MARK,
     STALL_MARK,

@@ -11,7 +11,7 @@ import time
 from aiohttp.test_utils import TestClient, TestServer
 
 from appliance.server import create_app
-from appliance.server.keys import STATE
+from appliance.server.app_keys import STATE
 from appliance.settings import ServeSettings
 from tests.support.fake_engine import FakeEngine, SlowLoader, fake_client, wait_until_served
 from tests.support.waiting import wait_until

@@ -15,7 +15,7 @@ from appliance.server.records import ChoiceRecord, RequestRecord
 from appliance.server.responses import usage
 from appliance.server.schema.responses import CompletionChunk, CompletionResponse
 from appliance.server.stats import PREFIX_CACHE_WINDOW_S, StatsTracker
-from engine.request import RequestMetrics, RequestOutput
+from engine.scheduling.request import RequestMetrics, RequestOutput
 from tests.support.fake_engine import FakeEngine, fake_client, sse_events
 
 COMPLETIONS = "/v1/completions"

@@ -30,8 +30,8 @@ from appliance.server.schema.responses import (
     ModelList,
     TokenizeResponse,
 )
-from engine.request import RequestMetrics, RequestOutput
 from engine.sampling_params import SamplingParams
+from engine.scheduling.request import RequestMetrics, RequestOutput
 from tests.support.fake_engine import STALL_MARK, fake_client, sse_events
 
 CHAT = "/v1/chat/completions"

@@ -20,7 +20,7 @@ from aiohttp.test_utils import TestClient, TestServer
 from appliance.serve import serve
 from appliance.server import create_app
 from appliance.settings import ServeSettings
-from engine.startup import phase_words
+from engine.startup.phases import phase_words
 from tests.support.fake_engine import (
     REFUSAL,
     BrokenLoader,

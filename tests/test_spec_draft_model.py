@@ -11,7 +11,7 @@ from transformers import AutoModelForCausalLM
 
 from engine import LLM, SamplingParams
 from engine.config import EngineConfig
-from engine.models.config import ModelConfig
+from engine.models.model_config import ModelConfig
 from tests.support.tiny_models import VOCAB, byte_tokenizer, make_tiny_model, tiny_config
 
 NEW_TOKENS = 40

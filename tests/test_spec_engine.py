@@ -10,13 +10,13 @@ import pytest
 import torch
 
 from engine import LLM, SamplingParams
-from engine.block_manager import BlockManager
 from engine.config import EngineConfig
-from engine.request import Request
-from engine.scheduler import Scheduler
+from engine.scheduling.block_manager import BlockManager
+from engine.scheduling.request import Request
+from engine.scheduling.scheduler import Scheduler
+from engine.spec.draft_length import Acceptance, CostTable
 from engine.spec.drafter import Draft, Drafter, per_request_k
 from engine.spec.measure import MAX_SPECULATIVE_TOKENS
-from engine.spec.policy import Acceptance, CostTable
 from engine.structured import StructuredOutput
 
 NEW_TOKENS = 40
@@ -288,7 +288,7 @@ def test_the_scheduler_trims_drafts_to_the_budget_and_the_spare_blocks():
     assert s.block_manager.num_free_blocks == 2
 
 
-# --- the adaptive k (engine/spec/policy.py, measured by engine/spec/measure.py) -------------
+# --- the adaptive k (engine/spec/draft_length.py, measured by engine/spec/measure.py) -------------
 def _flat(batch: int, k: int) -> float:
     """A weight-bound step: the same time at every k, so drafting pays from a modest rate."""
     return 1e-3

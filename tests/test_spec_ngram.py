@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from engine.request import PLACEHOLDER
+from engine.scheduling.request import PLACEHOLDER
 from engine.spec.ngram import NgramDrafter, NgramIndex
 
 

@@ -9,9 +9,9 @@ import pytest
 import torch
 
 from engine import LLM, SamplingParams
-from engine.input_prep import PendingFill
+from engine.runner.input_prep import PendingFill
+from engine.spec.draft_length import CostTable
 from engine.spec.measure import MAX_SPECULATIVE_TOKENS
-from engine.spec.policy import CostTable
 
 GREEDY = SamplingParams(max_tokens=30, temperature=0.0, ignore_eos=True)
 MIXED = [

@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from engine.spec.policy import Acceptance, CostTable, SpecPolicy, expected_tokens
+from engine.spec.draft_length import Acceptance, CostTable, SpecPolicy, expected_tokens
 
 KS = range(0, 9)
 BATCHES = (1, 2, 4, 8, 16, 32, 64)

@@ -9,9 +9,8 @@ import math
 import pytest
 import torch
 
-from engine.input_prep import prepare_sampling
-from engine.request import Request
-from engine.sampler import (
+from engine.runner.input_prep import prepare_sampling
+from engine.runner.sampler import (
     SamplingTensors,
     hashed_uniform,
     hashed_uniform_at,
@@ -19,6 +18,7 @@ from engine.sampler import (
     scale_and_filter,
 )
 from engine.sampling_params import SamplingParams
+from engine.scheduling.request import Request
 from engine.spec import verify as verify_module
 from engine.spec.ngram import NgramDrafter
 from engine.spec.verify import ACCEPT_COLUMN, verify

@@ -10,8 +10,8 @@ import pickle
 import pytest
 
 from engine import LLM
-from engine.memory_check import GIB, Measurement, MemoryItems
-from engine.startup import StartupTimer, startup_line
+from engine.memory.memory_check import GIB, Measurement, MemoryItems
+from engine.startup.phases import StartupTimer, startup_line
 
 PINS = dict(
     device="cpu", num_kv_blocks=64, max_model_len=256, max_num_seqs=4, max_num_batched_tokens=256
@@ -29,7 +29,7 @@ class FakeClock:
 
 def test_a_nested_phase_pauses_the_outer_one(monkeypatch):
     clock = FakeClock()
-    monkeypatch.setattr("engine.startup.time.perf_counter", clock)
+    monkeypatch.setattr("engine.startup.phases.time.perf_counter", clock)
     timer = StartupTimer()
     clock.now += 1.0  # outside every phase: counted in the total only
     with timer.phase("check"):
@@ -93,7 +93,7 @@ def test_an_engine_tells_each_phase_as_it_begins_and_converts_a_gguf_once(tmp_pa
     """What the engine core reports to the front end (and /health shows): the first start on a
     .gguf file converts it, a second start finds the conversion cached."""
     from engine.llm_engine import LLMEngine
-    from engine.startup import phase_words
+    from engine.startup.phases import phase_words
     from tests.support.tiny_models import write_tiny_gguf
 
     monkeypatch.setenv("APPLIANCE_CACHE_DIR", str(tmp_path / "cache"))

@@ -14,7 +14,7 @@ from appliance.server.structured import GrammarCheck
 from engine import LLM, SamplingParams
 from engine.llm_engine import COMPILE_WAIT_S
 from engine.structured import StructuredOutput
-from engine.tokenizer import load_tokenizer
+from engine.text.tokenizer import load_tokenizer
 
 CHOICE = StructuredOutput.choice(["yes", "no"])
 

@@ -9,9 +9,9 @@ import json
 
 import pytest
 
-from appliance.server.keys import METRICS, TRACKER
+from appliance.server.app_keys import METRICS, TRACKER
 from appliance.server.records import STRUCTURED_KINDS, ChoiceRecord, RequestRecord
-from engine.request import RequestMetrics, RequestOutput, TraceEvent
+from engine.scheduling.request import RequestMetrics, RequestOutput, TraceEvent
 from tests.support.fake_engine import FakeEngine, fake_client
 
 MARKED = {

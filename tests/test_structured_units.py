@@ -11,9 +11,9 @@ import torch
 
 from engine.structured import StructuredOutput
 from engine.structured.bitmask import BitmaskBuffers, allow, apply_bitmask, words_for
+from engine.structured.grammar_state import GrammarState, Verdict
 from engine.structured.llguidance_backend import LLGuidanceBackend
 from engine.structured.pool import GrammarPool
-from engine.structured.state import GrammarState, Verdict
 from tests.support.tiny_models import EOS_ID, VOCAB, byte_tokenizer
 
 

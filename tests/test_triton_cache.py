@@ -44,7 +44,7 @@ import triton.language as tl
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 from appliance.triton_cache import triton_cache_env
-from engine import compile_count
+from engine.runner import compile_count
 
 assert compile_count.install(), triton.__version__
 folder = triton_cache_env()  # after Triton's import: it reads the variable at each compile

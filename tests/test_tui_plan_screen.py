@@ -8,8 +8,8 @@ from pathlib import Path
 
 from rich.console import Console
 
-from engine.memory_check import MemoryItems, MemoryReport
-from engine.models.config import ModelConfig
+from engine.memory.memory_check import MemoryItems, MemoryReport
+from engine.models.model_config import ModelConfig
 from engine.planner import GIB, Device, PlanRequest, plan
 from tests.support.tui_fakes import make_doc
 from tui.model import View

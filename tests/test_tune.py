@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 
 from appliance.loadgen.client import RequestResult
+from appliance.loadgen.load_shapes import StatsSample
 from appliance.loadgen.report import SLO, LevelSummary
-from appliance.loadgen.runner import StatsSample
 from appliance.tune import (
     TunedProfile,
     detect_drift,

@@ -4,7 +4,7 @@ batches of every size from 1 to max_num_seqs, staggered arrivals that mix decode
 chunks, chunked long prompts, preemption from a small KV pool, and greedy, seeded and sampled
 requests with every sampling feature and logprobs. In bf16, with int8 and int4 weights and
 with an int8 KV cache. A failure lists each variant built after warm-up (kernel, constexprs,
-specialisations: engine/compile_count.py)."""
+specialisations: engine/runner/compile_count.py)."""
 
 from __future__ import annotations
 
@@ -15,8 +15,9 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, LlamaConfig
 
-from engine import SamplingParams, compile_count
+from engine import SamplingParams
 from engine.llm_engine import LLMEngine
+from engine.runner import compile_count
 from tests.support.tiny_models import VOCAB, byte_tokenizer
 
 pytestmark = pytest.mark.gpu

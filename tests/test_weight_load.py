@@ -11,9 +11,9 @@ import pytest
 import torch
 
 from engine.models import loader
-from engine.models.config import ModelConfig
 from engine.models.loader import ParallelCopy, load_model
-from engine.quant.format import WeightQuant
+from engine.models.model_config import ModelConfig
+from engine.quant.weight_format import WeightQuant
 
 
 def _load(folder, monkeypatch, workers: int | None, quant=None, device="cpu", dtype=torch.float32):

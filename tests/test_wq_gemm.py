@@ -1,7 +1,7 @@
 """The dequantizing GEMM for decode batches (engine/kernels/wq_gemm.py) against the
 dequantize-then-matmul reference: ragged shapes under Triton's CPU interpreter (int8, NF4,
 FP4, bias, split K), its routing (engine/quant/dispatch.py) and start-up choice
-(engine/quant/tuning.py), and on a GPU every config on Llama-3-8B's shapes and a batched
+(engine/quant/quant_choices.py), and on a GPU every config on Llama-3-8B's shapes and a batched
 QuantLinear through the choice."""
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ import torch
 
 from engine.quant import dispatch
 from engine.quant.dispatch import QuantKernels, quant_linear
-from engine.quant.format import QuantizedWeight
+from engine.quant.quant_choices import QuantChoices, choose_gemm, layer_key
 from engine.quant.reference import wq_matmul_ref
-from engine.quant.tuning import QuantChoices, choose_gemm, layer_key
+from engine.quant.weight_format import QuantizedWeight
 from tests.support.quant_weights import random_quant_weight
 from tests.support.triton_modules import HAS_CUDA, import_kernel_modules
 
@@ -218,8 +218,8 @@ def test_choice_and_batched_linear_gpu(kind, monkeypatch):
     """gate_up at 8, 32 and 64 rows: the choice made for each row bucket is one of its configs
     or the path without the GEMM, a QuantLinear of that many rows runs the GEMM exactly when a
     config was kept (with that config), and matches the reference either way."""
-    from engine.quant.format import WeightQuant
     from engine.quant.modules import QuantLinear
+    from engine.quant.weight_format import WeightQuant
 
     dtype = torch.bfloat16
     q, s, code, _, group = _layer(kind, 28672, 4096, 64, dtype=dtype)

@@ -8,9 +8,9 @@ import pytest
 import torch
 
 from engine.quant.dispatch import QuantKernels, fused_silu, quant_linear
-from engine.quant.format import QuantizedWeight
+from engine.quant.quant_choices import QuantChoices, choose_gemv, choose_gemv_silu
 from engine.quant.reference import wq_matmul_ref
-from engine.quant.tuning import QuantChoices, choose_gemv, choose_gemv_silu
+from engine.quant.weight_format import QuantizedWeight
 from tests.support.quant_weights import random_quant_weight
 from tests.support.triton_modules import HAS_CUDA, import_kernel_modules
 

@@ -11,8 +11,8 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402  (the backend must be chosen first)
 
 from appliance.loadgen.client import RequestResult  # noqa: E402
+from appliance.loadgen.load_shapes import StatsSample  # noqa: E402
 from appliance.loadgen.report import SLO, LevelSummary  # noqa: E402
-from appliance.loadgen.runner import StatsSample  # noqa: E402
 
 
 def _save(fig, path: Path) -> Path:

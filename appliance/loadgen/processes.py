@@ -17,7 +17,7 @@ import aiohttp
 
 from appliance.loadgen import workload
 from appliance.loadgen.client import ClientConfig, RequestResult
-from appliance.loadgen.runner import Stage, StageResult, run_stage
+from appliance.loadgen.load_shapes import Stage, StageResult, run_stage
 from appliance.loadgen.workload import WorkloadSpec
 
 STREAMS_PER_PROCESS = 64

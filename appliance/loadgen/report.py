@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from appliance.loadgen.client import RequestResult
-from appliance.loadgen.runner import StageResult, StatsSample
+from appliance.loadgen.load_shapes import StageResult, StatsSample
 
 METRICS = ("ttft_s", "tpot_s", "itl_s", "e2e_s")
 _UNITS = {"ms": 1e-3, "s": 1.0, "us": 1e-6, "m": 60.0, "h": 3600.0, "": 1.0}

@@ -15,8 +15,8 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from appliance.loadgen import workload
 from appliance.loadgen.client import ClientConfig, RequestResult
+from appliance.loadgen.load_shapes import Stage, StageResult, StatsSampler, run_stage
 from appliance.loadgen.processes import ClientProcesses
-from appliance.loadgen.runner import Stage, StageResult, StatsSampler, run_stage
 from appliance.loadgen.workload import WorkloadSpec
 
 SERVER_COUNTERS = (

@@ -9,9 +9,9 @@ from functools import partial
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
 
+from appliance.server.app_keys import METRICS, STATE, TRACKER
 from appliance.server.body import read_json
 from appliance.server.errors import APIError
-from appliance.server.keys import METRICS, STATE, TRACKER
 from appliance.server.openai_routes import SSE_HEADERS, check_model, offload
 from appliance.server.openapi import openapi_spec
 from appliance.server.protocol import parse_detokenize, parse_tokenize

@@ -24,10 +24,10 @@ from aiohttp import web
 from appliance.key_limits import ANONYMOUS
 from appliance.serve_plan import log_plan
 from appliance.server.admin_routes import routes as admin_routes
+from appliance.server.app_keys import EXECUTOR, LIMITER, METRICS, REQUEST_LOG, STATE, TRACKER
 from appliance.server.auth import make_auth_middleware
 from appliance.server.errors import error_middleware
 from appliance.server.key_stats import KeyCollector
-from appliance.server.keys import EXECUTOR, LIMITER, METRICS, REQUEST_LOG, STATE, TRACKER
 from appliance.server.limits import Limiter
 from appliance.server.metrics import Metrics
 from appliance.server.openai_routes import routes as openai_routes
@@ -43,7 +43,7 @@ from appliance.server.state import ServerState
 from appliance.server.stats import StatsTracker
 from appliance.settings import ServeSettings
 from engine.core.process import PHASE_WARM_UP, CoreStartError, start_core
-from engine.startup import phase_words
+from engine.startup.phases import phase_words
 
 logger = logging.getLogger("appliance.server")
 _REQUEST_ID = re.compile(r"^[A-Za-z0-9._:~-]{1,128}$")

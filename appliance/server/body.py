@@ -12,7 +12,7 @@ import re
 from aiohttp import web
 
 from appliance.server.errors import bad_request
-from engine.surrogates import find_in_value, json_path
+from engine.text.surrogates import find_in_value, json_path
 
 _SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
 """A JSON escape of U+D800-U+DFFF: the only way a surrogate gets into a body that is valid

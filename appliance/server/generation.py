@@ -17,10 +17,10 @@ from appliance.server.errors import APIError, bad_request, timeout_error
 from appliance.server.records import ChoiceRecord, RequestRecord
 from appliance.server.state import InFlight
 from appliance.settings import ServeSettings
-from engine.core.client import CoreClient
+from engine.core.core_client import CoreClient
 from engine.core.stream import EngineDeadError, RequestStream
-from engine.request import RequestOutput
 from engine.sampling_params import SamplingParams
+from engine.scheduling.request import RequestOutput
 
 
 @dataclass

@@ -9,11 +9,11 @@ from functools import partial
 from aiohttp import web
 
 from appliance.key_limits import ANONYMOUS, KeyLimits
+from appliance.server.app_keys import EXECUTOR, LIMITER, METRICS, STATE, TRACKER
 from appliance.server.body import read_json
 from appliance.server.chat_output import ChatOutput
 from appliance.server.errors import APIError, bad_request
 from appliance.server.generation import Choice, Generation
-from appliance.server.keys import EXECUTOR, LIMITER, METRICS, STATE, TRACKER
 from appliance.server.limits import Refusal, capped_max_tokens
 from appliance.server.protocol import (
     GenerateRequest,

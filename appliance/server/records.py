@@ -9,7 +9,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from engine.request import RequestOutput
+from engine.scheduling.request import RequestOutput
 from engine.structured import KINDS
 
 STRUCTURED_KINDS = (*KINDS, "tool_call")

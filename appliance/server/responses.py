@@ -13,7 +13,7 @@ from aiohttp import web
 
 from appliance.server.chat_output import ChatOutput
 from appliance.server.generation import Choice
-from engine.request import Logprob
+from engine.scheduling.request import Logprob
 
 _PROBE_INDEX = 918273645
 _PROBE_TEXT = "\x00probe"

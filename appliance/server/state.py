@@ -15,10 +15,10 @@ from appliance.generation_defaults import GenerationDefaults
 from appliance.server.errors import APIError
 from appliance.server.structured import GrammarCheck
 from appliance.settings import ServeSettings
-from engine.core.client import CoreClient
+from engine.core.core_client import CoreClient
 from engine.core.info import EngineInfo
 from engine.core.process import PHASE_START
-from engine.startup import WARMING_UP, phase_words
+from engine.startup.phases import WARMING_UP, phase_words
 
 LOADING_RETRY_S = 5
 """Retry-After (seconds) of the 503 a request gets while the model loads."""
@@ -67,7 +67,8 @@ class ServerState:
     defaults: GenerationDefaults = field(default_factory=GenerationDefaults)
     """What a request's omitted sampling fields become (the model's, the overrides)."""
     loading: str = PHASE_START
-    """While loading: the start-up phase the core reported last (engine.startup.PHASE_WORDS)."""
+    """While loading: the start-up phase the core reported last
+    (engine.startup.phases.PHASE_WORDS)."""
 
     def __post_init__(self) -> None:
         self._idle.set()

@@ -13,7 +13,7 @@ from pydantic_core import ErrorDetails
 
 from appliance.server.errors import APIError, bad_request
 from appliance.server.schema.base import Allowed
-from engine.surrogates import json_path
+from engine.text.surrogates import json_path
 
 M = TypeVar("M", bound=BaseModel)
 _KINDS = {

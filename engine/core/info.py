@@ -8,7 +8,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from engine.config import EngineConfig
-from engine.tokenizer import apply_chat_template, encode_prompt  # transformers: imported lazily
+from engine.text.tokenizer import (  # transformers: imported lazily
+    apply_chat_template,
+    encode_prompt,
+)
 
 
 @dataclass

@@ -18,7 +18,7 @@ from typing import Any
 import zmq
 
 from engine.core import wire
-from engine.request import RequestMetrics, RequestOutput
+from engine.scheduling.request import RequestMetrics, RequestOutput
 
 logger = logging.getLogger("engine.core")
 IDLE_POLL_MS = 100  # how long an idle loop sleeps before checking that its parent lives

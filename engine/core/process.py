@@ -32,7 +32,7 @@ import zmq
 from engine.core.info import EngineInfo
 from engine.core.loop import CoreLoop
 from engine.sampling_params import SamplingParams
-from engine.startup import WEIGHTS_PHASE
+from engine.startup.phases import WEIGHTS_PHASE
 
 logger = logging.getLogger("engine.core")
 PRELOAD = ["engine.core.process", "engine.llm_engine"]
@@ -40,7 +40,7 @@ PRELOAD = ["engine.core.process", "engine.llm_engine"]
 WARMUP_LIMIT_S = 120
 PHASE_START = "start"
 PHASE_WARM_UP = "warm_up"
-"""The phases a core reports around its engine's own (engine.startup.PHASE_WORDS): "start"
+"""The phases a core reports around its engine's own (engine.startup.phases.PHASE_WORDS): "start"
 before the engine reports any, "warm_up" for the core's warm-up request."""
 
 
@@ -100,7 +100,7 @@ def start_core(
     builds one there (told each start-up phase when it takes an `on_phase` keyword, as
     LLMEngine does), and wait until it serves. Blocks for the whole load: call it from a
     worker thread, and set `cancel` to give up (the process is killed). `on_phase` gets each
-    phase's name (engine.startup.PHASE_WORDS) as it begins. Raises CoreStartError when the
+    phase's name (engine.startup.phases.PHASE_WORDS) as it begins. Raises CoreStartError when the
     engine fails to load."""
     ctx = multiprocessing.get_context("forkserver")
     ctx.set_forkserver_preload(PRELOAD)

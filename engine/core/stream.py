@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
-from engine.request import RequestOutput
+from engine.scheduling.request import RequestOutput
 
 
 class EngineDeadError(RuntimeError):

@@ -25,8 +25,8 @@ from dataclasses import dataclass, field
 
 import msgpack
 
-from engine.request import Logprob, RequestMetrics, RequestOutput, TraceEvent
 from engine.sampling_params import SamplingParams
+from engine.scheduling.request import Logprob, RequestMetrics, RequestOutput, TraceEvent
 
 ADD, ABORT, HELLO, SHUTDOWN = 0, 1, 2, 3
 _METRIC_FIELDS = tuple(f.name for f in dataclasses.fields(RequestMetrics))

@@ -9,7 +9,7 @@ packed weight and its scales and writes the 16-bit weight: 2.5 bytes a weight fo
 same values bit for bit (each product code-or-int8 x scale in fp32, rounded once as it is
 written).
 
-Start-up timing (engine/quant/tuning.py) keeps it, per weight shape, only where it gave
+Start-up timing (engine/quant/quant_choices.py) keeps it, per weight shape, only where it gave
 dequantize_to's bits and was faster on the device.
 """
 

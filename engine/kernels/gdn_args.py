@@ -3,7 +3,7 @@ conv1d.py) and the checks of their arguments, with errors that say what to chang
 
 A step's tokens are packed along the first axis, sequence i owning rows
 query_start_loc[i]:query_start_loc[i + 1] (decodes first, one row each, then prefill chunks:
-engine/context.py). Sequence i keeps its state in slot slots[i] of a state pool:
+engine/runner/forward_context.py). Sequence i keeps its state in slot slots[i] of a state pool:
 - conv state [num_slots, conv_dim, conv_kernel - 1] in the activation dtype: the sequence's
   last conv_kernel - 1 conv inputs, oldest first;
 - recurrent state [num_slots, num_v_heads, key_head_dim, value_head_dim] in float32: the

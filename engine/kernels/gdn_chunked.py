@@ -339,10 +339,10 @@ def gated_delta_rule_mixed(
     scale: float | None = None,
     use_qk_l2norm: bool = True,
 ) -> torch.Tensor:  # [num_tokens, Hv, Dv] in v's dtype
-    """A step as the engine packs it (engine/context.py): the first num_decodes sequences one
-    token each through the recurrent kernel (gdn.py), the prefill chunks after them through the
-    chunked kernels (the recurrent one when Dk or Dv is under tl.dot's 16), into one output.
-    num_decodes is host data the step already has; nothing else is read on the host."""
+    """A step as the engine packs it (engine/runner/forward_context.py): the first num_decodes
+    sequences one token each through the recurrent kernel (gdn.py), the prefill chunks after them
+    through the chunked kernels (the recurrent one when Dk or Dv is under tl.dot's 16), into one
+    output. num_decodes is host data the step already has; nothing else is read on the host."""
     num_seqs = slots.shape[0]
     if not 0 <= num_decodes <= num_seqs:
         raise ValueError(f"gated_delta_rule_mixed: num_decodes {num_decodes} of {num_seqs} seqs")

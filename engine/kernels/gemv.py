@@ -6,9 +6,9 @@ program reads a [BLOCK_N, K / SPLIT_K] slab of W and writes one fp32 partial per
 kernel sums the SPLIT_K partials (SPLIT_K=1: the first kernel writes the output itself). Enough
 programs keep many loads in flight even when N is small (o_proj, down_proj).
 
-Whether it beats cuBLAS is measured, not assumed: start-up timing (engine/tuning.py) times both
-per weight shape on the device, in a CUDA graph over the model's own weights, before the decode
-graphs are captured; the model's linears use the winner.
+Whether it beats cuBLAS is measured, not assumed: start-up timing (engine/startup/kernel_choices.py)
+times both per weight shape on the device, in a CUDA graph over the model's own weights, before the
+decode graphs are captured; the model's linears use the winner.
 """
 
 from __future__ import annotations
@@ -25,7 +25,8 @@ from engine.kernels.launch_math import cdiv
 from engine.kernels.rmsnorm import round_to
 
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
-# (BLOCK_N, BLOCK_K, num_warps): candidates, timed at start-up on the device (engine/tuning.py)
+# (BLOCK_N, BLOCK_K, num_warps): candidates, timed at start-up on the device
+# (engine/startup/kernel_choices.py)
 CONFIGS = [(8, 512, 4), (16, 256, 4), (32, 256, 8), (4, 1024, 4), (16, 512, 8)]
 FUSED_CONFIGS = [(4, 512, 4), (8, 256, 4), (4, 1024, 8), (8, 512, 4)]
 """Candidates for gemv_silu_mul: each program reads two row blocks, so fewer rows than the

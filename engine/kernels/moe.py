@@ -9,8 +9,8 @@ engine/kernels/moe_ref.py's fused_moe_ref.
 - GEMM 2 (_down_kernel): those rows times the expert's w_down, plus its bias, times the pair's
   routing weight in fp32, written in x's dtype to the pair's own row of [num_tokens * k, hidden].
 - _sum_slots_kernel: out[t] = the sum in fp32 of rows t * k .. t * k + k - 1, in x's dtype.
-Quantized experts (engine/quant/format.py's layouts) are read packed and widened in the K loop
-(weight_tile): int8 exactly, its row scale multiplying the fp32 sum in the epilogue (a byte a
+Quantized experts (engine/quant/weight_format.py's layouts) are read packed and widened in the K
+loop (weight_tile): int8 exactly, its row scale multiplying the fp32 sum in the epilogue (a byte a
 weight); int4 through the code table times the group's scale (half a byte a weight, plus the
 scales).
 
@@ -188,7 +188,7 @@ def fused_moe(
     config: MoeConfig | None = None,
 ) -> torch.Tensor:  # [num_tokens, hidden]
     """fused_moe_ref's result (module docstring says how), the experts' weights in x's dtype or
-    quantized in engine/quant/format.py's layouts, each expert's rows as one weight's: int8
+    quantized in engine/quant/weight_format.py's layouts, each expert's rows as one weight's: int8
     with fp32 row scales [.., rows], or int4 (uint8, two codes a byte) with fp32 group scales
     [.., rows, cols / group_size] and the [16] code table. config None: config_for's choice,
     or for up to moe_gemv.MAX_TOKENS tokens moe_gemv's two launches with no sort.

@@ -40,7 +40,8 @@ def config_for(num_tokens: int, k: int, num_experts: int) -> MoeConfig:
 
 
 class QuantArgs(NamedTuple):
-    """fused_moe's quantized-expert arguments (engine/quant/format.py's layouts per expert)."""
+    """fused_moe's quantized-expert arguments (engine/quant/weight_format.py's layouts per
+    expert)."""
 
     gate_up_scales: torch.Tensor | None
     down_scales: torch.Tensor | None

@@ -1,6 +1,6 @@
 """MoE routing in one launch: router logits [num_tokens, num_experts] -> each token's k experts
 and their fp32 weights, in place of PyTorch's softmax, top-k and renormalisation (four or five
-launches a layer at decode). The rules are engine/models/moe.py's:
+launches a layer at decode). The rules are engine/models/moe_block.py's:
 
 - renormalize false (softmax_topk): weight = softmax over all experts at the picked ones;
 - renormalize true (softmax_topk_renormalized, topk_softmax): the k picked weights divided by

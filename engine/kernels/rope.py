@@ -1,6 +1,6 @@
 """Triton kernel for rotate-half rotary embedding of q and k in place (apply_rope).
 
-Computes what RotaryEmbedding (engine/models/rope.py) computes, rounding where it rounds:
+Computes what RotaryEmbedding (engine/models/rope_tables.py) computes, rounding where it rounds:
 cos/sin cast to q's dtype, x * cos and rotate_half(x) * sin each rounded to that dtype, then
 added. In fp16/bf16 the result is therefore bit-identical to the PyTorch (and Hugging Face)
 version.
@@ -90,7 +90,7 @@ def cos_sin(
 
 
 # positions is a view into the step's one upload buffer at an offset of one int64 a token
-# (engine/input_prep.upload): its 16-byte alignment follows the token count's parity. It is
+# (engine/runner/input_prep.upload): its 16-byte alignment follows the token count's parity. It is
 # read one scalar a program.
 @triton.jit(do_not_specialize_on_alignment=["pos_ptr"])
 def _rope_kernel(

@@ -6,7 +6,7 @@ At batch 1 each is a tiny kernel whose cost is mostly launch and latency (H200, 
 program layout is rope.py's: (token, j), q head blocks first, then k head blocks; a k block also
 writes its rotated K rows and the matching V rows into the cache slot (skipped for slot -1,
 CUDA-graph padding). Whether the engine uses it is decided on the device at start-up
-(engine/tuning.py), after an exact comparison with the two kernels.
+(engine/startup/kernel_choices.py), after an exact comparison with the two kernels.
 """
 
 from __future__ import annotations

@@ -1,5 +1,6 @@
 """Triton GEMM for decode batches (2-256 rows) with weight-only quantized weights, dequantizing
-in the kernel: out[M, N] = x[M, K] @ dequant(W).T (+ bias), in engine/quant/format.py's layouts.
+in the kernel: out[M, N] = x[M, K] @ dequant(W).T (+ bias), in engine/quant/weight_format.py's
+layouts.
 
 Without it a batch of more than 16 rows dequantizes every weight to 16 bits and calls cuBLAS,
 in every decode step: int8 reads 1 byte a weight, writes 2 and cuBLAS reads those 2 again (5
@@ -22,7 +23,7 @@ the weight tile, widened in registers, is the operand that may stay there.
   bytes a load.
 Programs split K (SPLIT_K) when the tiles alone give too few programs; a second kernel sums the
 fp32 partials. Which config, and whether at all (against dequantize + cuBLAS), is timed per
-weight shape and row bucket at start-up (engine/quant/tuning.py); the caller passes it.
+weight shape and row bucket at start-up (engine/quant/quant_choices.py); the caller passes it.
 """
 
 from __future__ import annotations

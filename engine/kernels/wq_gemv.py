@@ -1,5 +1,5 @@
 """Triton split-K GEMV for batch-1 decode with weight-only quantized weights:
-out[1, N] = x[1, K] @ dequant(W).T (+ bias), in the layouts of engine/quant/format.py.
+out[1, N] = x[1, K] @ dequant(W).T (+ bias), in the layouts of engine/quant/weight_format.py.
 
 A batch-1 step reads every weight byte once, so this is a bandwidth kernel with as few
 instructions per byte as possible (H200: about 16 bytes per SM clock):
@@ -17,7 +17,7 @@ instructions per byte as possible (H200: about 16 bytes per SM clock):
   by byte permutes (ptx_decode.py), where a config asks for it (CONFIGS).
 Programs split K (SPLIT_K) when rows alone give too few programs; gemv.py's reduce kernel sums
 the fp32 partials. Configs are chosen by timing on the device at start-up
-(engine/quant/tuning.py); the caller passes the one chosen for the shape.
+(engine/quant/quant_choices.py); the caller passes the one chosen for the shape.
 Launched with PDL where pdl.enabled: the first weight tile loads before gdc_wait.
 """
 

@@ -1,7 +1,8 @@
 """Triton weight-only quantized matmul: out = x @ dequant(W).T (+ bias), dequantizing a tile to
 x's dtype in the kernel and multiplying with tl.dot (one row: an fp32 multiply-add).
 
-Weights in the layouts of engine/quant/format.py (bitsandbytes' values, repacked once at load):
+Weights in the layouts of engine/quant/weight_format.py (bitsandbytes' values, repacked once at
+load):
 - int8: qweight int8 [N, K], scales fp32 [N]: W[n, k] = qweight[n, k] * scales[n].
 - int4: qweight uint8 [N, K / 2], two codes a byte (k even in the high nibble, bitsandbytes'
   order), absmax fp32 [N, K / group], code fp32 [16] (the NF4 or FP4 table):

@@ -1,4 +1,4 @@
-"""What ModelConfig (engine/models/config.py) and the family config readers
+"""What ModelConfig (engine/models/model_config.py) and the family config readers
 (engine/models/*_config.py) share: config.json's layer-type names and the RoPE types the
 engine builds. The family readers import this module, never config.py, which calls them."""
 
@@ -14,7 +14,7 @@ ROPE_TYPES = {
     "yarn": ("factor", "original_max_position_embeddings"),
     "proportional": (),  # partial_rotary_factor and factor optional (Gemma 4's full layers)
 }
-"""The RoPE types the engine builds (engine/models/rope.py), each with the keys its scaling
+"""The RoPE types the engine builds (engine/models/rope_tables.py), each with the keys its scaling
 dict must hold."""
 
 

@@ -1,5 +1,5 @@
 """The Gated DeltaNet layer of Qwen3.5's linear-attention (LINEAR) layers, over a packed batch
-with each sequence's state in a slot of the state pool (engine/state_pool.py).
+with each sequence's state in a slot of the state pool (engine/memory/state_pool.py).
 
 Per token x: the input projections give q, k, v (one [conv_dim] row: the causal depthwise
 convolution runs over it, then SiLU), z (the output gate, [value_dim]), b and a ([Hv] each).
@@ -8,9 +8,9 @@ and the gated delta rule over L2-normalised q and k with scale key_head_dim ** -
 (engine/kernels/gdn_ref.py says the recurrence); its output is RMS-normalised per head, scaled
 by the norm's weight (plain w, not 1 + w), multiplied by silu(z), and projected by out_proj.
 
-The kernels read the step's metadata (engine/context.py): query_start_loc, state_slots, and
-state_fresh (a sequence's first prefill chunk starts from a zero state). On CUDA the Triton
-kernels (engine/kernels/conv1d.py, gdn.py) run, elsewhere the PyTorch reference.
+The kernels read the step's metadata (engine/runner/forward_context.py): query_start_loc,
+state_slots, and state_fresh (a sequence's first prefill chunk starts from a zero state). On CUDA
+the Triton kernels (engine/kernels/conv1d.py, gdn.py) run, elsewhere the PyTorch reference.
 """
 
 from __future__ import annotations
@@ -19,9 +19,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from engine.context import get_context
-from engine.models.config import ModelConfig
 from engine.models.layers import Linear
+from engine.models.model_config import ModelConfig
+from engine.runner.forward_context import get_context
 
 
 def _kernels(device: torch.device):

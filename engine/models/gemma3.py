@@ -20,10 +20,10 @@ import torch
 from torch import nn
 
 from engine.kernels.moe_ref import act_and_mul
-from engine.models.config import FULL, SLIDING, ModelConfig
 from engine.models.layers import Linear, PagedAttention, RMSNorm
 from engine.models.llama import Attention
-from engine.models.rope import RotaryEmbedding
+from engine.models.model_config import FULL, SLIDING, ModelConfig
+from engine.models.rope_tables import RotaryEmbedding
 from engine.models.weights import QKV_GATE_UP, fused_name, load_fused
 
 logger = logging.getLogger(__name__)

@@ -19,13 +19,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from engine.models.config import FULL, SLIDING, ModelConfig
 from engine.models.gemma3 import Gemma3MLP, _rounded
 from engine.models.gemma4_moe import Gemma4MoE
 from engine.models.gemma4_weights import load_gemma4_weights
 from engine.models.layers import Linear, PagedAttention, RMSNorm
 from engine.models.llama import Attention
-from engine.models.rope import RotaryEmbedding
+from engine.models.model_config import FULL, SLIDING, ModelConfig
+from engine.models.rope_tables import RotaryEmbedding
 
 
 class WeightlessRMSNorm(nn.Module):

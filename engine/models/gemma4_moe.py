@@ -20,9 +20,9 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from engine.models.config import ModelConfig
 from engine.models.layers import RMSNorm
-from engine.models.moe import MoEBlock, pick_experts, softmax_topk_renormalized
+from engine.models.model_config import ModelConfig
+from engine.models.moe_block import MoEBlock, pick_experts, softmax_topk_renormalized
 
 CHECKPOINT_NAMES = {
     "router.proj.weight": "router.proj.weight",

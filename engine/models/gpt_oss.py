@@ -22,9 +22,9 @@ import torch
 from torch import nn
 
 from engine.kernels.moe_ref import SWIGLU_OAI_ALPHA, SWIGLU_OAI_LIMIT
-from engine.models.config import ModelConfig
 from engine.models.llama import LlamaForCausalLM
-from engine.models.moe import MoEBlock, topk_softmax
+from engine.models.model_config import ModelConfig
+from engine.models.moe_block import MoEBlock, topk_softmax
 from engine.models.weights import missing_error
 from engine.quant.mxfp4 import dequantize_mxfp4, gate_up_rows_first
 

@@ -1,5 +1,5 @@
 """Building blocks the models share: Linear (the batch-1 Triton GEMV on CUDA, oneDNN on the
-CPU), RMSNorm, SiLU-and-mul and paged attention (RoPE is engine/models/rope.py).
+CPU), RMSNorm, SiLU-and-mul and paged attention (RoPE is engine/models/rope_tables.py).
 
 Attention writes the new K/V into the paged cache, then reads the cache through the
 attention backend the model runner bound (pure PyTorch on CPU, Triton on CUDA).
@@ -14,20 +14,20 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from engine.attention import AttentionBackend
-from engine.context import get_context
 from engine.env import env_flag
 from engine.kernels import fused_kernels_enabled
+from engine.runner.attention_backends import AttentionBackend
+from engine.runner.forward_context import get_context
 
 if TYPE_CHECKING:
-    from engine.models.rope import RotaryEmbedding
+    from engine.models.rope_tables import RotaryEmbedding
 
 
 class Linear(nn.Linear):
     """nn.Linear whose batch-1 calls on CUDA run the split-K Triton GEMV where start-up timing
     found it faster than cuBLAS for this shape on this device (engine/kernels/gemv.py, chosen
-    by engine/tuning.py where Triton imports). Batches of 2+ rows stay on cuBLAS: a tiled
-    Triton GEMM, best config per shape, timed 1.5-1.7x slower at 256 rows (H200)."""
+    by engine/startup/kernel_choices.py where Triton imports). Batches of 2+ rows stay on cuBLAS: a
+    tiled Triton GEMM, best config per shape, timed 1.5-1.7x slower at 256 rows (H200)."""
 
     gemv_config: tuple[int, int, int] | None = None
     """The split-K GEMV config start-up timing kept for one row; None: cuBLAS."""
@@ -140,8 +140,8 @@ class PagedAttention(nn.Module):
         self.v_scales: torch.Tensor | None = None
         self.backend: AttentionBackend | None = None
         self.fuse_rope_store = False
-        """Set by start-up timing (engine/tuning.py) where the fused kernel proved equal to the
-        two and faster on this device."""
+        """Set by start-up timing (engine/startup/kernel_choices.py) where the fused kernel proved
+        equal to the two and faster on this device."""
 
     def forward(
         self, q: torch.Tensor, k: torch.Tensor | None = None, v: torch.Tensor | None = None

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 LINEAR = "linear_attention"
 """config.json's layer type of a linear-attention layer: a fixed-size state per sequence
-(engine/state_pool.py), no KV cache."""
+(engine/memory/state_pool.py), no KV cache."""
 RECURRENT_STATE_BYTES = 4
 """The recurrent state is float32 (the gated delta rule decays and adds into it every token);
 the conv state keeps the activation dtype (it holds inputs, as they were)."""

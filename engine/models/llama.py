@@ -12,9 +12,9 @@ from collections.abc import Callable, Collection, Iterable
 import torch
 from torch import nn
 
-from engine.models.config import ModelConfig
 from engine.models.layers import Linear, PagedAttention, RMSNorm, silu_and_mul
-from engine.models.rope import RotaryEmbedding
+from engine.models.model_config import ModelConfig
+from engine.models.rope_tables import RotaryEmbedding
 from engine.models.weights import QKV_GATE_UP, fused_name, load_fused
 
 

@@ -15,10 +15,10 @@ import torch
 from safetensors import safe_open
 from torch import nn
 
-from engine.models.config import ModelConfig
-from engine.models.registry import model_class
-from engine.quant.format import WeightQuant
+from engine.models.architectures import model_class
+from engine.models.model_config import ModelConfig
 from engine.quant.modules import QuantLinear, quantize_model
+from engine.quant.weight_format import WeightQuant
 
 LOAD_WORKERS = 8
 """Threads copying checkpoint tensors into the model at once (at most one per CPU)."""

@@ -15,7 +15,7 @@ from collections.abc import Callable
 
 import torch
 
-from engine.models.moe import MoEBlock
+from engine.models.moe_block import MoEBlock
 from engine.models.weights import check_shape, missing_error
 
 EXPERT = re.compile(

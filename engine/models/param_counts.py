@@ -1,6 +1,6 @@
 """Parameter counts by kind (ParamCounts): what the planner's weight bytes and speed floor read,
 from a ModelConfig's per-layer description. Torch-free. ModelConfig.param_counts() calls this
-module, so it takes the config untyped rather than import engine/models/config.py back."""
+module, so it takes the config untyped rather than import engine/models/model_config.py back."""
 
 from __future__ import annotations
 

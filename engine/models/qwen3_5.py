@@ -17,12 +17,12 @@ from collections.abc import Callable, Collection, Iterable
 import torch
 from torch import nn
 
-from engine.models.config import ModelConfig
 from engine.models.gated_deltanet import GatedDeltaNet
 from engine.models.layers import PagedAttention, RMSNorm
 from engine.models.linear_attention import LINEAR
 from engine.models.llama import MLP, Attention, LlamaForCausalLM
-from engine.models.rope import RotaryEmbedding
+from engine.models.model_config import ModelConfig
+from engine.models.rope_tables import RotaryEmbedding
 from engine.models.weights import load_fused
 
 logger = logging.getLogger(__name__)

@@ -19,9 +19,9 @@ from collections.abc import Callable, Iterable, Iterator
 import torch
 from torch import nn
 
-from engine.models.config import ModelConfig
 from engine.models.llama import MLP
-from engine.models.moe import MoEBlock, softmax_topk_renormalized
+from engine.models.model_config import ModelConfig
+from engine.models.moe_block import MoEBlock, softmax_topk_renormalized
 from engine.models.moe_weights import ExpertWeights
 from engine.models.qwen3_5 import TEXT_PREFIXES, Qwen3_5ForCausalLM
 

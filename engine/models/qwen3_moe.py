@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from engine.models.llama import MLP, LlamaForCausalLM
-from engine.models.moe import MoEBlock, softmax_topk, softmax_topk_renormalized
+from engine.models.moe_block import MoEBlock, softmax_topk, softmax_topk_renormalized
 from engine.models.moe_weights import ExpertWeights
 
 

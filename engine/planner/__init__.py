@@ -10,8 +10,15 @@ from __future__ import annotations
 
 from engine.planner.device import Device, DeviceReadings, device_for, read_device
 from engine.planner.formulas import GIB, WEIGHT_FORMATS, size_text
+from engine.planner.plan_request import (
+    PINNABLE,
+    PLANNED,
+    Plan,
+    PlanError,
+    PlanRequest,
+    plan_settings,
+)
 from engine.planner.refusal import plan
-from engine.planner.request import PINNABLE, PLANNED, Plan, PlanError, PlanRequest, plan_settings
 
 __all__ = [
     "GIB",

@@ -13,7 +13,7 @@ import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
-from engine.memory_cap import memory_cap_bytes
+from engine.memory.memory_cap import memory_cap_bytes
 from engine.planner.formulas import GIB
 
 PROFILES_DIR = Path(__file__).resolve().parents[2] / "profiles" / "gpus"

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import math
 
-from engine.models.config import ModelConfig
 from engine.models.linear_attention import RECURRENT_STATE_BYTES
+from engine.models.model_config import ModelConfig
 
 GIB, MIB = 1024**3, 1024**2
 WEIGHT_FORMATS = ("none", "int8", "int4")
@@ -212,7 +212,7 @@ def allocator_bytes(
 
 def graph_batch_sizes(max_num_seqs: int) -> list[int]:
     """The decode batch sizes captured as CUDA graphs: 1, 2, 4, then steps of 8 (16 past 64
-    sequences) up to max_num_seqs. engine.cuda_graphs captures exactly these."""
+    sequences) up to max_num_seqs. engine.runner.cuda_graphs captures exactly these."""
     sizes = [s for s in (1, 2, 4) if s < max_num_seqs]
     sizes += list(range(8, max_num_seqs, 8 if max_num_seqs <= 64 else 16))
     return sorted(set(sizes + [max_num_seqs]))

@@ -23,9 +23,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from engine.models.config import ModelConfig
+from engine.models.model_config import ModelConfig
 from engine.planner.device import Device
-from engine.planner.request import PlanRequest
+from engine.planner.plan_request import PlanRequest
 
 FORMAT_NAMES = {"none": None, "int8": "int8", "int4": "int4 (NF4)"}
 """How reasons name a weight format (None: the activation dtype's name)."""

@@ -6,12 +6,12 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from engine.models.config import ModelConfig
+from engine.models.model_config import ModelConfig
 from engine.planner.budget import budget, weights_and_kv_dtype
 from engine.planner.device import Device
 from engine.planner.formulas import GIB, WEIGHT_FORMATS
+from engine.planner.plan_request import Plan, PlanError, PlanRequest
 from engine.planner.plan_state import Misfit, PlanPass
-from engine.planner.request import Plan, PlanError, PlanRequest
 from engine.planner.sizing import finish, kv_blocks, max_model_len, max_num_seqs, state_pool
 
 FITS = 99

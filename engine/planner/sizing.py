@@ -11,8 +11,8 @@ from engine.planner.formulas import (
     size_text,
     token_bytes_in_block,
 )
+from engine.planner.plan_request import Plan
 from engine.planner.plan_state import Misfit, PlanPass
-from engine.planner.request import Plan
 
 
 def kv_blocks(d: PlanPass) -> None:

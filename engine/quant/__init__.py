@@ -11,5 +11,5 @@ bitsandbytes, the modules and their start-up kernel choices.
 - tuning.py: QuantChoices (one engine's timed choices, per weight shape) and the timing.
 
 Dependencies point one way: engine.models -> engine.quant -> engine.kernels. Nothing is
-imported here, so `engine.quant.format` loads without torch.
+imported here, so `engine.quant.weight_format` loads without torch.
 """

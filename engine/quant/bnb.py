@@ -1,6 +1,6 @@
 """bitsandbytes, imported lazily (only when quantization is asked): its quantizers and 4-bit
 code tables, and the reader of checkpoints it already quantized, all into our layout
-(engine/quant/format.py).
+(engine/quant/weight_format.py).
 
 Checkpoints (save_pretrained of a model transformers loaded with BitsAndBytesConfig; which one
 config.json describes is format.checkpoint_quant's job):
@@ -22,7 +22,7 @@ from collections.abc import Iterable, Iterator
 import torch
 
 from engine import library_logs
-from engine.quant.format import BNB_INSTALL, WeightQuant, check_int4_group
+from engine.quant.weight_format import BNB_INSTALL, WeightQuant, check_int4_group
 
 log = logging.getLogger(__name__)
 _PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")

@@ -17,7 +17,7 @@ way. Off CUDA, or without Triton, every row count takes reference.wq_matmul_ref.
 projection at one row may also fold silu_and_mul into the GEMV (fused_silu).
 
 Nothing here times anything: each module holds its QuantKernels, which start-up timing
-(engine/quant/tuning.py) filled; the default (nothing timed) takes the paths that need no
+(engine/quant/quant_choices.py) filled; the default (nothing timed) takes the paths that need no
 choice. Kernel modules are imported on use: without Triton none is imported.
 """
 
@@ -29,8 +29,8 @@ import torch
 import torch.nn.functional as F
 
 from engine.kernels import triton_available
-from engine.quant.format import QuantizedWeight
 from engine.quant.reference import dequantize_to, wq_matmul_ref
+from engine.quant.weight_format import QuantizedWeight
 
 DEQUANT_MIN_ROWS = 16
 """Above this many rows, where the decode-batch GEMM was not kept, the weight is dequantized to

@@ -2,8 +2,8 @@
 NF4/FP4 per group), QuantEmbedding (a lookup from a QuantLinear's rows) and quantize_model.
 
 bitsandbytes quantizes (engine/quant/bnb.py); each QuantLinear keeps the values in our layout
-(engine/quant/format.py) and computes by the row-count table of engine/quant/dispatch.py, with
-the kernels start-up timing chose for it (`kernels`). Embeddings and the LM head stay in 16
+(engine/quant/weight_format.py) and computes by the row-count table of engine/quant/dispatch.py,
+with the kernels start-up timing chose for it (`kernels`). Embeddings and the LM head stay in 16
 bits unless asked (WeightQuant.embeddings).
 """
 
@@ -16,8 +16,8 @@ from torch import nn
 
 from engine.quant.bnb import code_table, quantize_4bit, quantize_int8
 from engine.quant.dispatch import QuantKernels, fused_silu, quant_linear
-from engine.quant.format import QuantizedWeight, WeightQuant, check_int4_group
 from engine.quant.reference import dequantize_ref, dequantize_to
+from engine.quant.weight_format import QuantizedWeight, WeightQuant, check_int4_group
 
 QUANTIZED_LINEARS = (
     *("qkv_proj", "o_proj", "gate_up_proj", "down_proj"),
@@ -58,7 +58,7 @@ class QuantLinear(nn.Module):
         code = code_table(quant.quant_type).to(device) if is_int4 else None
         self.register_buffer("code", code, persistent=False)
         self.kernels = QuantKernels()
-        """The kernels start-up timing chose for this weight (engine/quant/tuning.py)."""
+        """The kernels start-up timing chose for this weight (engine/quant/quant_choices.py)."""
 
     @classmethod
     @torch.no_grad()
@@ -122,8 +122,8 @@ def quantize_model(
     quantized, and its 16-bit weight is freed before the next one comes. So `device` holds at
     most one projection in 16 bits. Without `prepare` the QuantLinears are left empty (zeros),
     for checkpoints already quantized. Mixture-of-experts blocks (modules with
-    `quantize_experts`, engine/models/moe.py) come to `device` through `prepare` too, one block
-    at a time, and quantize their stacked experts there."""
+    `quantize_experts`, engine/models/moe_block.py) come to `device` through `prepare` too, one
+    block at a time, and quantize their stacked experts there."""
     embeddings = quant.embeddings and prepare is not None
     if embeddings and model.config.tie_word_embeddings:
         model.lm_head.weight = model.embed_tokens.weight  # the tie may not survive materialising

@@ -1,4 +1,4 @@
-"""Pure-PyTorch references for quantized weights (layouts: engine/quant/format.py): the
+"""Pure-PyTorch references for quantized weights (layouts: engine/quant/weight_format.py): the
 dequantization and the matmul every quantized kernel is tested against, and what runs where
 there is no CUDA or no Triton. They take the weight's tensors as the kernels do."""
 

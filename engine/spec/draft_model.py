@@ -29,14 +29,14 @@ from pathlib import Path
 
 import torch
 
-from engine.attention import select_backend
 from engine.config import EngineConfig
-from engine.context import forward_context
-from engine.input_prep import prepare_inputs
-from engine.kv_pool import KVPool
-from engine.models.config import ModelConfig
+from engine.memory.kv_pool import KVPool
 from engine.models.loader import load_model, resolve_model_folder
-from engine.scheduler import ScheduledBatch
+from engine.models.model_config import ModelConfig
+from engine.runner.attention_backends import select_backend
+from engine.runner.forward_context import forward_context
+from engine.runner.input_prep import prepare_inputs
+from engine.scheduling.scheduler import ScheduledBatch
 from engine.spec.drafter import Draft, Drafter, DraftInput, per_request_k
 
 

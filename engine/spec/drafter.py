@@ -12,7 +12,7 @@ import torch
 
 
 class DraftInput(Protocol):
-    """What a drafter reads from a request (engine.request.Request has these)."""
+    """What a drafter reads from a request (engine.scheduling.request.Request has these)."""
 
     request_id: str
     token_ids: list[int]

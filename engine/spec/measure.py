@@ -22,8 +22,8 @@ from collections.abc import Sequence
 
 from engine.planner.formulas import graph_batch_sizes
 from engine.sampling_params import SamplingParams
+from engine.spec.draft_length import CostTable
 from engine.spec.drafter import Draft, Drafter, DraftInput, per_request_k
-from engine.spec.policy import CostTable
 
 logger = logging.getLogger(__name__)
 

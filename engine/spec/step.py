@@ -14,7 +14,7 @@ at the same token as plain decoding), its computed count keeps only the position
 are right (the last token and the accepted drafts), and the blocks past its tokens are freed.
 
 k: a pinned num_speculative_tokens, or else the adaptive policy's choice each step
-(engine/spec/policy.py), from the step costs measured at start-up (engine/spec/measure.py,
+(engine/spec/draft_length.py), from the step costs measured at start-up (engine/spec/measure.py,
 `SpecDecoder.measure`) and the acceptance observed after each verification.
 
 Requests with a grammar do not draft (their rows are masked as in a plain step), and a model
@@ -31,13 +31,13 @@ from itertools import accumulate
 import torch
 
 from engine.config import EngineConfig
-from engine.models.config import ModelConfig
-from engine.request import Logprob, Request
+from engine.models.model_config import ModelConfig
+from engine.scheduling.request import Logprob, Request
+from engine.spec.draft_length import CostTable, SpecPolicy
 from engine.spec.draft_model import DraftModel, DraftModelDrafter
 from engine.spec.drafter import Drafter
 from engine.spec.measure import MAX_SPECULATIVE_TOKENS, measure_costs
 from engine.spec.ngram import NgramDrafter
-from engine.spec.policy import CostTable, SpecPolicy
 from engine.spec.verify import verify
 from engine.structured.bitmask import apply_bitmask
 

@@ -3,7 +3,7 @@ its k drafts, the tokens to emit (the accepted drafts, then one token of the tar
 
 Row j of a sequence samples its output index `steps + j`, with the request's penalties
 counting drafts 0..j-1 as already generated, then its temperature and top-k/top-p/min-p,
-exactly as engine/sampler.py does for a token at that index (rows after the first rejection
+exactly as engine/runner/sampler.py does for a token at that index (rows after the first rejection
 are discarded, so assuming the drafts were accepted is the right context for every kept row).
 
 - Greedy rows: accept while the draft is the argmax; then the argmax.
@@ -29,7 +29,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from engine.sampler import (
+from engine.runner.sampler import (
     SamplingTensors,
     apply_penalties,
     hashed_uniform,

@@ -8,6 +8,6 @@ a batch's bitmask to the logits on the device.
 """
 
 from engine.structured.backend import GrammarBackend, GrammarError, Matcher
-from engine.structured.spec import KINDS, StructuredOutput
+from engine.structured.structured_output import KINDS, StructuredOutput
 
 __all__ = ["KINDS", "GrammarBackend", "GrammarError", "Matcher", "StructuredOutput"]

@@ -7,7 +7,7 @@ from abc import ABC, abstractmethod
 
 import torch
 
-from engine.structured.spec import StructuredOutput
+from engine.structured.structured_output import StructuredOutput
 
 
 class GrammarError(ValueError):

@@ -14,8 +14,8 @@ import torch
 
 from engine.structured.backend import GrammarBackend, GrammarError, Matcher
 from engine.structured.pool import GrammarPool
-from engine.structured.spec import StructuredOutput
-from engine.surrogates import find_in_value
+from engine.structured.structured_output import StructuredOutput
+from engine.text.surrogates import find_in_value
 
 JSON_OPTIONS = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 """JSON as json.dumps writes it: no free whitespace, so a weak model cannot pad an answer with

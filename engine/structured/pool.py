@@ -8,10 +8,10 @@ from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 
 import torch
 
-from engine.request import RequestStatus
+from engine.scheduling.request import RequestStatus
 from engine.structured.backend import GrammarBackend
 from engine.structured.bitmask import BitmaskBuffers, allow
-from engine.structured.state import GrammarState
+from engine.structured.grammar_state import GrammarState
 
 COMPILE_THREADS = 2
 

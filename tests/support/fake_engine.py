@@ -31,12 +31,12 @@ from dataclasses import dataclass
 
 import torch
 
-from engine.bandwidth import BandwidthMeter
 from engine.config import EngineConfig
-from engine.request import Logprob, RequestMetrics, RequestOutput, TraceEvent
+from engine.memory.bandwidth import BandwidthMeter
 from engine.sampling_params import SamplingParams
+from engine.scheduling.request import Logprob, RequestMetrics, RequestOutput, TraceEvent
 from engine.spec.step import SpecCounters
-from engine.tokenizer import apply_chat_template
+from engine.text.tokenizer import apply_chat_template
 
 VOCAB = 512
 EOS_ID = 2
@@ -398,7 +398,7 @@ def app_server(app):
     answer what the HTTP parser refuses in the error envelope)."""
     from aiohttp.test_utils import TestServer
 
-    from appliance.server.runner import AppRunner
+    from appliance.server.app_runner import AppRunner
 
     class AppServer(TestServer):
         async def _make_runner(self, **kwargs):

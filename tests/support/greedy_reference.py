@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from engine.request import RequestOutput
+from engine.scheduling.request import RequestOutput
 
 CLEAR_MARGIN = 1e-3
 """Logit gap below which the reference's top two tokens count as tied. Measured on the tiny

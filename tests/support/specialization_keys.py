@@ -75,9 +75,9 @@ NUM_BLOCKS, MAX_MODEL_LEN = 512, 2048
 def _requests(decode_lens: list[int], prefills: list[tuple[int, int]]):
     """A batch like the scheduler's: decodes (context length each, the new token included),
     then prefill chunks (cached prefix, chunk length), with block tables."""
-    from engine.request import Request
     from engine.sampling_params import SamplingParams
-    from engine.scheduler import ScheduledBatch
+    from engine.scheduling.request import Request
+    from engine.scheduling.scheduler import ScheduledBatch
 
     params = SamplingParams(max_tokens=1)
     reqs, news, next_block = [], [], 0
@@ -95,12 +95,12 @@ def _requests(decode_lens: list[int], prefills: list[tuple[int, int]]):
 def run_step(decode_lens: list[int], prefills: list[tuple[int, int]], kv_int8: bool) -> None:
     """The kernel calls of one eager step's layer (engine/models/llama.py's slicing), with the
     runner's input tensors (engine/input_prep.prepare_inputs: views of one upload)."""
-    from engine.attention_triton import TritonBackend
-    from engine.input_prep import prepare_inputs
     from engine.kernels.rmsnorm import rms_norm
     from engine.kernels.rope import apply_rope
     from engine.kernels.rope_store import rope_store
     from engine.kernels.silu_mul import silu_and_mul
+    from engine.runner.attention_triton import TritonBackend
+    from engine.runner.input_prep import prepare_inputs
 
     global _group
     _group = "int8 KV" if kv_int8 else ""

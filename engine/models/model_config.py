@@ -8,9 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from engine.models.config_fields import FULL, SLIDING, rope_scaling_from
-from engine.models.linear_attention import LINEAR, LinearAttention
-from engine.models.registry import (
+from engine.models.architectures import (
     ARCHITECTURES,
     GEMMA3_NAMES,
     GEMMA4_NAMES,
@@ -18,6 +16,8 @@ from engine.models.registry import (
     QWEN3_5_NAMES,
     supported_names,
 )
+from engine.models.config_fields import FULL, SLIDING, rope_scaling_from
+from engine.models.linear_attention import LINEAR, LinearAttention
 
 if TYPE_CHECKING:
     from engine.models.param_counts import ParamCounts

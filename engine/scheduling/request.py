@@ -10,9 +10,9 @@ import enum
 import time
 from dataclasses import dataclass, field
 
-from engine.block_manager import salted_root
 from engine.sampling_params import SamplingParams
-from engine.structured.state import Verdict
+from engine.scheduling.block_manager import salted_root
+from engine.structured.grammar_state import Verdict
 
 PLACEHOLDER = -1
 """Stands in token_ids for a token sampled on the device but not read back yet (overlap)."""
@@ -127,14 +127,15 @@ class Request:
         self.status = RequestStatus.WAITING
         self.block_table: list[int] = []
         self.block_keys: list[bytes] = []
-        """Prefix-cache keys of the first len(block_keys) blocks (engine.block_manager)."""
+        """Prefix-cache keys of the first len(block_keys) blocks
+        (engine.scheduling.block_manager)."""
         self.root_key = salted_root(params.cache_salt)
         """The parent key of the first block: the request's prefix-cache namespace."""
         self.num_computed_tokens = 0
         """Tokens whose K/V is in the cache."""
         self.state_slot: int | None = None
-        """The state-pool slot of a model with linear-attention layers (engine/state_pool.py),
-        held from admission until finish, abort or preemption."""
+        """The state-pool slot of a model with linear-attention layers
+        (engine/memory/state_pool.py), held from admission until finish, abort or preemption."""
         self.num_pending = 0
         """Sampled tokens not read back from the device yet: the last num_pending entries of
         token_ids are PLACEHOLDER (an overlapped step launched before its tokens came back)."""

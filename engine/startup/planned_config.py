@@ -10,11 +10,11 @@ from dataclasses import replace
 import torch
 
 from engine.config import EngineConfig
-from engine.models.config import ModelConfig
 from engine.models.linear_attention import RECURRENT_STATE_BYTES
+from engine.models.model_config import ModelConfig
 from engine.planner import Device, Plan, PlanRequest, plan, read_device
 from engine.planner.formulas import ELEMENT_BYTES
-from engine.quant.format import resolve_weight_quant
+from engine.quant.weight_format import resolve_weight_quant
 from engine.spec.draft_model import draft_model_config
 
 logger = logging.getLogger(__name__)

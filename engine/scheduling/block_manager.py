@@ -17,7 +17,7 @@ used) and drops its key. Blocks that hold no cached prefix are freed to the head
 reused before any cached one.
 
 State slots: a model with linear-attention layers (Qwen3.5) also keeps a fixed-size state per
-sequence (engine/state_pool.py). With `slots`, a sequence takes a slot when it is admitted
+sequence (engine/memory/state_pool.py). With `slots`, a sequence takes a slot when it is admitted
 (allocate_with_prefix, or take_state_slot) and gives it back in `free` (finish, abort,
 preemption); such a model runs without the prefix cache, since a cached prefix would skip the
 tokens its state is built from.
@@ -31,7 +31,7 @@ from collections import OrderedDict
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
-    from engine.state_pool import SlotAllocator
+    from engine.memory.state_pool import SlotAllocator
 
 ROOT_KEY = b""
 

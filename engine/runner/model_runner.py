@@ -3,10 +3,10 @@ attention metadata, sampling-tensor preparation, CUDA graphs and the memory chec
 warm-up (shrinking the pool before serving when the plan was short); runs one scheduled batch
 per call.
 
-KV cache: engine/kv_pool.py's KVPool (one tensor per group of layers with the same KV heads and
-head dim; each attention layer gets its K and V views, see engine/kernels/torch_ref.py for the
-layout). A model with linear-attention layers also gets engine/state_pool.py's StatePool beside
-it: max_num_seqs slots of per-sequence state, allocated and released with the KV pool.
+KV cache: engine/memory/kv_pool.py's KVPool (one tensor per group of layers with the same KV heads
+and head dim; each attention layer gets its K and V views, see engine/kernels/torch_ref.py for the
+layout). A model with linear-attention layers also gets engine/memory/state_pool.py's StatePool
+beside it: max_num_seqs slots of per-sequence state, allocated and released with the KV pool.
 """
 
 from __future__ import annotations
@@ -19,14 +19,10 @@ from pathlib import Path
 
 import torch
 
-from engine.attention import select_backend
 from engine.config import EngineConfig
-from engine.context import forward_context
-from engine.cuda_graphs import DecodeGraphs, graph_batch_sizes
-from engine.input_prep import prepare_inputs, prepare_sampling
-from engine.kv_pool import KVPool
-from engine.memory_cap import apply_memory_cap
-from engine.memory_check import (
+from engine.memory.kv_pool import KVPool
+from engine.memory.memory_cap import apply_memory_cap
+from engine.memory.memory_check import (
     GIB,
     Measurement,
     MemoryItems,
@@ -34,17 +30,21 @@ from engine.memory_check import (
     blocks_to_shed,
     measure_cuda,
 )
-from engine.models.config import ModelConfig
+from engine.memory.state_pool import StatePool
 from engine.models.loader import load_model
-from engine.pending_step import PendingStep
-from engine.quant.format import resolve_weight_quant
-from engine.sampler import SamplingTensors, sample
-from engine.scheduler import ScheduledBatch
+from engine.models.model_config import ModelConfig
+from engine.quant.weight_format import resolve_weight_quant
+from engine.runner.attention_backends import select_backend
+from engine.runner.cuda_graphs import DecodeGraphs, graph_batch_sizes
+from engine.runner.forward_context import forward_context
+from engine.runner.input_prep import prepare_inputs, prepare_sampling
+from engine.runner.pending_step import PendingStep
+from engine.runner.sampler import SamplingTensors, sample
+from engine.scheduling.scheduler import ScheduledBatch
 from engine.spec.draft_model import DraftModel
-from engine.startup import StartupTimer
-from engine.state_pool import StatePool
+from engine.startup.kernel_choices import KernelChoices, choose_kernels
+from engine.startup.phases import StartupTimer
 from engine.structured.bitmask import apply_bitmask
-from engine.tuning import KernelChoices, choose_kernels
 
 logger = logging.getLogger("engine.memory")
 
@@ -83,7 +83,9 @@ class ModelRunner:
         self.kv_pool = KVPool.empty()
         self.state_pool = StatePool.empty()
         self.graphs: DecodeGraphs | None = None
-        self.kernel_choices = KernelChoices()  # this engine's alone (engine/tuning.py)
+        self.kernel_choices = (
+            KernelChoices()
+        )  # this engine's alone (engine/startup/kernel_choices.py)
         self.max_blocks_per_seq = -(-config.max_model_len // config.block_size)
 
     def allocate_kv_cache(self, num_blocks: int, kv_dtype: torch.dtype) -> None:

@@ -12,9 +12,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-from engine.request import Logprob
-from engine.sampler import SamplerOutput
-from engine.scheduler import ScheduledBatch
+from engine.runner.sampler import SamplerOutput
+from engine.scheduling.request import Logprob
+from engine.scheduling.scheduler import ScheduledBatch
 
 
 def _to_host(t: torch.Tensor | None) -> torch.Tensor | None:

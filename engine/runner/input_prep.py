@@ -10,10 +10,10 @@ from itertools import chain
 import numpy as np
 import torch
 
-from engine.context import AttentionMetadata
-from engine.request import Request
-from engine.sampler import SamplingTensors
-from engine.scheduler import ScheduledBatch
+from engine.runner.forward_context import AttentionMetadata
+from engine.runner.sampler import SamplingTensors
+from engine.scheduling.request import Request
+from engine.scheduling.scheduler import ScheduledBatch
 
 
 @dataclass

@@ -8,7 +8,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from engine import surrogates
+from engine.text import surrogates
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase

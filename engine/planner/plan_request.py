@@ -134,7 +134,7 @@ class Plan:
     activation_bytes: int
     graph_pool_bytes: int
     allocator_bytes: int
-    """Cached allocator blocks beyond live tensors at the peak (engine.memory_check)."""
+    """Cached allocator blocks beyond live tensors at the peak (engine.memory.memory_check)."""
     cuda_context_bytes: int
     margin_bytes: int
     kv_pool_bytes: int

@@ -14,8 +14,8 @@ import gc
 
 import torch
 
-from engine.context import AttentionMetadata, forward_context
 from engine.planner.formulas import graph_batch_sizes
+from engine.runner.forward_context import AttentionMetadata, forward_context
 
 
 class DecodeGraphs:

@@ -93,7 +93,8 @@ def check_int4_group(group_size: int, in_features: Iterable[int]) -> None:
 
 
 class ModelShape(Protocol):
-    """What resolve_weight_quant reads of a model's config (engine.models.config.ModelConfig)."""
+    """What resolve_weight_quant reads of a model's config
+    (engine.models.model_config.ModelConfig)."""
 
     quantization_config: dict | None
     hidden_size: int
@@ -105,8 +106,8 @@ class ModelShape(Protocol):
 
 def resolve_weight_quant(config: EngineConfig, model: ModelShape) -> WeightQuant | None:
     """How linear weights are stored: None = 16-bit (and for `auto`, which the planner resolves
-    to a format before the model loads: engine.planning.plan_engine). A checkpoint bitsandbytes
-    quantized keeps its own format."""
+    to a format before the model loads: engine.startup.planned_config.plan_engine). A
+    checkpoint bitsandbytes quantized keeps its own format."""
     wanted = config.quantization
     quant = checkpoint_quant(model.quantization_config, config.quant_block_size)
     if quant is not None:

@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from engine.kernels.moe_ref import ACTIVATIONS, fused_moe_ref
-from engine.quant.format import WeightQuant
+from engine.quant.weight_format import WeightQuant
 
 RoutingRule = Callable[[torch.Tensor, int], tuple[torch.Tensor, torch.Tensor]]
 """(router_logits [num_tokens, num_experts], k) -> (topk_weights fp32, topk_ids), [T, k] each."""
@@ -108,7 +108,7 @@ class MoEBlock(nn.Module):
     runs through the k experts `routing` picks, weighted by their routing weights, and through
     the shared expert where there is one.
 
-    quantize_experts turns the experts into int8 or int4 (engine/quant/format.py's layouts,
+    quantize_experts turns the experts into int8 or int4 (engine/quant/weight_format.py's layouts,
     each expert's rows as one weight's): `w_gate_up` and `w_down` then hold the codes,
     `gate_up_scales` and `down_scales` the fp32 scales, `code` int4's table (buffers: a random
     draw of the model's parameters leaves them alone)."""

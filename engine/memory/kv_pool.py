@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import torch
 
 from engine.kernels.torch_ref import KV_SCALE_DTYPE
-from engine.models.config import ModelConfig
+from engine.models.model_config import ModelConfig
 
 KV_TENSORS = ("k_cache", "v_cache", "k_scales", "v_scales")
 """Attention-layer attributes that hold views of the KV pool."""

@@ -7,11 +7,11 @@ from __future__ import annotations
 
 import torch
 
-from engine.attention_torch import AttentionBackend
-from engine.context import AttentionMetadata
 from engine.kernels import decode_attention as decode_kernels
 from engine.kernels import prefill_attention as prefill_kernels
 from engine.kernels import store_kv as store_kernels
+from engine.runner.attention_torch import AttentionBackend
+from engine.runner.forward_context import AttentionMetadata
 
 
 class TritonBackend(AttentionBackend):

@@ -1,12 +1,12 @@
 """The attention backend interface and its pure-PyTorch implementation (CPU, the reference
-the Triton backend in engine/attention_triton.py is tested against)."""
+the Triton backend in engine/runner/attention_triton.py is tested against)."""
 
 from __future__ import annotations
 
 import torch
 
-from engine.context import AttentionMetadata
 from engine.kernels import torch_ref
+from engine.runner.forward_context import AttentionMetadata
 
 
 class AttentionBackend:

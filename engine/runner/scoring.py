@@ -13,11 +13,11 @@ from collections.abc import Iterator
 
 import torch
 
-from engine.context import forward_context
-from engine.input_prep import prepare_inputs
-from engine.request import Request
+from engine.runner.forward_context import forward_context
+from engine.runner.input_prep import prepare_inputs
 from engine.sampling_params import SamplingParams
-from engine.scheduler import ScheduledBatch
+from engine.scheduling.request import Request
+from engine.scheduling.scheduler import ScheduledBatch
 
 
 def iter_next_token_logprobs(

@@ -1,6 +1,7 @@
 """Attention backends: one interface, a pure-PyTorch implementation (CPU, the reference:
-engine/attention_torch.py) and a Triton one (CUDA: engine/attention_triton.py); select_backend
-picks one for a device. The model's attention layer calls `store_kv` then `attention`.
+engine/runner/attention_torch.py) and a Triton one (CUDA: engine/runner/attention_triton.py);
+select_backend picks one for a device. The model's attention layer calls `store_kv` then
+`attention`.
 
 With an int8 KV cache every method also takes `k_scales` / `v_scales`, the per-token, per-head
 scale views beside the caches (layout in engine/kernels/torch_ref.py); None otherwise.
@@ -12,14 +13,14 @@ from __future__ import annotations
 
 import torch
 
-from engine.attention_torch import AttentionBackend
+from engine.runner.attention_torch import AttentionBackend
 
 
 def select_backend(device: torch.device) -> AttentionBackend:
     """Triton kernels on CUDA when available, else the PyTorch path."""
     if device.type == "cuda":
         try:
-            from engine.attention_triton import TritonBackend
+            from engine.runner.attention_triton import TritonBackend
         except ImportError:
             return AttentionBackend()
         return TritonBackend()

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import torch
 
-from engine.models.config import ModelConfig
+from engine.models.model_config import ModelConfig
 
 RECURRENT_STATE_DTYPE = torch.float32
 """The recurrent state's dtype, whatever the activations' (engine/kernels/gdn_args.py)."""

@@ -44,8 +44,8 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 
 from engine.config import EngineConfig
-from engine.request import Request
 from engine.sampling_params import PRIORITIES
+from engine.scheduling.request import Request
 
 CLASS_RANK = {name: i for i, name in enumerate(PRIORITIES)}
 """Priority class -> rank (0 first), from PRIORITIES' order."""

@@ -20,8 +20,8 @@ from zmq.utils.monitor import recv_monitor_message
 
 from engine.core import wire
 from engine.core.stream import EngineDeadError, RequestStream
-from engine.request import RequestOutput
 from engine.sampling_params import SamplingParams
+from engine.scheduling.request import RequestOutput
 
 logger = logging.getLogger("engine.core")
 

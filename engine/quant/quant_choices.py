@@ -1,5 +1,5 @@
 """Start-up timing of the quantized linears' kernels, and what it chose: QuantChoices, one per
-engine (the model runner's engine.tuning.KernelChoices holds it).
+engine (the model runner's engine.startup.kernel_choices.KernelChoices holds it).
 
 Per weight shape, on the device, over the model's own weights (as a decode step reads them),
 each candidate in a CUDA graph (engine.timing), before the decode graphs are captured:
@@ -24,9 +24,9 @@ from torch import nn
 from engine import timing
 from engine.kernels import triton_available
 from engine.quant.dispatch import QuantKernels, without_gemm
-from engine.quant.format import QuantizedWeight
 from engine.quant.modules import QuantLinear
 from engine.quant.reference import dequantize_to, wq_matmul_ref
+from engine.quant.weight_format import QuantizedWeight
 
 log = logging.getLogger(__name__)
 

@@ -1,6 +1,6 @@
 """KernelChoices: the kernel configs and fast paths one engine chose at start-up by timing on its
 device, and the timing for the 16-bit ones (the batch-1 GEMV, RoPE fused with the KV store);
-the quantized linears' part is engine/quant/tuning.py.
+the quantized linears' part is engine/quant/quant_choices.py.
 
 The model runner owns one KernelChoices and fills it (choose_kernels) before it captures the
 decode graphs; each module then holds its own chosen config or path (Linear.gemv_config and
@@ -22,8 +22,8 @@ from torch import nn
 from engine import timing
 from engine.kernels import fused_kernels_enabled, triton_available
 from engine.models.layers import Linear, PagedAttention
-from engine.models.rope import RotaryEmbedding
-from engine.quant.tuning import QuantChoices, choose_quant_linears
+from engine.models.rope_tables import RotaryEmbedding
+from engine.quant.quant_choices import QuantChoices, choose_quant_linears
 
 log = logging.getLogger(__name__)
 
@@ -42,7 +42,7 @@ class KernelChoices:
     """(q heads, kv heads, head_dim, dtype, device) -> rope_store was equal to RoPE then the KV
     store and faster at one token."""
     quant: QuantChoices = field(default_factory=QuantChoices)
-    """The quantized linears' choices (engine/quant/tuning.py)."""
+    """The quantized linears' choices (engine/quant/quant_choices.py)."""
 
 
 def choose_kernels(

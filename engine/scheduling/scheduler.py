@@ -1,5 +1,5 @@
 """Scheduler: continuous batching. Who runs this step, how many tokens each, who is preempted;
-the order and the shares come from engine.policy.
+the order and the shares come from engine.scheduling.scheduling_policy.
 
 Each step has a token budget (`max_num_batched_tokens`) and a sequence cap (`max_num_seqs`).
 Running decodes are scheduled first, then running prefills (chunked: a long prompt is split
@@ -21,10 +21,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import cached_property
 
-from engine.block_manager import BlockManager
 from engine.config import EngineConfig
-from engine.policy import SchedulingPolicy
-from engine.request import Request, RequestStatus
+from engine.scheduling.block_manager import BlockManager
+from engine.scheduling.request import Request, RequestStatus
+from engine.scheduling.scheduling_policy import SchedulingPolicy
 
 
 @dataclass

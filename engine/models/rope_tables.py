@@ -4,7 +4,7 @@ YaRN, proportional) and the rotate-half rotation, whole-head or partial.
 A layer's RoPE is described by its LayerAttention (head_dim, rope_theta, rope_scaling,
 partial_rotary_factor); RotaryEmbedding.for_layer builds the tables from that description, so
 every family builds them the same way. The scaling dict's `rope_type` is one of the names in
-engine.models.config.ROPE_TYPES (the torch-free list the config parser accepts).
+engine.models.model_config.ROPE_TYPES (the torch-free list the config parser accepts).
 
 Partial rotary (partial_rotary_factor < 1): the tables are [max_positions, rotary_dim] and
 only the first rotary_dim dims of each head rotate (rotate-half within them); the rest pass

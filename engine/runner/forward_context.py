@@ -34,7 +34,7 @@ class AttentionMetadata:
     """Fixed split count for decode attention (CUDA graphs); None = chosen per call."""
     state_slots: torch.Tensor | None = None
     """[num_seqs] int64: each sequence's state-pool slot (models with linear-attention layers,
-    engine/state_pool.py; -1: a CUDA-graph padding row); None for a model without them."""
+    engine/memory/state_pool.py; -1: a CUDA-graph padding row); None for a model without them."""
     state_fresh: torch.Tensor | None = None
     """[num_seqs] bool: the sequence starts from a zero state (its first prefill chunk)
     instead of its slot's."""
