@@ -1,4 +1,5 @@
-"""LLMEngine: loads a model and runs the step loop (schedule, run, update) over requests.
+"""LLMEngine: loads a model and runs the step loop (schedule, run, update) over requests. What
+it settles before the weights load (model, plan, tokenizer) is engine/startup/model_setup.py.
 
 Not thread-safe: one thread owns it (the engine core process runs it in its loop, engine.core).
 """
@@ -10,13 +11,10 @@ import random
 from collections.abc import Callable
 from pathlib import Path
 
-from engine.config import EngineConfig
 from engine.engine_stats import engine_stats
 from engine.memory.bandwidth import BandwidthMeter
 from engine.memory.memory_check import Measurement, MemoryItems
 from engine.memory.state_pool import SlotAllocator
-from engine.models.loader import needs_conversion, resolve_model_folder
-from engine.models.model_config import ModelConfig
 from engine.planner import Device
 from engine.runner import compile_count
 from engine.runner.model_runner import Forward, ModelRunner
@@ -24,22 +22,17 @@ from engine.runner.pending_step import PendingStep
 from engine.runner.warmup import WarmUp, run_peak_step
 from engine.sampling_params import SamplingParams
 from engine.scheduling.block_manager import BlockManager
-from engine.scheduling.request import Request, RequestOutput, RequestStatus
+from engine.scheduling.request import Request, RequestOutput, RequestStatus, check_prompt
 from engine.scheduling.scheduler import Scheduler
-from engine.spec.draft_model import draft_model_config
 from engine.spec.step import SpecCounters, spec_decoder
+from engine.startup.model_setup import set_up_model
 from engine.startup.phases import StartupTimer, startup_line
-from engine.startup.planned_config import (
-    TORCH_DTYPES,
-    plan_engine,
-    prefix_caching_for,
-    resolve_device,
-)
+from engine.startup.planned_config import TORCH_DTYPES
 from engine.structured.grammar_state import start_tokens
 from engine.structured.llguidance_backend import llguidance_pool
 from engine.structured.pool import GrammarPool
 from engine.text.detokenizer import IncrementalDetokenizer
-from engine.text.tokenizer import apply_chat_template, encode_prompt, eos_token_ids, load_tokenizer
+from engine.text.tokenizer import apply_chat_template, encode_prompt
 
 logger = logging.getLogger(__name__)
 
@@ -64,42 +57,21 @@ class LLMEngine:
         after warm-up (tests). on_phase: called with each start-up phase's name as it begins
         (engine.startup.phases.PHASE_WORDS; the engine core reports them to the front end)."""
         timer = StartupTimer(on_phase)
-        if needs_conversion(model):
-            with timer.phase("convert"):
-                resolve_model_folder(model)  # once: the call below finds it in the cache
-        with timer.phase("config"):
-            pins = EngineConfig.from_kwargs(**config)
-            self.device = resolve_device(device)
-            self.folder = resolve_model_folder(model)
-            self.model_name = Path(model).stem if model is not None else "SmolLM2-135M-Instruct"
-            self.model_config = ModelConfig.from_folder(self.folder)
-            draft = draft_model_config(pins, self.model_config)  # read once, here
-        with timer.phase("plan"):
-            self.plan, self.config = plan_engine(
-                pins,
-                self.model_config,
-                self.device.type,
-                device_info,
-                draft_model=None if draft is None else draft[1],
-            )
-            self.config = prefix_caching_for(self.model_config, self.config)
-        with timer.phase("tokenizer"):
-            self.tokenizer = None  # random-weight benchmarks may come without one: token ids
-            if (
-                self.config.load_format != "random"
-                or (self.folder / "tokenizer_config.json").exists()
-            ):
-                self.tokenizer = load_tokenizer(self.folder)
-            self.eos_token_ids = (
-                eos_token_ids(self.folder, self.tokenizer)
-                if self.tokenizer is not None
-                else frozenset()
-            )
+        setup = set_up_model(model, device, device_info, config, timer)
+        self.device, self.folder, self.model_name = setup.device, setup.folder, setup.model_name
+        self.model_config, self.plan, self.config = setup.model_config, setup.plan, setup.config
+        self.tokenizer, self.eos_token_ids = setup.tokenizer, setup.eos_token_ids
         self.dtype = TORCH_DTYPES[self.config.dtype]
         self.kv_dtype = TORCH_DTYPES[self.config.kv_cache_dtype]
         with timer.phase("load"):
             self.runner = ModelRunner(
-                self.folder, self.model_config, self.config, self.device, self.dtype, timer, draft
+                self.folder,
+                self.model_config,
+                self.config,
+                self.device,
+                self.dtype,
+                timer,
+                setup.draft,
             )
         self._rng = random.Random(self.config.seed)
         self._requests: dict[str, Request] = {}
@@ -243,22 +215,10 @@ class LLMEngine:
         return self.grammars
 
     def validate(self, token_ids: list[int], params: SamplingParams) -> None:
-        if not token_ids:
-            raise ValueError("the prompt is empty: send at least one token")
-        vocab = self.model_config.vocab_size
-        bad = [t for t in token_ids if not (isinstance(t, int) and 0 <= t < vocab)]
-        if bad:
-            raise ValueError(f"prompt token ids must be integers in [0, {vocab}); got {bad[:5]}")
+        """ValueError, saying what to change, for a request this engine cannot take."""
+        check_prompt(token_ids, params, self.model_config.vocab_size, self.config.max_model_len)
         if params.structured is not None:
             self._grammar_pool_or_refuse()
-        limit = self.config.max_model_len
-        total = len(token_ids) + params.max_tokens
-        if total > limit:
-            raise ValueError(
-                f"This model's maximum context length is {limit} tokens; the request asks for "
-                f"{total} ({len(token_ids)} in the prompt, {params.max_tokens} to generate). "
-                "Shorten the prompt or lower max_tokens."
-            )
 
     def abort(self, request_id: str) -> None:
         """Finish a request now and free its KV blocks; reported by the next step()."""

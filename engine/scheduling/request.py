@@ -18,6 +18,25 @@ PLACEHOLDER = -1
 """Stands in token_ids for a token sampled on the device but not read back yet (overlap)."""
 
 
+def check_prompt(
+    token_ids: list[int], params: SamplingParams, vocab_size: int, max_model_len: int
+) -> None:
+    """ValueError, saying what to change, for a prompt that is empty, holds a token id outside
+    the vocabulary, or asks for more tokens in all than max_model_len."""
+    if not token_ids:
+        raise ValueError("the prompt is empty: send at least one token")
+    bad = [t for t in token_ids if not (isinstance(t, int) and 0 <= t < vocab_size)]
+    if bad:
+        raise ValueError(f"prompt token ids must be integers in [0, {vocab_size}); got {bad[:5]}")
+    total = len(token_ids) + params.max_tokens
+    if total > max_model_len:
+        raise ValueError(
+            f"This model's maximum context length is {max_model_len} tokens; the request asks "
+            f"for {total} ({len(token_ids)} in the prompt, {params.max_tokens} to generate). "
+            "Shorten the prompt or lower max_tokens."
+        )
+
+
 class RequestStatus(enum.Enum):
     WAITING = "waiting"
     RUNNING = "running"
