@@ -8,7 +8,7 @@ import json
 import llguidance
 
 from appliance.server.protocol import GenerateRequest
-from appliance.server.structured import after_reasoning, forced_tools_spec, special_literal
+from appliance.server.request_grammar import after_reasoning, forced_tools_spec, special_literal
 from appliance.server.tools import PARSERS
 from engine.structured import StructuredOutput
 from tests.support.tiny_models import byte_tokenizer

@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import pytest
 
 from appliance.server.errors import APIError
-from appliance.server.structured import GrammarCheck
+from appliance.server.request_grammar import GrammarCheck
 from engine import LLM, SamplingParams
 from engine.llm_engine import COMPILE_WAIT_S
 from engine.structured import StructuredOutput

@@ -23,6 +23,14 @@ from appliance.server.protocol import (
     parse_completion,
 )
 from appliance.server.records import ChoiceRecord, RequestRecord
+from appliance.server.request_grammar import (
+    DEFAULT_TOOL_FORMAT,
+    REASONING_OPEN,
+    after_reasoning,
+    forced_tools_spec,
+    param_of,
+    special_literal,
+)
 from appliance.server.request_keys import (
     CLIENT_GONE,
     KEY_NAME,
@@ -33,14 +41,6 @@ from appliance.server.request_keys import (
 from appliance.server.responses import Formatter, dumps, send_event, usage
 from appliance.server.schema.responses import ModelCard, ModelList
 from appliance.server.state import ServerState
-from appliance.server.structured import (
-    DEFAULT_TOOL_FORMAT,
-    REASONING_OPEN,
-    after_reasoning,
-    forced_tools_spec,
-    param_of,
-    special_literal,
-)
 from appliance.server.tools import parser_for
 from appliance.server.tools.grammar import arguments_schema
 from engine.structured import StructuredOutput

@@ -13,7 +13,7 @@ from typing import Any
 
 from appliance.generation_defaults import GenerationDefaults
 from appliance.server.errors import APIError
-from appliance.server.structured import GrammarCheck
+from appliance.server.request_grammar import GrammarCheck
 from appliance.settings import ServeSettings
 from engine.core.core_client import CoreClient
 from engine.core.info import EngineInfo
