@@ -1,7 +1,10 @@
 """The import graph of engine/, appliance/, tui/ and scripts/ points one way: no module imports
 itself back through others (an import inside a function counts), kernels are leaves,
 the dashboard talks to the server and never to the engine, and the engine knows nothing of
-the server or the dashboard. Every import statement is read with ast, relative ones resolved."""
+the server or the dashboard. Every import statement is read with ast, relative ones resolved.
+Every package's modules count, engine's subpackages (scheduling, runner, startup, memory, text,
+core, models, planner, quant, spec, structured, kernels) included; and engine's module names
+are its own."""
 
 from __future__ import annotations
 
@@ -154,6 +157,28 @@ def test_engine_never_imports_the_server_or_the_dashboard():
         )
 
     assert not violations(ROOT, refused)
+
+
+def module_names(root: Path, package: str) -> dict[str, list[str]]:
+    """Last name -> the modules and packages under `package` that end in it (no __init__ or
+    __main__ files: a package counts by its folder's name)."""
+    names: dict[str, list[str]] = {}
+    for module in module_files(root, (package,)):
+        if module == package or module.endswith(".__main__"):
+            continue
+        names.setdefault(module.rpartition(".")[2], []).append(module)
+    return names
+
+
+def test_engine_module_names_are_unique():
+    """A module's name says what it holds: no two modules or packages under engine/ share a
+    name, and none shares one with a module of appliance/ (engine/structured/ and
+    appliance/server/structured.py once did)."""
+    engine = module_names(ROOT, "engine")
+    appliance = module_names(ROOT, "appliance")
+    shared = {name: found for name, found in engine.items() if len(found) > 1}
+    shared |= {name: found + appliance[name] for name, found in engine.items() if name in appliance}
+    assert not shared, "\n".join(f"{name}: {', '.join(found)}" for name, found in shared.items())
 
 
 def test_a_lazy_relative_import_that_closes_a_loop_is_a_cycle(tmp_path):
