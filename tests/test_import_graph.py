@@ -173,7 +173,7 @@ def module_names(root: Path, package: str) -> dict[str, list[str]]:
 def test_engine_module_names_are_unique():
     """A module's name says what it holds: no two modules or packages under engine/ share a
     name, and none shares one with a module of appliance/ (engine/structured/ and
-    appliance/server/structured.py once did)."""
+    the front end's module of structured outputs once did)."""
     engine = module_names(ROOT, "engine")
     appliance = module_names(ROOT, "appliance")
     shared = {name: found for name, found in engine.items() if len(found) > 1}
