@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 import aiohttp
 
 from appliance.loadgen.workload import WORDS
-from scripts.soak_rules import Interval, Ledger
+from appliance.soak.rules import Interval, Ledger
 from tui.sse import DONE, SSEParser
 
 ORDINARY = ("chat_stream", "chat", "completion_stream", "completion")

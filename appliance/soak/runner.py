@@ -1,34 +1,11 @@
-"""A bounded soak of a running appliance: a mixed load in --duration / --interval intervals,
-each followed by a pause until the server is idle and a reading of its memory and KV blocks.
-
-    python scripts/soak.py --serve "--device cpu --max-model-len 1024" --duration 30m --out DIR
-    python scripts/soak.py --url http://127.0.0.1:8000 --api-key K1 --api-key K2 --duration 30m
-
-The load (scripts/soak_load.py): chat and completion requests, streamed or not, short and long
-prompts, cycling through the API keys, at --concurrency; mid-stream disconnects among them; in
-each interval a burst of malformed bodies (400 expected), an abort storm and a 429 storm past
-the server's queue (429 expected, not an error). Each interval records p50/p99 TTFT and TPOT
-from the streamed answers, how every request ended, and once idle: RSS of the server and its
-child processes (the engine core; psutil, when the server runs on this host), GPU memory and
-KV blocks in use (/v1/stats), requests still held (/v1/stats and /metrics).
-
-Fails (exit status 1, the reasons printed) when RSS or GPU memory rises more than 1% from the
-first interval after --warmup (and after as many requests as the server keeps records of,
-/v1/stats server.records_kept: filling that store is not drift) to the last, p99 TTFT or TPOT
-more than 10%, a KV block or a request is held at idle, an answer has a 5xx status, a request
-is lost (timed out, connection failed, or a 200 ended short of its end) or a malformed body is
-not refused with 400. Writes DIR/soak.json and PNG plots, and prints a markdown table of the
-intervals.
-"""
+"""The soak's intervals: load, wait until idle, read memory, KV blocks and requests held;
+then the verdict and the report (appliance/soak/cmd.py describes the whole run)."""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
 import random
-import shlex
-import signal
-import sys
 import time
 from pathlib import Path
 from urllib.parse import urlparse
@@ -37,67 +14,13 @@ import aiohttp
 import psutil
 from prometheus_client.parser import text_string_to_metric_families
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from appliance.loadgen.report import parse_duration  # noqa: E402
-from scripts.soak_load import (  # noqa: E402
-    DISCONNECT_SHARE,
-    Client,
-    LoadConfig,
-    Recorder,
-    run_load,
-)
-from scripts.soak_report import write_report  # noqa: E402
-from scripts.soak_rules import Interval, summary_table, verdict  # noqa: E402
-from tests.support.serve_process import launch_serve, stop_server  # noqa: E402
+from appliance.soak.load import Client, LoadConfig, Recorder, run_load
+from appliance.soak.report import write_report
+from appliance.soak.rules import Interval, summary_table, verdict
 
 IDLE_POLL_S = 0.2
 STORM_MARGIN = 8
 """Requests a 429 storm sends past the server's running slots plus its queue."""
-
-
-def span(text: str) -> tuple[int, int]:
-    """'LO-HI' (or one number) as a pair of positive integers."""
-    low, _, high = text.partition("-")
-    try:
-        pair = (int(low), int(high or low))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"bad range {text!r}: use LO-HI, e.g. 16-64") from None
-    if not 1 <= pair[0] <= pair[1]:
-        raise argparse.ArgumentTypeError(f"bad range {text!r}: need 1 <= LO <= HI")
-    return pair
-
-
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    where = p.add_mutually_exclusive_group(required=True)
-    where.add_argument("--url", help="a running appliance's base URL")
-    where.add_argument("--serve", help="start `appliance serve ARGS` here and stop it after")
-    p.add_argument("--api-key", action="append", default=[], help="repeat for several keys")
-    p.add_argument("--model", help="the model name sent in each body (default: the server's)")
-    p.add_argument("--duration", type=parse_duration, default=parse_duration("30m"))
-    p.add_argument("--interval", type=parse_duration, default=parse_duration("60s"))
-    p.add_argument("--warmup", type=parse_duration, default=parse_duration("60s"))
-    p.add_argument("--concurrency", type=int, default=8)
-    p.add_argument("--max-tokens", type=span, default=(16, 64), help="LO-HI output tokens")
-    p.add_argument("--long-words", type=span, default=(150, 300), help="LO-HI long prompt words")
-    p.add_argument(
-        "--disconnect-share",
-        type=float,
-        default=DISCONNECT_SHARE,
-        help=f"of the load, the share of streams closed mid-way (default {DISCONNECT_SHARE})",
-    )
-    p.add_argument("--storm-size", type=int, help="default: running slots + queue + 8")
-    p.add_argument("--idle-timeout", type=parse_duration, default=parse_duration("15s"))
-    p.add_argument("--request-timeout", type=parse_duration, default=parse_duration("120s"))
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--out", type=Path, required=True)
-    args = p.parse_args(argv)
-    if args.concurrency < 1 or args.interval <= 0 or args.duration < args.interval:
-        p.error("--concurrency must be >= 1 and --duration at least one --interval")
-    if not 0.0 <= args.disconnect_share <= 1.0:
-        p.error("--disconnect-share must be between 0 and 1")
-    return args
 
 
 async def get_json(session: aiohttp.ClientSession, url: str, headers: dict) -> dict:
@@ -229,22 +152,3 @@ async def soak(args: argparse.Namespace, url: str, pid: int | None) -> int:
         return 1
     print("PASS: no drift, no KV block or request held at idle, no 5xx, no lost request")
     return 0
-
-
-def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
-    if args.url:
-        return asyncio.run(soak(args, args.url.rstrip("/"), None))
-    flags = shlex.split(args.serve) + [f for k in args.api_key for f in ("--api-key", k)]
-    proc, url = launch_serve(flags)
-    # SIGTERM and SIGINT (ignored by default in a background job) stop the server started here.
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda num, _: sys.exit(128 + num))
-    try:
-        return asyncio.run(soak(args, url, proc.pid))
-    finally:
-        stop_server(proc)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -11,7 +11,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402  (the backend must be chosen first)
 
-from scripts.soak_rules import ENDINGS, Ledger  # noqa: E402
+from appliance.soak.rules import ENDINGS, Ledger  # noqa: E402
 
 PANELS = (
     ("memory.png", "memory (MiB)", (("rss_bytes", "RSS"), ("gpu_memory_bytes", "GPU")), 2**20),
