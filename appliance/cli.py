@@ -1,4 +1,4 @@
-"""The `appliance` command: serve, top, profile, bench, tune and eval-quant."""
+"""The `appliance` command: serve, top, profile, bench, tune, soak and eval-quant."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from appliance.bench_cmd import add_bench_parser, run_bench
 from appliance.eval_quant_cmd import add_eval_quant_parser, run_eval_quant
 from appliance.profile_cmd import add_profile_parser, run_profile
 from appliance.settings import SettingsError, add_serve_flags, load_settings
+from appliance.soak.cmd import add_soak_parser, run_soak
 from appliance.tune_cmd import add_tune_parser, run_tune
 
 
@@ -62,6 +63,7 @@ COMMANDS = {
     "profile": run_profile,
     "bench": run_bench,
     "tune": run_tune,
+    "soak": run_soak,
     "eval-quant": run_eval_quant,
 }
 
@@ -78,6 +80,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_profile_parser(sub)
     add_bench_parser(sub)
     add_tune_parser(sub)
+    add_soak_parser(sub)
     add_eval_quant_parser(sub)
     return parser
 

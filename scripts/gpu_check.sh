@@ -102,7 +102,8 @@ bench)
     ;;
 quant)
     run_part bench_quant 330 "$PY" scripts/bench_quant.py --out "$OUT/quant"
-    run_part bench_kv_int8 200 "$PY" scripts/bench_kv_int8.py --out "$OUT/bench_kv_int8.json"
+    run_part bench_kv_int8 200 "$PY" -m benchmarks.kernels.bench_kv_int8 \
+        --out "$OUT/bench_kv_int8.json"
     ;;
 models)
     run_tests 100 tests/test_gemma3.py tests/test_gemma4.py tests/test_gemma4_moe_kernel.py \
@@ -112,12 +113,12 @@ models)
     ;;
 moe)
     run_tests 150 tests/test_moe_kernel.py tests/test_moe_block_kernel.py
-    run_part bench_moe 150 "$PY" scripts/bench_moe.py --tokens 1,2,4,8 --weights bf16,int8,int4 \
-        --out "$OUT/bench_moe.json"
-    run_part bench_moe_sorted 100 "$PY" scripts/bench_moe.py --tokens 1,2,4 \
+    run_part bench_moe 150 "$PY" -m benchmarks.kernels.bench_moe --tokens 1,2,4,8 \
+        --weights bf16,int8,int4 --out "$OUT/bench_moe.json"
+    run_part bench_moe_sorted 100 "$PY" -m benchmarks.kernels.bench_moe --tokens 1,2,4 \
         --configs '[[16, 32, 128, 4, 3]]'  # the grouped GEMMs at the same sizes, to compare
     for preset in qwen3-30b-a3b gpt-oss-20b gemma-4-26b-a4b; do
-        run_part "profile_$preset" 120 "$PY" scripts/profile_step.py --preset "$preset" \
+        run_part "profile_$preset" 120 "$PY" -m benchmarks.profile_step --preset "$preset" \
             --kernels 30 --steps 20
     done
     ;;
@@ -132,12 +133,12 @@ bench-models)
         --workloads Q3MOE,GPTOSS,G4MOE,G3,G4,Q35,Q35MOE --time-budget 520
     ;;
 hybrid)
-    run_part bench_gdn 300 "$PY" scripts/bench_gdn.py --out "$OUT/bench_gdn.json"
-    run_part bench_state_memory 240 "$PY" scripts/bench_state_memory.py \
+    run_part bench_gdn 300 "$PY" -m benchmarks.kernels.bench_gdn --out "$OUT/bench_gdn.json"
+    run_part bench_state_memory 240 "$PY" -m benchmarks.bench_state_memory \
         --out "$OUT/bench_state_memory.json"
     ;;
 spec)
-    run_part bench_spec_gpu 560 "$PY" scripts/bench_spec_gpu.py --out "$OUT/spec"
+    run_part bench_spec_gpu 560 "$PY" -m benchmarks.bench_spec_gpu --out "$OUT/spec"
     ;;
 *)
     echo "usage: scripts/gpu_check.sh tests|tests-kv|tests-mem|bench|quant|models|moe|bench-models|hybrid|spec" >&2

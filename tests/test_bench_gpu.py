@@ -9,9 +9,8 @@ from dataclasses import replace
 import pytest
 import torch
 
-from engine.models.model_config import ModelConfig
-from scripts import bench_gpu, bench_presets
-from scripts.bench_floor import (
+from benchmarks import bench_gpu, presets
+from benchmarks.floor import (
     Hardware,
     ModelShape,
     batch1_decode_floor_tok_s,
@@ -21,18 +20,19 @@ from scripts.bench_floor import (
     ttft_floor_s,
     verdict,
 )
+from engine.models.model_config import ModelConfig
 
 H200 = Hardware(bandwidth=4.28e12, matmul_flops=784e12)  # measured on the H200
 PRESETS = ["llama-3-8b", "qwen3-0.6b", "qwen2.5-7b", "mistral-7b", "llama-2-7b", "qwen3-30b-a3b"]
 
 
 def shape(name: str) -> ModelShape:
-    return ModelShape.from_model_config(ModelConfig.from_dict(bench_presets.load_preset(name)))
+    return ModelShape.from_model_config(ModelConfig.from_dict(presets.load_preset(name)))
 
 
 @pytest.mark.parametrize("name", PRESETS)
 def test_every_preset_is_a_config_the_engine_accepts(name, tmp_path):
-    folder = bench_presets.materialise_preset(name, tmp_path)
+    folder = presets.materialise_preset(name, tmp_path)
     assert [p.name for p in folder.iterdir()] == ["config.json"]
     cfg = ModelConfig.from_folder(folder)
     assert cfg.vocab_size > 0 and cfg.num_layers > 0
@@ -40,20 +40,20 @@ def test_every_preset_is_a_config_the_engine_accepts(name, tmp_path):
 
 def test_unknown_preset_names_the_known_ones():
     with pytest.raises(ValueError, match="llama-3-8b"):
-        bench_presets.load_preset("llama-9-400b")
+        presets.load_preset("llama-9-400b")
 
 
 def test_presets_have_the_public_shapes():
-    llama3 = ModelConfig.from_dict(bench_presets.load_preset("llama-3-8b"))
+    llama3 = ModelConfig.from_dict(presets.load_preset("llama-3-8b"))
     assert (llama3.num_layers, llama3.num_kv_heads, llama3.head_dim) == (32, 8, 128)
     assert llama3.num_params == pytest.approx(8.03e9, rel=0.005)
-    qwen = ModelConfig.from_dict(bench_presets.load_preset("qwen3-0.6b"))
+    qwen = ModelConfig.from_dict(presets.load_preset("qwen3-0.6b"))
     assert qwen.tie_word_embeddings and qwen.qk_norm
     assert qwen.num_params == pytest.approx(0.596e9, rel=0.01)
 
 
 def test_gemma_3_12b_preset_has_the_public_shape():
-    gemma = ModelConfig.from_dict(bench_presets.load_preset("gemma-3-12b"))
+    gemma = ModelConfig.from_dict(presets.load_preset("gemma-3-12b"))
     assert (gemma.num_layers, gemma.num_kv_heads, gemma.head_dim) == (48, 8, 256)
     assert [gemma.layer_type(i) for i in range(12)].count("full_attention") == 2
     assert gemma.layer_attention(5).rope_scaling["factor"] == 8.0  # linear, the global layers
@@ -68,16 +68,16 @@ def test_gemma_4_presets_count_the_published_parameters():
     """Gemma 4's model card (google/gemma-4-*): 31B dense 30.7 B; 26B-A4B 25.2 B total, 3.8 B
     active; E2B 2.3 B and E4B 4.5 B "effective" (without the per-layer-input table). The text
     models' counts: the vision and audio encoders are not part of them."""
-    dense = ModelConfig.from_dict(bench_presets.load_preset("gemma-4-31b"))
+    dense = ModelConfig.from_dict(presets.load_preset("gemma-4-31b"))
     assert dense.num_params == pytest.approx(30.7e9, rel=0.005)
     assert [dense.layer_attention(i).head_dim for i in (4, 5)] == [256, 512]
     assert [dense.layer_attention(i).num_kv_heads for i in (4, 5)] == [16, 4]
-    moe = ModelConfig.from_dict(bench_presets.load_preset("gemma-4-26b-a4b"))
+    moe = ModelConfig.from_dict(presets.load_preset("gemma-4-26b-a4b"))
     assert moe.num_params == pytest.approx(25.2e9, rel=0.005)
     assert moe.num_active_params == pytest.approx(3.8e9, rel=0.01)
     assert all(moe.is_moe_layer(i) for i in range(30)) and moe.moe_beside_mlp
     for name, effective, rel in (("gemma-4-e2b", 2.3e9, 0.01), ("gemma-4-e4b", 4.5e9, 0.035)):
-        small = ModelConfig.from_dict(bench_presets.load_preset(name))
+        small = ModelConfig.from_dict(presets.load_preset(name))
         table = small.vocab_size_per_layer_input * small.hidden_size_per_layer_input
         table *= small.num_layers
         assert small.num_params - table == pytest.approx(effective, rel=rel), name
@@ -194,8 +194,8 @@ def test_verdict_against_design_targets(workload, achieved, floor, result):
 
 
 def test_random_prompts_are_seeded_in_range_and_not_zeros():
-    a = bench_presets.random_prompts(8, 100, 1024, 1000, seed=3)
-    assert a == bench_presets.random_prompts(8, 100, 1024, 1000, seed=3)
+    a = presets.random_prompts(8, 100, 1024, 1000, seed=3)
+    assert a == presets.random_prompts(8, 100, 1024, 1000, seed=3)
     assert all(100 <= len(p) <= 1024 and min(p) >= 1 and max(p) < 1000 for p in a)
     assert len({len(p) for p in a}) > 1
 
@@ -236,7 +236,7 @@ def test_tiny_moe_family_run_on_cpu(tmp_path):
     for row in results["rows"]:
         assert row["achieved"] > 0 and row["floor"] > 0 and row["verdict"] == "n/a (reduced)"
     engine = results["engines"]["qwen3-30b-a3b"]
-    cfg = ModelConfig.from_dict(bench_presets.load_preset("qwen3-30b-a3b", tiny=True))
+    cfg = ModelConfig.from_dict(presets.load_preset("qwen3-30b-a3b", tiny=True))
     assert (cfg.num_experts, cfg.num_experts_per_tok) == (8, 2) and engine["num_params"] > 0
     # fp32 weights; batch 1 reads 2 of each layer's 8 experts
     assert results["rows"][0]["detail"]["floor_weight_bytes"] == cfg.num_active_params * 4
@@ -250,22 +250,12 @@ def test_tiny_moe_family_run_on_cpu(tmp_path):
     ],
 )
 def test_bench_host_runs_with_the_stub_model(argv, capsys):
-    """scripts/bench_host.py swaps the model for a stub: it must keep up with the runner's
+    """benchmarks/bench_host.py swaps the model for a stub: it must keep up with the runner's
     calls (a signature change there broke it once)."""
-    from scripts import bench_host
+    from benchmarks import bench_host
 
     bench_host.main(argv)
     assert "host cost" in capsys.readouterr().out
-
-
-def test_bench_wrappers_times_each_wrapper_and_restores_the_kernels():
-    from engine.kernels import prefill_attention
-    from scripts import bench_wrappers
-
-    kernel = prefill_attention._prefill_kernel
-    per_call = bench_wrappers.main(["--tokens", "64", "--calls", "3"])
-    assert set(per_call) == set(bench_wrappers.layer_calls(4)) and min(per_call.values()) > 0
-    assert prefill_attention._prefill_kernel is kernel
 
 
 def test_tiny_family_rows_on_cpu(tmp_path):
@@ -295,7 +285,7 @@ def test_tiny_gemma_4_family_rows_on_cpu(tmp_path):
     rows = results["rows"]
     assert rc == 0 and [r["workload"] for r in rows] == ["G4-B", "G4-A", "G4MOE-B", "G4MOE-A"]
     assert all(r["achieved"] > 0 and r["floor"] > 0 for r in rows), rows
-    cfg = ModelConfig.from_dict(bench_presets.load_preset("gemma-4-26b-a4b", tiny=True))
+    cfg = ModelConfig.from_dict(presets.load_preset("gemma-4-26b-a4b", tiny=True))
     assert (cfg.num_experts, cfg.num_experts_per_tok, cfg.layer_types) == (
         8,
         2,

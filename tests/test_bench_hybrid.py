@@ -9,15 +9,15 @@ import json
 import pytest
 import torch
 
-from engine.models.model_config import ModelConfig
-from scripts import bench_gpu, bench_presets, bench_state_memory
-from scripts.bench_floor import (
+from benchmarks import bench_gpu, bench_state_memory, presets
+from benchmarks.floor import (
     Hardware,
     ModelShape,
     batch1_decode_floor_tok_s,
     decode_step_floor_s,
     verdict,
 )
+from engine.models.model_config import ModelConfig
 
 H200 = Hardware(bandwidth=4.28e12, matmul_flops=784e12)  # measured on the H200
 GIB = 1024**3
@@ -25,12 +25,12 @@ STATE_27B = 48 * (48 * 128 * 128 * 4 + (2 * 16 * 128 + 48 * 128) * 3 * 2)  # bf1
 
 
 def config(name: str, tiny: bool = False) -> ModelConfig:
-    return ModelConfig.from_dict(bench_presets.load_preset(name, tiny=tiny))
+    return ModelConfig.from_dict(presets.load_preset(name, tiny=tiny))
 
 
 @pytest.mark.parametrize("name", ["qwen3.5-27b", "qwen3-32b"])
 def test_the_presets_are_configs_the_engine_accepts(name, tmp_path):
-    folder = bench_presets.materialise_preset(name, tmp_path)
+    folder = presets.materialise_preset(name, tmp_path)
     assert ModelConfig.from_folder(folder).num_layers == 64
 
 

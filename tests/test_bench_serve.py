@@ -1,11 +1,11 @@
-"""scripts/bench_serve.py on the CPU: the offline engine and a real `appliance serve` on the
+"""benchmarks/bench_serve.py on the CPU: the offline engine and a real `appliance serve` on the
 embedded model, tiny sizes; every row present and the served tokens the server's own count."""
 
 from __future__ import annotations
 
 import json
 
-from scripts import bench_serve
+from benchmarks import bench_serve
 
 
 def test_offline_and_served_on_the_same_prompts(tmp_path, monkeypatch, capsys):

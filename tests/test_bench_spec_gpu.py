@@ -1,4 +1,4 @@
-"""scripts/bench_spec_gpu.py on a tiny model on the CPU: every part runs, the speculative runs
+"""benchmarks/bench_spec_gpu.py on a tiny model on the CPU: every part runs, the speculative runs
 give the plain run's tokens, and the forced drafter drafts the target's token at its rate."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import random
 
-from scripts import bench_spec_gpu
+from benchmarks import bench_spec_gpu
 
 
 class _Req:

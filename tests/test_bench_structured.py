@@ -1,4 +1,4 @@
-"""scripts/bench_structured.py on the CPU: the smoke run end to end (tiny layers, the embedded
+"""benchmarks/bench_structured.py on the CPU: the smoke run end to end (tiny layers, the embedded
 tokenizer), and the hand-written check of constrained outputs, which must catch a broken one."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from scripts import bench_structured
-from scripts.bench_structured_schemas import RECORDS_JSON, is_valid_prefix
+from benchmarks import bench_structured
+from benchmarks.structured_schemas import RECORDS_JSON, is_valid_prefix
 
 VALID = {
     "records": [

@@ -1,4 +1,4 @@
-"""scripts/soak.py's pure parts: each failure rule fires on a drifting or leaking series and not
+"""`appliance soak`'s pure parts: each failure rule fires on a drifting or leaking series and not
 on a flat one, the ledger finds lost requests, the client classifies how a request ended, and
 the report is written (JSON and PNGs)."""
 
@@ -14,10 +14,11 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
-from scripts.soak import held_in_metrics, span
-from scripts.soak_load import Client, LoadConfig, Recorder
-from scripts.soak_report import write_report
-from scripts.soak_rules import (
+from appliance.cli import build_parser, main
+from appliance.soak.cmd import span
+from appliance.soak.load import Client, LoadConfig, Recorder
+from appliance.soak.report import write_report
+from appliance.soak.rules import (
     DRIFT_RULES,
     LATENCY_DRIFT_LIMIT,
     MEMORY_DRIFT_LIMIT,
@@ -26,6 +27,7 @@ from scripts.soak_rules import (
     summary_table,
     verdict,
 )
+from appliance.soak.intervals import held_in_metrics
 
 MIB = 2**20
 
@@ -286,6 +288,24 @@ def test_ranges_on_the_command_line():
     for bad in ("64-16", "0-4", "a-b"):
         with pytest.raises(argparse.ArgumentTypeError, match="bad range"):
             span(bad)
+
+
+def test_appliance_soak_takes_its_flags_and_refuses_a_run_shorter_than_an_interval(capsys):
+    args = build_parser().parse_args(
+        ["soak", "--url", "http://127.0.0.1:9", "--duration", "10s", "--interval", "5s"]
+    )
+    assert (args.command, args.duration, args.interval, args.max_tokens) == (
+        "soak",
+        10,
+        5,
+        (16, 64),
+    )
+    assert (
+        main(["soak", "--url", "http://127.0.0.1:9", "--duration", "1s", "--interval", "5s"]) == 2
+    )
+    assert "--duration at least one --interval" in capsys.readouterr().err
+    with pytest.raises(SystemExit):  # --url or --serve is required
+        build_parser().parse_args(["soak", "--duration", "10s"])
 
 
 @pytest.mark.parametrize("num_storms", [0, 1, 2])

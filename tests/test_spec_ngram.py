@@ -108,7 +108,7 @@ def test_bad_arguments():
 
 
 def test_acceptance_replay_counts_a_greedy_speculative_run():
-    from scripts.bench_spec_acceptance import KINDS, PROMPTS_FILE, replay
+    from benchmarks.bench_spec_acceptance import KINDS, PROMPTS_FILE, replay
 
     prompt = [1, 2, 3, 4, 5, 6]
     answer = [1, 2, 3, 4, 9, 1, 2]

@@ -175,7 +175,7 @@ def test_acceptance_counts_checked_drafts():
 
 
 def test_the_policy_table_script_reports_the_choices():
-    from scripts.spec_policy_table import decisions
+    from benchmarks.spec_policy_table import decisions
 
     rows = decisions(table(), [0.3, 0.9], [1, 64])
     by = {(a, b): (k, gain) for a, b, k, gain in rows}

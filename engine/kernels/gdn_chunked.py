@@ -31,7 +31,8 @@ from engine.kernels.launch_math import cdiv, next_power_of_2
 # thread at 8 warps, no spills; the scan kernel 255 registers and 520 bytes of spills at 8 warps
 # and 16 value columns (32 columns, 3 stages or 4 warps each spilled more; 16 warps 1128 bytes);
 # fp32 activations (tf32x3 matmuls) 2664 bytes. A 32-token chunk (chunk_size=32) at 8 warps
-# spills nothing, for twice the serial steps: scripts/bench_gdn.py --chunk-sizes 64,32 times both.
+# spills nothing, for twice the serial steps: benchmarks/kernels/bench_gdn.py --chunk-sizes 64,32
+# times both.
 CHUNK = 64
 BLOCK_V = 16
 MAX_SPLITS = 64

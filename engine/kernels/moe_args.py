@@ -26,7 +26,7 @@ class MoeConfig(NamedTuple):
 # 768 / 32 = 192 gate/up programs); more (prefill) wide tiles for tensor-core reuse. Built for
 # sm_90 by Triton 3.6 (as tests/support/moe_sm90_compile.py builds them, then ptxas -v) none
 # spills: bf16 gate/up 64, 128, 128 registers a thread and 40, 72, 120 KiB shared memory, down
-# 48, 72, 64 and 24, 48, 72 KiB; int4 gate/up at most 172 registers. scripts/bench_moe.py
+# 48, 72, 64 and 24, 48, 72 KiB; int4 gate/up at most 172 registers. benchmarks/kernels/bench_moe.py
 # --configs times others.
 DECODE = MoeConfig(16, 32, 128, 4, 3)
 MEDIUM = MoeConfig(64, 64, 64, 4, 3)

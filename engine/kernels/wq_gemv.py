@@ -53,7 +53,7 @@ fp32 (ptx_decode.codes8_to_f32); 2 does that against a table in x's 16-bit type 
 word's eight products in packed 16-bit FMAs (ptx_decode.codes8_dot; fp32 x takes 1). 1 and 2
 are CUDA only, else the table loads.
 
-H200, 2026-11-30 (scripts/bench_gemv.py), int8 by the word path: (8, 1024, 8) won o and down,
+H200, 2026-11-30 (benchmarks/kernels/bench_gemv.py), int8 word path: (8, 1024, 8) won o, down,
 (8, 512, 4) gate_up and lm_head, (16, 1024, 8) qkv; (16, 256, 4), (32, 128, 4), (32, 512, 8)
 and (64, 128, 4) lost on every shape. Loads pipelined through shared memory (Triton num_stages
 3-5) and K-tiles of several int4 groups were slower on every shape, and loading the next

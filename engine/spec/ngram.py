@@ -4,7 +4,7 @@ occurrence of a request's last n tokens, n from max_n down to min_n.
 Each request keeps an index per n: n-gram -> the position right after its most recent
 occurrence that has a continuation. Appending a token adds one entry per n, and a proposal is
 one dictionary lookup per n, so a step costs the same at 100 tokens as at 100k (no scan of the
-sequence). `python scripts/bench_ngram_drafter.py` on the 2-core development CPU (shared, load
+sequence). `python -m benchmarks.bench_ngram_drafter` on the 2-core development CPU (shared, load
 average 4), 8,192 tokens: one appended token plus one propose(k=8) takes 4 us a call, against
 150-230 us for a backward scan of the sequence; the first call, which indexes the whole
 sequence, 10 ms.

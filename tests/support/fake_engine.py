@@ -304,7 +304,7 @@ class FakeEngine:
             req.metrics.first_token_time = now
             req.trace.append(TraceEvent(now, "first_token"))
         # incremental, as the real engine's detokenizer: decoding all tokens every step made
-        # this stand-in's cost grow with the output length and dominate scripts/bench_http.py
+        # this stand-in's cost grow with the output length and dominate an HTTP load test
         if self.script is not None:
             req.text = self.script[: SCRIPT_CHARS * len(req.out)]
             if len(req.text) == len(self.script):
