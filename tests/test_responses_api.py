@@ -212,3 +212,19 @@ async def test_bad_bodies_get_a_400_naming_the_field():
         assert r.status == 400 and (await r.json())["error"]["param"] == "input"
         r = await client.post(RESPONSES, json={"input": "w20"})
         assert r.status == 200 and (await r.json())["output_text"] == "Fine."
+
+
+async def test_a_stall_after_the_stream_began_ends_with_error_and_failed():
+    async with fake_client(stall_timeout=0.2) as client:
+        r = await client.post(RESPONSES, json={"input": "w3 w20"})  # w3: one token, then stalls
+        assert r.status == 504 and (await r.json())["error"]["code"] == "stall_timeout"
+        r = await client.post(RESPONSES, json={"input": "w3 w20", "stream": True})
+        events = sse(await r.text())
+        error, failed = events[-2:]
+        assert error["type"] == "error" and error["code"] == "stall_timeout"
+        assert failed["type"] == "response.failed"
+        response = failed["response"]
+        assert response["status"] == "failed" and response["error"]["code"] == "stall_timeout"
+        assert response["output_text"] == streamed_text(events) != ""
+        r = await client.get(f"/v1/requests/{r.headers['X-Request-Id']}")
+        assert (await r.json())["state"] == "timeout"
