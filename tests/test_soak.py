@@ -16,6 +16,7 @@ from aiohttp.test_utils import TestServer
 
 from appliance.cli import build_parser, main
 from appliance.soak.cmd import span
+from appliance.soak.intervals import held_in_metrics
 from appliance.soak.load import Client, LoadConfig, Recorder
 from appliance.soak.report import write_report
 from appliance.soak.rules import (
@@ -27,7 +28,6 @@ from appliance.soak.rules import (
     summary_table,
     verdict,
 )
-from appliance.soak.intervals import held_in_metrics
 
 MIB = 2**20
 

@@ -39,6 +39,7 @@ from appliance.server.request_keys import (
     REQUEST_ID,
 )
 from appliance.server.request_log import RequestLog
+from appliance.server.responses_api import setup as setup_responses
 from appliance.server.state import ServerState
 from appliance.server.stats import StatsTracker
 from appliance.settings import ServeSettings
@@ -169,6 +170,7 @@ def create_app(
     app[EXECUTOR] = ThreadPoolExecutor(max_workers=2, thread_name_prefix="tokenize")
     app.router.add_routes(openai_routes)
     app.router.add_routes(admin_routes)
+    setup_responses(app)
     app.on_response_prepare.append(_on_prepare)
     app.cleanup_ctx.append(_request_log_ctx)
     if core is not None:

@@ -10,6 +10,7 @@ from functools import cache
 from pydantic import BaseModel
 from pydantic.json_schema import GenerateJsonSchema, models_json_schema
 
+from appliance.server.responses_api.schema import ResponsesRequest
 from appliance.server.schema.base import RequestModel
 from appliance.server.schema.requests import (
     ChatCompletionRequest,
@@ -60,6 +61,17 @@ ROUTES: dict[tuple[str, str], Route] = {
         ChatCompletionRequest,
         ChatCompletionResponse,
         stream=ChatCompletionChunk,
+    ),
+    ("/v1/responses", "post"): Route(
+        'Create a response (OpenAI Responses API); with "stream": true, its Server-Sent Events '
+        "(event: and data: lines, each data a JSON object with type and sequence_number)",
+        ResponsesRequest,
+    ),
+    ("/v1/responses/{response_id}", "get"): Route(
+        "A stored response of this API key", params=("response_id",)
+    ),
+    ("/v1/responses/{response_id}", "delete"): Route(
+        "Delete a stored response of this API key", params=("response_id",)
     ),
     ("/v1/models", "get"): Route("The served model", response=ModelList),
     ("/v1/models/{model}", "get"): Route(
