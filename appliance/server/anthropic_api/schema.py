@@ -7,9 +7,11 @@ what the appliance cannot do (server tools' containers, MCP servers) are a 400 w
 
 from __future__ import annotations
 
+import json
 from typing import Annotated, Any, Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
+from pydantic_core import PydanticCustomError
 
 from appliance.server.schema.base import Allowed, Part, RequestModel, unsupported
 from appliance.server.schema.requests import MAX_STOP, MAX_TOOLS, MAX_TOP_K, NonEmptyStr
@@ -67,6 +69,19 @@ class Tool(Part):
     description: str | None = None
     input_schema: dict[str, Any] = Field(description='A JSON Schema of "type": "object".')
     type: Literal["custom"] | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _client_tool(cls, data: Any) -> Any:
+        kind = data.get("type") if isinstance(data, dict) else None
+        if kind not in (None, "custom"):
+            raise PydanticCustomError(
+                "server_tool",
+                "is a server tool (type {kind}): only client tools, with an input_schema, are "
+                "supported by this server",
+                {"kind": json.dumps(kind)},
+            )
+        return data
 
 
 Tools = Annotated[
