@@ -197,6 +197,8 @@ def resolve_max_tokens(
     context), 16 for completions, the rest of the context for chat."""
     room = max(1, limit - prompt_len)
     own = req.max_tokens if req.sources.get("max_tokens", "request") == "request" else None
+    if own is not None and req.max_tokens_fits_context:
+        own = min(own, room)
     try:
         wanted = capped_max_tokens(caps or KeyLimits(), own, prompt_len)
     except Refusal as refusal:

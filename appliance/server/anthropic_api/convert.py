@@ -44,6 +44,7 @@ def generate_request(body: CountTokensRequest) -> GenerateRequest:
     if isinstance(body, MessagesRequest):
         req.stream = body.stream
         req.max_tokens = body.max_tokens
+        req.max_tokens_fits_context = True
         req.sampling = _sampling(body)
     return req
 
