@@ -329,7 +329,7 @@ async def openai_reply(
 
 
 Reply = Callable[
-    [web.Request, GenerateRequest, Generation, "ChatOutput | None", list],
+    [web.Request, GenerateRequest, Generation, ChatOutput | None, list],
     Awaitable[web.StreamResponse],
 ]
 """How an API answers a started generation: (request, req, generation, how its chat text is
