@@ -225,3 +225,62 @@ async def test_model_aliases_on_every_route():
         await expect(r, 404, "not_found_error", "--model-alias 'claude-*=fake-model'")
         r = await client.post("/v1/chat/completions", json={**chat, "model": "claude-x"})
         assert r.status == 404 and "--model-alias" in (await r.json())["error"]["message"]
+
+
+def test_a_conversation_becomes_the_chat_templates_messages():
+    from appliance.server.anthropic_api.convert import generate_request
+    from appliance.server.anthropic_api.schema import MessagesRequest
+
+    call = {"type": "tool_use", "id": "toolu_1", "name": "get_weather", "input": {"city": "Oslo"}}
+    body = MessagesRequest.model_validate(
+        {
+            "model": "m",
+            "max_tokens": 9,
+            "system": [{"type": "text", "text": "A"}, {"type": "text", "text": "B"}],
+            "thinking": {"type": "enabled", "budget_tokens": 2000},
+            "tools": TOOLS,
+            "tool_choice": {"type": "any", "disable_parallel_tool_use": True},
+            "messages": [
+                {"role": "user", "content": "hi"},
+                {
+                    "role": "assistant",
+                    "content": [{"type": "thinking", "thinking": "t", "signature": "s"}, call],
+                },
+                {
+                    "role": "user",
+                    "content": [
+                        {"type": "tool_result", "tool_use_id": "toolu_1", "is_error": True},
+                        {"type": "text", "text": "go on"},
+                    ],
+                },
+            ],
+        }
+    )
+    req = generate_request(body)
+    assert req.template_kwargs == {"enable_thinking": True}
+    assert (req.tool_choice, req.parallel_tool_calls) == ("required", False)
+    assert req.tools[0]["function"]["parameters"] == TOOLS[0]["input_schema"]
+    assert req.messages == [
+        {"role": "system", "content": "A\n\nB"},
+        {"role": "user", "content": "hi"},
+        {
+            "role": "assistant",
+            "content": "",
+            "tool_calls": [
+                {
+                    "id": "toolu_1",
+                    "type": "function",
+                    "function": {"name": "get_weather", "arguments": '{"city": "Oslo"}'},
+                }
+            ],
+            "reasoning_content": "t",
+        },
+        {"role": "tool", "tool_call_id": "toolu_1", "name": "get_weather", "content": "Error: "},
+        {"role": "user", "content": "go on"},
+    ]
+    plain = generate_request(
+        MessagesRequest.model_validate(
+            {**body.model_dump(), "thinking": None, "tools": None, "tool_choice": None}
+        )
+    )
+    assert plain.template_kwargs == {"enable_thinking": False} and plain.tools is None
