@@ -66,6 +66,9 @@ class ServeSettings(EngineSettings):
     SmolLM2-135M-Instruct."""
     served_model_name: str | None = None
     """Name clients use for the model; None = the engine's model name."""
+    model_alias: list[str] = field(default_factory=list, metadata={"metavar": "NAME=SERVED"})
+    """Another name clients may send for the served model, NAME=SERVED; NAME may be a glob
+    ('claude-*=my-model' lets Claude Code's model names through). Every route reads it."""
     host: str = "127.0.0.1"
     """Address to bind. Non-loopback addresses need an API key (or --insecure-no-auth)."""
     port: int = 8000
@@ -144,6 +147,8 @@ class ServeSettings(EngineSettings):
     """The limits of requests without a key: default_priority and default_limits (derived)."""
     generation_overrides: dict = field(init=False, repr=False, default_factory=dict)
     """--override-generation-config, checked, under request field names (derived)."""
+    model_aliases: list[tuple[str, str]] = field(init=False, repr=False, default_factory=list)
+    """--model-alias as (NAME, SERVED) pairs, in the order given (derived)."""
 
     def __post_init__(self) -> None:
         for option in serve_options().values():
@@ -178,6 +183,12 @@ class ServeSettings(EngineSettings):
         except ValueError as exc:
             raise SettingsError(f"engine setting: {exc}") from None
         self.api_keys = self._load_keys()
+        from appliance.server.model_names import parse_alias
+
+        try:
+            self.model_aliases = [parse_alias(entry) for entry in self.model_alias]
+        except ValueError as exc:
+            raise SettingsError(str(exc)) from None
         words = (self.default_limits or "").split()
         limits = parse_words(words, ANONYMOUS, "--default-limits")
         if "priority" in {w.partition("=")[0] for w in words}:

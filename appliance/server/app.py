@@ -24,6 +24,7 @@ from aiohttp import web
 from appliance.key_limits import ANONYMOUS
 from appliance.serve_plan import log_plan
 from appliance.server.admin_routes import routes as admin_routes
+from appliance.server.anthropic_api import routes as anthropic_routes
 from appliance.server.app_keys import EXECUTOR, LIMITER, METRICS, REQUEST_LOG, STATE, TRACKER
 from appliance.server.auth import make_auth_middleware
 from appliance.server.errors import error_middleware
@@ -127,7 +128,10 @@ async def cors_preflight_middleware(request: web.Request, handler) -> web.Stream
             status=204,
             headers={
                 "Access-Control-Allow-Methods": "GET, POST, OPTIONS",
-                "Access-Control-Allow-Headers": "Authorization, Content-Type, X-Request-Id",
+                "Access-Control-Allow-Headers": (
+                    "Authorization, Content-Type, X-Request-Id, X-Api-Key, anthropic-version, "
+                    "anthropic-beta"
+                ),
                 "Access-Control-Max-Age": "600",
             },
         )
@@ -171,6 +175,7 @@ def create_app(
     app.router.add_routes(openai_routes)
     app.router.add_routes(admin_routes)
     setup_responses(app)
+    app.router.add_routes(anthropic_routes)
     app.on_response_prepare.append(_on_prepare)
     app.cleanup_ctx.append(_request_log_ctx)
     if core is not None:

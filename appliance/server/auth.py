@@ -46,7 +46,7 @@ def make_auth_middleware(keys: list[ApiKey]):
         key = match_key(presented, keys) if presented else None
         if key is None:
             message = (
-                "missing API key: send 'Authorization: Bearer KEY'"
+                "missing API key: send 'Authorization: Bearer KEY' or 'x-api-key: KEY'"
                 if presented is None
                 else "invalid API key"
             )

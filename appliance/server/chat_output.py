@@ -70,17 +70,22 @@ class ChatStream:
         self.has_calls = False
 
     def feed(self, text: str) -> list[dict]:
-        return self._route(*self.reasoning.feed(text)) if self.reasoning else self._content(text)
+        """The deltas `text` makes certain, in the output's order."""
+        if self.reasoning is None:
+            return self._content(text)
+        return self._route(self.reasoning.feed_parts(text))
 
     def finish(self) -> list[dict]:
-        deltas = self._route(*self.reasoning.finish()) if self.reasoning else []
+        deltas = self._route(self.reasoning.finish_parts()) if self.reasoning else []
         if self.tools is not None:
             deltas += self._tool_deltas(self.tools.finish())
         return deltas
 
-    def _route(self, reasoning: str, content: str) -> list[dict]:
-        deltas = [{"reasoning_content": reasoning}] if reasoning else []
-        return deltas + self._content(content)
+    def _route(self, parts: list[tuple[bool, str]]) -> list[dict]:
+        deltas = []
+        for is_reasoning, text in parts:
+            deltas += [{"reasoning_content": text}] if is_reasoning else self._content(text)
+        return deltas
 
     def _content(self, text: str) -> list[dict]:
         if self.tools is None:

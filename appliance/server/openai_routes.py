@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
 from contextlib import aclosing
 from functools import partial
 
@@ -15,6 +16,7 @@ from appliance.server.chat_output import ChatOutput
 from appliance.server.errors import APIError, bad_request
 from appliance.server.generation import Choice, Generation
 from appliance.server.limits import Refusal, capped_max_tokens
+from appliance.server.model_names import alias_target, unknown_model
 from appliance.server.protocol import (
     GenerateRequest,
     apply_defaults,
@@ -81,12 +83,17 @@ def _model_card(state: ServerState) -> ModelCard:
 
 
 def check_model(state: ServerState, model: str | None) -> None:
-    """A missing model means the served one; any other name is a 404."""
-    if model is None or model in (state.model_name, state.engine.model_name):
+    """A missing model means the served one, and so does a name --model-alias maps to it; any
+    other name is a 404 that names the served model and the flag."""
+    served = (state.model_name, state.engine.model_name)
+    if model is None or model in served:
+        return
+    target = alias_target(state.settings.model_aliases, model)
+    if target in served:
         return
     raise APIError(
         404,
-        f"The model '{model}' does not exist; this server serves '{state.model_name}'",
+        unknown_model(model, state.model_name, target),
         param="model",
         code="model_not_found",
     )
@@ -190,6 +197,8 @@ def resolve_max_tokens(
     context), 16 for completions, the rest of the context for chat."""
     room = max(1, limit - prompt_len)
     own = req.max_tokens if req.sources.get("max_tokens", "request") == "request" else None
+    if own is not None and req.max_tokens_fits_context:
+        own = min(own, room)
     try:
         wanted = capped_max_tokens(caps or KeyLimits(), own, prompt_len)
     except Refusal as refusal:
@@ -209,7 +218,11 @@ def resolve_max_tokens(
     return wanted
 
 
-async def serve_generation(request: web.Request, req: GenerateRequest) -> web.StreamResponse:
+async def serve_generation(
+    request: web.Request, req: GenerateRequest, reply: Reply | None = None
+) -> web.StreamResponse:
+    """Run a validated request through the one generation path (checks, key limits, prompt,
+    grammar, admission, the engine) and answer it with `reply` (OpenAI's bodies by default)."""
     app = request.app
     state, tracker, metrics, limiter = app[STATE], app[TRACKER], app[METRICS], app[LIMITER]
     state.require_ready()
@@ -269,26 +282,10 @@ async def serve_generation(request: web.Request, req: GenerateRequest) -> web.St
         metrics.observe_itl(seconds, count)
 
     gen = Generation(state.core, state.settings, record, entry, choices, on_itl)
-    fmt = Formatter(
-        req.endpoint,
-        rid,
-        state.model_name,
-        int(record.received_at),
-        state.engine.tokenizer,
-        output,
-    )
     outcome = ["error", 500, None]
     try:
         await gen.start()
-        if req.stream:
-            return await _stream(request, gen, fmt, req, outcome)
-        async with aclosing(gen.outputs()) as events:
-            async for _ in events:
-                pass
-        u = usage(record.prompt_tokens, record.completion_tokens, record.cached_tokens)
-        body = fmt.full(choices, u)
-        outcome[:] = ["finished", 200, None]
-        return web.json_response(body, dumps=dumps)
+        return await (reply or openai_reply)(request, req, gen, output, outcome)
     except APIError as err:
         outcome[:] = ["timeout" if err.status == 504 else "error", err.status, _err(err)]
         raise
@@ -301,6 +298,43 @@ async def serve_generation(request: web.Request, req: GenerateRequest) -> web.St
         ticket.release(record.completion_tokens)
         record.close(*outcome)
         tracker.finish(record)
+
+
+async def openai_reply(
+    request: web.Request,
+    req: GenerateRequest,
+    gen: Generation,
+    output: ChatOutput | None,
+    outcome: list,
+) -> web.StreamResponse:
+    """The OpenAI answer of a started generation: the whole body, or its SSE chunks."""
+    state, record = request.app[STATE], gen.record
+    fmt = Formatter(
+        req.endpoint,
+        record.request_id,
+        state.model_name,
+        int(record.received_at),
+        state.engine.tokenizer,
+        output,
+    )
+    if req.stream:
+        return await _stream(request, gen, fmt, req, outcome)
+    async with aclosing(gen.outputs()) as events:
+        async for _ in events:
+            pass
+    u = usage(record.prompt_tokens, record.completion_tokens, record.cached_tokens)
+    body = fmt.full(gen.choices, u)
+    outcome[:] = ["finished", 200, None]
+    return web.json_response(body, dumps=dumps)
+
+
+Reply = Callable[
+    [web.Request, GenerateRequest, Generation, ChatOutput | None, list],
+    Awaitable[web.StreamResponse],
+]
+"""How an API answers a started generation: (request, req, generation, how its chat text is
+read, outcome) -> the response. It consumes `generation.outputs()` and sets `outcome[:]` to
+["finished", 200, None] once the answer is complete; serve_generation does the rest."""
 
 
 def admit(request: web.Request, engine_ids: list[str], prompt_tokens: int):

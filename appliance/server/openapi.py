@@ -10,6 +10,7 @@ from functools import cache
 from pydantic import BaseModel
 from pydantic.json_schema import GenerateJsonSchema, models_json_schema
 
+from appliance.server.anthropic_api.schema import CountTokensRequest, MessagesRequest
 from appliance.server.responses_api.schema import ResponsesRequest
 from appliance.server.schema.base import RequestModel
 from appliance.server.schema.requests import (
@@ -72,6 +73,12 @@ ROUTES: dict[tuple[str, str], Route] = {
     ),
     ("/v1/responses/{response_id}", "delete"): Route(
         "Delete a stored response of this API key", params=("response_id",)
+    ),
+    ("/v1/messages", "post"): Route(
+        "A message (Anthropic's Messages API; errors in Anthropic's envelope)", MessagesRequest
+    ),
+    ("/v1/messages/count_tokens", "post"): Route(
+        "The prompt's token count (Anthropic's Messages API)", CountTokensRequest
     ),
     ("/v1/models", "get"): Route("The served model", response=ModelList),
     ("/v1/models/{model}", "get"): Route(

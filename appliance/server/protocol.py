@@ -61,6 +61,9 @@ class GenerateRequest:
     include_usage: bool = False
     max_tokens: int | None = None
     """None = the endpoint's default (16 for completions, the rest of the context for chat)."""
+    max_tokens_fits_context: bool = False
+    """The request's max_tokens is a ceiling cut to the rest of the context (Anthropic clients
+    ask for 32000 whatever the model's context holds), not a 400 when it does not fit."""
     logprobs: int | None = None
     """Top-n alternatives to return; None = no logprobs."""
     seed: int | None = None

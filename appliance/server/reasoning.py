@@ -78,11 +78,18 @@ class ReasoningStream:
         self._is_first_block = not starts_in_reasoning  # the first content block keeps them
         self._pending = ""  # a suffix that may be the start of a tag
         self._held_newlines = 0  # newlines at the end of reasoning so far
-        self._reasoning: list[str] = []
-        self._content: list[str] = []
+        self._parts: list[tuple[bool, str]] = []  # (is_reasoning, text) not yet returned
 
     def feed(self, delta: str) -> tuple[str, str]:
         """Add `delta`; return the (reasoning delta, content delta) now known."""
+        return _joined(self.feed_parts(delta))
+
+    def finish(self) -> tuple[str, str]:
+        """End of output: a held-back partial tag is text; newlines ending reasoning are dropped."""
+        return _joined(self.finish_parts())
+
+    def feed_parts(self, delta: str) -> list[tuple[bool, str]]:
+        """As feed, in the output's order: (is_reasoning, text) parts, the kind alternating."""
         text = self._pending + delta
         self._pending = ""
         pos = 0
@@ -102,8 +109,8 @@ class ReasoningStream:
         self._add_text(text[pos:])
         return self._take()
 
-    def finish(self) -> tuple[str, str]:
-        """End of output: a held-back partial tag is text; newlines ending reasoning are dropped."""
+    def finish_parts(self) -> list[tuple[bool, str]]:
+        """As finish, in the output's order (see feed_parts)."""
         pending, self._pending = self._pending, ""
         self._add_text(pending)
         self._held_newlines = 0
@@ -125,16 +132,25 @@ class ReasoningStream:
             return
         self._at_block_start = False
         if not self.is_reasoning:
-            self._content.append(text)
+            self._add_part(False, text)
             return
         body = text.rstrip("\n")
         if body:
-            self._reasoning.append("\n" * self._held_newlines + body)
+            self._add_part(True, "\n" * self._held_newlines + body)
             self._held_newlines = 0
         self._held_newlines += len(text) - len(body)
 
-    def _take(self) -> tuple[str, str]:
-        out = "".join(self._reasoning), "".join(self._content)
-        self._reasoning.clear()
-        self._content.clear()
-        return out
+    def _add_part(self, is_reasoning: bool, text: str) -> None:
+        if self._parts and self._parts[-1][0] == is_reasoning:
+            text = self._parts.pop()[1] + text
+        self._parts.append((is_reasoning, text))
+
+    def _take(self) -> list[tuple[bool, str]]:
+        parts, self._parts = self._parts, []
+        return parts
+
+
+def _joined(parts: list[tuple[bool, str]]) -> tuple[str, str]:
+    """(reasoning, content) of ordered parts."""
+    reasoning = "".join(text for is_reasoning, text in parts if is_reasoning)
+    return reasoning, "".join(text for is_reasoning, text in parts if not is_reasoning)
