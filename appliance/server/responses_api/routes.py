@@ -4,24 +4,46 @@ from __future__ import annotations
 
 import json
 from contextlib import aclosing
+from dataclasses import dataclass
 
 from aiohttp import web
 
 from appliance.key_limits import ANONYMOUS
 from appliance.server.app_keys import STATE
 from appliance.server.body import read_json
+from appliance.server.chat_output import ChatOutput
 from appliance.server.errors import APIError, bad_request
-from appliance.server.openai_routes import SSE_HEADERS, offload
+from appliance.server.generation import Choice, Generation
+from appliance.server.openai_routes import SSE_HEADERS, offload, serve_generation
+from appliance.server.protocol import GenerateRequest
+from appliance.server.records import RequestRecord
 from appliance.server.request_keys import CLIENT_GONE, KEY_NAME
 from appliance.server.responses import dumps
-from appliance.server.responses_api.convert import Parsed, parse_responses
+from appliance.server.responses_api.convert import Parsed, parse_responses, renamed
 from appliance.server.responses_api.events import OutputStream, Sequencer, new_id
 from appliance.server.responses_api.objects import ResponseHead, response_object, usage
-from appliance.server.responses_api.run import Run, generation
 from appliance.server.responses_api.store import ResponseStore
 
 routes = web.RouteTableDef()
 RESPONSE_STORE = web.AppKey("response_store", ResponseStore)
+
+
+@dataclass
+class Run:
+    """A started generation of one choice, how its chat text is read, and `outcome`: what the
+    request's record closes with (status, HTTP status, error), set as the answer ends."""
+
+    gen: Generation
+    output: ChatOutput
+    outcome: list
+
+    @property
+    def choice(self) -> Choice:
+        return self.gen.choices[0]
+
+    @property
+    def record(self) -> RequestRecord:
+        return self.gen.record
 
 
 def _owner(request: web.Request) -> str:
@@ -52,22 +74,35 @@ async def create_response(request: web.Request) -> web.StreamResponse:
 
     parsed = parse_responses(data, history)
     head = ResponseHead(new_id("resp"), request.app[STATE].model_name, parsed.body)
-    async with generation(request, parsed.generate) as run:
+
+    async def reply(
+        request: web.Request,
+        req: GenerateRequest,
+        gen: Generation,
+        output: ChatOutput | None,
+        outcome: list,
+    ) -> web.StreamResponse:
+        run = Run(gen, output, outcome)
         if parsed.body.stream:
             return await _stream(request, run, parsed, head)
-        async with aclosing(run.gen.outputs()) as outputs:
+        async with aclosing(gen.outputs()) as outputs:
             async for _ in outputs:
                 pass
         out = OutputStream()
-        chat = run.output.stream()
+        chat = output.stream()
         last = run.choice.last
         out.feed((chat.feed(last.text) if last is not None and last.text else []) + chat.finish())
         complete = run.choice.record.finish_reason != "length"
         out.finish(complete)
         body = await _final(request, run, head, out, complete)
-        run.outcome[:] = ["finished", 200, None]
-    _keep(request, parsed, body)
-    return web.json_response(body, dumps=dumps)
+        outcome[:] = ["finished", 200, None]
+        _keep(request, parsed, body)
+        return web.json_response(body, dumps=dumps)
+
+    try:  # the chat path's checks name chat fields; a Responses client gets its own names
+        return await serve_generation(request, parsed.generate, reply)
+    except APIError as err:
+        raise renamed(err) from None
 
 
 async def _final(
