@@ -18,7 +18,7 @@ logger = logging.getLogger("appliance.server")
 _ECHOED = re.compile(r":?\s*(?:bytearray\()?\bb['\"].*", re.S)
 """Where aiohttp's parser errors start quoting the request's bytes (b'...')."""
 
-_STATUS_TYPES = {
+STATUS_TYPES = {
     400: "invalid_request_error",
     401: "authentication_error",
     403: "permission_error",
@@ -49,7 +49,7 @@ class APIError(Exception):
         super().__init__(message)
         self.status = status
         self.message = message
-        self.type = type or _STATUS_TYPES.get(status, "api_error")
+        self.type = type or STATUS_TYPES.get(status, "api_error")
         self.param = param
         self.code = code
         self.headers = headers or {}

@@ -17,7 +17,7 @@ from appliance.server.anthropic_api.schema import CountTokensRequest, MessagesRe
 from appliance.server.app_keys import STATE
 from appliance.server.body import read_json
 from appliance.server.chat_output import ChatOutput
-from appliance.server.errors import APIError, answers_errors_in, bad_request
+from appliance.server.errors import STATUS_TYPES, APIError, answers_errors_in, bad_request
 from appliance.server.generation import Choice, Generation
 from appliance.server.openai_routes import SSE_HEADERS, check_model, offload, serve_generation
 from appliance.server.protocol import GenerateRequest
@@ -27,17 +27,8 @@ from appliance.server.validation import validate
 
 routes = web.RouteTableDef()
 
-ERROR_TYPES = {
-    400: "invalid_request_error",
-    401: "authentication_error",
-    403: "permission_error",
-    404: "not_found_error",
-    405: "invalid_request_error",
-    413: "request_too_large",
-    429: "rate_limit_error",
-    503: "overloaded_error",
-    504: "timeout_error",
-}
+ERROR_TYPES = {**STATUS_TYPES, 500: "api_error", 503: "overloaded_error"}
+"""Anthropic's error type for a status: OpenAI's names but for these two."""
 """Anthropic's error type for each status; any other is "api_error"."""
 
 
