@@ -17,8 +17,8 @@ from engine.memory.memory_check import Measurement, MemoryItems
 from engine.memory.state_pool import SlotAllocator
 from engine.planner import Device
 from engine.runner import compile_count
-from engine.runner.model_runner import Forward, ModelRunner
-from engine.runner.pending_step import PendingStep
+from engine.runner.model_runner import Forward, ModelRunner, Prepared
+from engine.runner.pending_step import PendingStep, request_rows
 from engine.runner.warmup import WarmUp, run_peak_step
 from engine.sampling_params import SamplingParams
 from engine.scheduling.block_manager import BlockManager
@@ -270,23 +270,31 @@ class LLMEngine:
             launched, fwd = self.runner.sample(fwd), None
         if self._pending is not None:
             touched += self._resolve()
+        outputs = []
         if fwd is not None:
             # The grammar needs every token so far: the previous step's are read back above,
-            # while the device runs this step's forward; the mask is filled now, then sampled.
-            launched = self.runner.sample(
-                fwd, self.grammars.masks(constrained, len(fwd.sampling_rows))
-            )
-            if self._overlap and not any(r.has_penalties for r in fwd.batch.requests):
-                # Queue the next forward behind this sample now, so the device computes it
-                # while the host reports and then fills the next masks.
-                self._pending = launched
-                self._next = self._launch_forward()
-                if self._next[0] is None:
-                    self._next = None
+            # while the device runs this step's forward; the masks are filled now, then sampled.
+            overlap = self._overlap and not any(r.has_penalties for r in fwd.batch.requests)
+            masks = self.grammars.begin_masks(constrained, len(fwd.sampling_rows), overlap)
+            if overlap:
+                # While the masks fill (on the mask thread, for a large batch): report the
+                # tokens read back, schedule and prepare the next forward; then queue the sample
+                # and that forward behind it, so the device computes it while the host reports
+                # and fills the next masks.
+                outputs, touched = self._outputs(touched), []
+                prepared = self._prepare_forward(request_rows(fwd.batch, fwd.sampling_rows))
+                launched = self._pending = self.runner.sample(fwd, masks())
+                if prepared is not None:
+                    self._next = self._launch_prepared(prepared)
+            else:
+                launched = self.runner.sample(fwd, masks())
         self._pending = launched
         if launched is not None and not self._overlap:
             touched += self._resolve()
         self.compiles.log_new(logger)
+        return outputs + self._outputs(touched)
+
+    def _outputs(self, touched: list[Request]) -> list[RequestOutput]:
         return [self._output(req) for req in dict.fromkeys(touched)]
 
     def _spec_step(self, touched: list[Request]) -> list[RequestOutput]:
@@ -307,10 +315,19 @@ class LLMEngine:
         device) and advance it: (the forward, [(row, grammar) of its constrained rows]), or
         (None, []) when nothing is scheduled. drafting: a speculative step, whose draft model
         (if any) drafts once the batch is scheduled."""
+        pending_rows = self._pending.rows if self._pending is not None else None
+        prepared = self._prepare_forward(pending_rows, drafting)
+        return (None, []) if prepared is None else self._launch_prepared(prepared)
+
+    def _prepare_forward(
+        self, pending_rows: dict[int, int] | None, drafting: bool = False
+    ) -> Prepared | None:
+        """Schedule a batch and prepare its inputs (None: nothing scheduled). pending_rows: the
+        rows of the step whose tokens its decodes read (pending_step.request_rows)."""
         start = self.bandwidth.clock()
         batch = self.scheduler.schedule()
         if batch.is_empty:
-            return None, []
+            return None
         if drafting:
             self.spec.draft_scheduled(batch)
         contexts = None  # a step with prompt tokens: left out of the bandwidth figure
@@ -321,11 +338,15 @@ class LLMEngine:
             max(0, min(r.num_computed_tokens + n, r.num_prompt_tokens) - r.num_computed_tokens)
             for r, n in zip(batch.requests, batch.num_new_tokens)
         )
-        fwd = self.runner.forward(batch, self._pending)
+        return self.runner.prepare(batch, pending_rows)
+
+    def _launch_prepared(self, prepared: Prepared) -> tuple[Forward, list]:
+        """Queue a prepared batch's forward behind the pending step and advance the batch."""
+        fwd = self.runner.launch(prepared, self._pending)
         constrained = [
             (row, r.grammar) for row, r in enumerate(fwd.sampling_requests) if r.grammar is not None
         ]
-        self.scheduler.advance(batch)
+        self.scheduler.advance(prepared.batch)
         self.num_steps += 1
         return fwd, constrained
 

@@ -14,7 +14,7 @@ from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers,
 from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
 from engine.models.embedded import default_model_path
-from engine.text.detokenizer import IncrementalDetokenizer
+from engine.text.detokenizer import IncrementalDetokenizer, raw_decoder
 
 SAMPLES = [
     "Hello, world! This is a plain ASCII sentence, with numbers 12345.",
@@ -207,3 +207,29 @@ def test_decodes_only_a_window_of_recent_tokens(tokenizer):
     deltas, _ = _stream(CountingTokenizer(), ids)
     assert "".join(deltas) == tokenizer.decode(ids, skip_special_tokens=True)
     assert CountingTokenizer.max_ids <= 12
+
+
+@pytest.mark.parametrize("skip", [True, False])
+def test_the_raw_decoder_equals_decode(tokenizer, skip):
+    ids = tokenizer.encode(" ".join(SAMPLES), add_special_tokens=False)
+    ids = ids[:40] + [tokenizer.eos_token_id] + ids[40:]
+    decode = raw_decoder(tokenizer)
+    for start in range(0, len(ids), 7):
+        window = ids[start : start + 9]
+        assert decode(window, skip) == tokenizer.decode(window, skip_special_tokens=skip)
+
+
+def test_a_tokenizer_that_cleans_up_spaces_keeps_its_clean_up():
+    """WordPiece with clean_up_tokenization_spaces: decode turns " ," into ","; the raw
+    decoder must too (it falls back to tokenizer.decode)."""
+    tok = Tokenizer(models.WordPiece(unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    tok.decoder = decoders.WordPiece()
+    trainer = trainers.WordPieceTrainer(vocab_size=200, special_tokens=["[UNK]"])
+    tok.train_from_iterator(ASCII_CORPUS, trainer)
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok, unk_token="[UNK]", clean_up_tokenization_spaces=True
+    )
+    ids = fast.encode("hello world, this is a test.", add_special_tokens=False)
+    assert fast.backend_tokenizer.decode(ids) != fast.decode(ids)  # the clean-up matters here
+    assert raw_decoder(fast)(ids, True) == fast.decode(ids, skip_special_tokens=True)

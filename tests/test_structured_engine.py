@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import re
+import threading
 
 import jsonschema
 import pytest
@@ -14,6 +15,8 @@ import torch
 
 from engine import LLM, SamplingParams
 from engine.structured import StructuredOutput
+from engine.structured import pool as pool_module
+from engine.structured.pool import GrammarPool
 
 CONFIG = dict(max_model_len=128, max_num_batched_tokens=64, max_num_seqs=16)
 TIGHT = dict(num_kv_blocks=12, max_num_batched_tokens=32)
@@ -330,6 +333,26 @@ def test_overlapped_steps_equal_the_plain_loop(tiny_llama, pool, penalties):
     overlapped_llm = _llm(tiny_llama, True, **config)
     overlapped = overlapped_llm.generate(prompts, params)
     assert _summary(overlapped) == _summary(plain)
+    _assert_drained(overlapped_llm)
+
+
+def test_masks_filled_on_the_mask_thread_give_the_plain_loop_tokens(tiny_llama, monkeypatch):
+    """Every constrained step's masks on the mask thread (as a large batch's are), while the
+    engine's thread reports tokens and prepares the next forward."""
+    threads = []
+    fill = GrammarPool._fill
+    monkeypatch.setattr(pool_module, "THREAD_MIN_ROWS", 1)
+    monkeypatch.setattr(
+        GrammarPool, "_fill", lambda *a: threads.append(threading.current_thread().name) or fill(*a)
+    )
+    params = [p for p in _mixed_batch() + _long_constrained() if not p.has_penalties]
+    prompts = _prompts(len(params))
+    plain = _llm(tiny_llama, False).generate(prompts, params)
+    on_thread = len(threads)  # the plain loop fills inline
+    overlapped_llm = _llm(tiny_llama, True)
+    overlapped = overlapped_llm.generate(prompts, params)
+    assert _summary(overlapped) == _summary(plain)
+    assert threads[on_thread:] and all(t.startswith("grammar-mask") for t in threads[on_thread:])
     _assert_drained(overlapped_llm)
 
 

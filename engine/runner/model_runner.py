@@ -36,8 +36,8 @@ from engine.models.model_config import ModelConfig
 from engine.quant.weight_format import resolve_weight_quant
 from engine.runner.attention_backends import select_backend
 from engine.runner.cuda_graphs import DecodeGraphs, graph_batch_sizes
-from engine.runner.forward_context import forward_context
-from engine.runner.input_prep import prepare_inputs, prepare_sampling
+from engine.runner.forward_context import AttentionMetadata, forward_context
+from engine.runner.input_prep import PendingFill, prepare_inputs, prepare_sampling
 from engine.runner.pending_step import PendingStep
 from engine.runner.sampler import SamplingTensors, sample
 from engine.scheduling.scheduler import ScheduledBatch
@@ -237,15 +237,23 @@ class ModelRunner:
         return report
 
     # --- execution ---------------------------------------------------------------------------
-    @torch.inference_mode()
     def forward(self, batch: ScheduledBatch, prev: PendingStep | None = None) -> Forward:
         """Queue the batch's forward and logits. Decodes whose input token is still pending
         read it from `prev` (the step launched just before) on the device."""
-        input_ids, positions, meta, logits_rows, fill = prepare_inputs(
-            batch, self.block_size, self.device, prev.rows if prev is not None else None
-        )
-        if fill is not None:
-            fill.apply(input_ids, prev.out.token_ids)
+        return self.launch(self.prepare(batch, prev.rows if prev is not None else None), prev)
+
+    @torch.inference_mode()
+    def prepare(self, batch: ScheduledBatch, pending_rows: dict[int, int] | None) -> Prepared:
+        """The host half of `forward`: the batch's inputs, uploaded. pending_rows: id(request)
+        -> its row in the step whose tokens the decodes will read (launched before `launch`)."""
+        return Prepared(batch, *prepare_inputs(batch, self.block_size, self.device, pending_rows))
+
+    @torch.inference_mode()
+    def launch(self, prep: Prepared, prev: PendingStep | None) -> Forward:
+        """The device half of `forward`: queue the prepared batch's forward and logits."""
+        batch, input_ids, positions, meta = prep.batch, prep.input_ids, prep.positions, prep.meta
+        if prep.fill is not None:
+            prep.fill.apply(input_ids, prev.out.token_ids)
         if self.graphs is not None and batch.num_decodes == len(batch.requests) <= (
             self.graphs.max_batch
         ):
@@ -258,7 +266,7 @@ class ModelRunner:
             return Forward(batch, rows, None, None, prev)
         # [num_sampling + drafted tokens, vocab]: one row per sampling request, plus one per
         # drafted token of a speculative step (engine/spec/step.py)
-        logits = self.model.compute_logits(hidden[logits_rows])
+        logits = self.model.compute_logits(hidden[prep.logits_rows])
         # Read the requests' sampling state now, before the step advances them (each row's
         # token index seeds its random draw).
         reqs = [batch.requests[i] for i in rows]
@@ -274,6 +282,19 @@ class ModelRunner:
         logits = fwd.logits if bitmask is None else apply_bitmask(fwd.logits, bitmask)
         out = sample(logits, fwd.sampling)
         return PendingStep.launched(fwd.batch, fwd.sampling_rows, out)
+
+
+@dataclass
+class Prepared:
+    """A scheduled batch's inputs on the device, its forward not yet queued."""
+
+    batch: ScheduledBatch
+    input_ids: torch.Tensor
+    positions: torch.Tensor
+    meta: AttentionMetadata
+    logits_rows: torch.Tensor
+    fill: PendingFill | None
+    """Where the decodes' pending input tokens go (from the step launched before)."""
 
 
 @dataclass

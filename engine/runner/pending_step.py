@@ -24,6 +24,11 @@ def _to_host(t: torch.Tensor | None) -> torch.Tensor | None:
     return host.copy_(t, non_blocking=True)
 
 
+def request_rows(batch: ScheduledBatch, sampling_rows: list[int]) -> dict[int, int]:
+    """id(request) -> its row of the step's sampled tokens."""
+    return {id(batch.requests[i]): row for row, i in enumerate(sampling_rows)}
+
+
 @dataclass
 class PendingStep:
     batch: ScheduledBatch
@@ -42,7 +47,7 @@ class PendingStep:
     ) -> PendingStep:
         """Start the copies back to the host; nothing here waits for the device."""
         step = cls(batch, sampling_rows, out)
-        step.rows = {id(batch.requests[i]): row for row, i in enumerate(sampling_rows)}
+        step.rows = request_rows(batch, sampling_rows)
         if out is not None:
             step.host = SamplerOutput(*(_to_host(t) for t in vars(out).values()))
             if out.token_ids.device.type == "cuda":

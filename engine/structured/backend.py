@@ -47,4 +47,5 @@ class GrammarBackend(ABC):
     @abstractmethod
     def fill(self, rows: list[tuple[Matcher, int]], bitmask: torch.Tensor) -> None:
         """Write each matcher's allowed next tokens into its row of `bitmask` (int32
-        [rows, ceil(vocab / 32)], bit t % 32 of word t // 32 set = token t allowed)."""
+        [rows, ceil(vocab / 32)], bit t % 32 of word t // 32 set = token t allowed). It may run
+        on a thread beside the engine's: release the GIL for the rows where the library can."""

@@ -4,6 +4,7 @@ its matcher is ready, so a slow compile never holds up another request's step.""
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 
 import torch
@@ -14,6 +15,10 @@ from engine.structured.bitmask import BitmaskBuffers, allow
 from engine.structured.grammar_state import GrammarState
 
 COMPILE_THREADS = 2
+THREAD_MIN_ROWS = 8
+"""A step with at least this many constrained rows fills its masks on the mask thread (one call
+that releases the GIL), while the engine's thread reports tokens and prepares the next forward;
+a step with fewer fills them inline, where the hand-over would cost more than it hides."""
 
 
 class GrammarPool:
@@ -24,6 +29,7 @@ class GrammarPool:
         self._backend: Future[GrammarBackend] = self._executor.submit(make_backend)
         self._compiling: dict[str, tuple[object, Future]] = {}
         self._buffers = BitmaskBuffers(max_rows, vocab_size, device)
+        self._mask_thread = ThreadPoolExecutor(1, thread_name_prefix="grammar-mask")
         self._encode = None
 
     @property
@@ -87,19 +93,38 @@ class GrammarPool:
     def masks(self, rows: list[tuple[int, GrammarState]], num_rows: int) -> torch.Tensor | None:
         """The step's bitmask for `num_rows` sampled rows, or None when no row is constrained
         now. rows: (row, grammar state) of the constrained requests."""
+        return self.begin_masks(rows, num_rows, on_thread=False)()
+
+    def begin_masks(
+        self, rows: list[tuple[int, GrammarState]], num_rows: int, on_thread: bool = True
+    ) -> Callable[[], torch.Tensor | None]:
+        """Start filling the step's bitmask (as `masks`); the returned call waits for it. Until
+        then the caller must not advance these requests' grammars. on_thread: fill on the mask
+        thread when there are THREAD_MIN_ROWS rows or more (False: inline)."""
         active = [(row, state) for row, state in rows if state.needs_mask]
         if not active:
-            return None
-        start = time.perf_counter()
+            return lambda: None
         bitmask = self._buffers.take(num_rows)
-        self.backend.fill([(state.matcher, row) for row, state in active], bitmask)
+        pairs = [(state.matcher, row) for row, state in active]
+        if not on_thread or len(pairs) < THREAD_MIN_ROWS:
+            seconds = self._fill(pairs, bitmask)
+            return lambda: self._finish(active, bitmask, seconds)
+        filling = self._mask_thread.submit(self._fill, pairs, bitmask)
+        return lambda: self._finish(active, bitmask, filling.result())
+
+    def _fill(self, pairs: list, bitmask: torch.Tensor) -> float:
+        start = time.perf_counter()
+        self.backend.fill(pairs, bitmask)
+        return time.perf_counter() - start
+
+    @staticmethod
+    def _finish(active: list, bitmask: torch.Tensor, seconds: float) -> torch.Tensor:
         for row, state in active:
             if state.extra_allowed is not None:
                 allow(bitmask, row, state.extra_allowed)
-        seconds = time.perf_counter() - start
-        for _, state in active:
             state.record_mask(seconds)
         return bitmask
 
     def close(self) -> None:
         self._executor.shutdown(wait=False, cancel_futures=True)
+        self._mask_thread.shutdown(wait=False, cancel_futures=True)
