@@ -43,6 +43,8 @@ from pathlib import Path
 import torch
 
 from appliance import model_presets
+from appliance.server.request_grammar import special_literal
+from appliance.server.tools import PARSERS
 from benchmarks.floor import (
     ModelShape,
     batch1_decode_floor_tok_s,
@@ -56,7 +58,7 @@ from benchmarks.structured_report import (
     markdown,
     summarise,
 )
-from benchmarks.structured_schemas import RECORDS_SCHEMA, is_valid_prefix
+from benchmarks.structured_schemas import PATTERNS, RECORDS_SCHEMA, WRITE_FILES, is_valid_prefix
 from engine import LLM, SamplingParams
 from engine.structured import StructuredOutput
 
@@ -81,6 +83,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--concurrency", type=int, default=None, help="requests per wave")
     ap.add_argument("--rounds", type=int, default=None, help="A B B A rounds per phase")
     ap.add_argument("--compile-repeats", type=int, default=None, help="fresh backends timed")
+    ap.add_argument(
+        "--schema",
+        choices=sorted(PATTERNS),
+        default="records",
+        help="the constrained arm's constraint: the record-array JSON schema (bounded strings) "
+        "or a forced call of an agent's tool (free-length strings, Hermes markup)",
+    )
     args = ap.parse_args(argv)
     if args.device is None:
         args.device = "cuda" if torch.cuda.is_available() and not args.smoke else "cpu"
@@ -124,13 +133,21 @@ def build_engine(args, folder: Path):
     return engine
 
 
+def constraint(schema: str, tokenizer) -> StructuredOutput:
+    """The constrained arm's StructuredOutput: --schema's, as the server would build it."""
+    if schema == "records":
+        return StructuredOutput.json_schema(RECORDS_SCHEMA)
+    grammar = PARSERS["hermes"]().forced_grammar([WRITE_FILES], False, special_literal(tokenizer))
+    return StructuredOutput("grammar", grammar)
+
+
 # --- running the arms ----------------------------------------------------------------------------
 class Runner:
     """Adds waves of requests to the engine and steps it until they finish."""
 
     def __init__(self, engine, args) -> None:
         self.engine, self.args = engine, args
-        self.spec = StructuredOutput.json_schema(RECORDS_SCHEMA)
+        self.spec = constraint(args.schema, engine.tokenizer)
         self._ids = itertools.count()
         self._seeds = itertools.count(1)
 
@@ -172,7 +189,7 @@ class Runner:
         ]
 
 
-def check_outputs(waves: list[dict], max_tokens: int, tokenizer) -> list[str]:
+def check_outputs(waves: list[dict], max_tokens: int, tokenizer, schema: str) -> list[str]:
     """What is wrong with the measured outputs: any that stopped short of max_tokens (the arms
     would not compare) or whose text is not a valid beginning of the schema's JSON."""
     problems = []
@@ -185,7 +202,7 @@ def check_outputs(waves: list[dict], max_tokens: int, tokenizer) -> list[str]:
                 )
             elif w["arm"] == "json_schema":
                 text = tokenizer.decode(out.token_ids)
-                if not is_valid_prefix(text):
+                if not is_valid_prefix(text, schema):
                     problems.append(f"{out.request_id} broke the schema: {text[:200]!r}")
     return problems
 
@@ -237,7 +254,7 @@ def main(argv: list[str] | None = None) -> int:
         progress(f"{args.concurrency} concurrent", concurrent)
         compiled = compile_times(engine, args.compile_repeats)
         engine_after = {**engine.stats(), "compiles_after_warmup": engine.compiles_after_warmup()}
-    problems = check_outputs(batch1 + concurrent, args.max_tokens, engine.tokenizer)
+    problems = check_outputs(batch1 + concurrent, args.max_tokens, engine.tokenizer, args.schema)
     results = {
         "started": started,
         "argv": sys.argv[1:] if argv is None else argv,
@@ -253,7 +270,8 @@ def main(argv: list[str] | None = None) -> int:
             "concurrency": args.concurrency,
             "rounds": args.rounds,
             "order": "warm-up wave per arm, then rounds of " + " ".join(ROUND),
-            "schema": RECORDS_SCHEMA,
+            "schema": args.schema,
+            "constraint": runner.spec.value,
         },
         "floor": floors(args, hw, engine),
         **summarise(batch1, concurrent, args.concurrency),

@@ -1,7 +1,7 @@
-"""The schemas scripts/bench_structured.py measures with, and the independent check of what the
-constrained requests wrote: the benchmark's record-array schema (no output can complete it
-before max_tokens, so both arms produce equal lengths), its JSON as a regular expression, and
-the wide schema whose compile time is measured."""
+"""The constraints scripts/bench_structured.py measures with, and the independent check of what
+the constrained requests wrote: the record-array schema and an agent's forced tool call (no
+output can complete either before max_tokens, so both arms produce equal lengths), their text as
+regular expressions, and the wide schema whose compile time is measured."""
 
 from __future__ import annotations
 
@@ -48,9 +48,43 @@ order, the engine's JSON style), minItems aside. Written by hand from the schema
 ask the grammar library what is valid. The largest id is checked by its digit count only."""
 
 
-def is_valid_prefix(text: str) -> bool:
-    """True when `text` is an instance of RECORDS_JSON or the beginning of one."""
-    return RECORDS_JSON.fullmatch(text, partial=True) is not None
+WRITE_FILES = {
+    "name": "write_files",
+    "description": "Write files into the workspace.",
+    "parameters": {
+        "type": "object",
+        "properties": {
+            "files": {
+                "type": "array",
+                "minItems": MIN_RECORDS,
+                "items": {
+                    "type": "object",
+                    "properties": {"path": {"type": "string"}, "content": {"type": "string"}},
+                    "required": ["path", "content"],
+                    "additionalProperties": False,
+                },
+            }
+        },
+        "required": ["files"],
+        "additionalProperties": False,
+    },
+}
+"""A coding agent's tool, forced by name (tool_choice): free-length strings, as agents' tool
+arguments are, where the record schema's strings are bounded."""
+_FILE = rf'\{{"path": "{_CHAR}*", "content": "{_CHAR}*"\}}'
+TOOL_CALL_TEXT = regex.compile(
+    rf'<tool_call>\n\{{"name": "write_files", "arguments": \{{"files": '
+    rf"\[(?:{_FILE}(?:, {_FILE})*)?\]\}}\}}\n</tool_call>"
+)
+"""The forced call in Hermes markup (appliance/server/tools/hermes.py), minItems aside; written
+by hand from the tool's schema."""
+PATTERNS = {"records": RECORDS_JSON, "tool": TOOL_CALL_TEXT}
+"""Each constraint of the benchmark (--schema) and the text it allows."""
+
+
+def is_valid_prefix(text: str, schema: str = "records") -> bool:
+    """True when `text` is what the constraint `schema` allows or the beginning of it."""
+    return PATTERNS[schema].fullmatch(text, partial=True) is not None
 
 
 def wide_schema(num_properties: int = 50) -> dict:

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from benchmarks import bench_structured
-from benchmarks.structured_schemas import RECORDS_JSON, is_valid_prefix
+from benchmarks.structured_schemas import RECORDS_JSON, TOOL_CALL_TEXT, is_valid_prefix
 
 VALID = {
     "records": [
@@ -44,6 +44,26 @@ def test_the_check_catches_a_broken_output(old, new):
     assert not is_valid_prefix(text.replace(old, new, 1))
 
 
+CALL = (
+    '<tool_call>\n{"name": "write_files", "arguments": {"files": ['
+    '{"path": "a/b.py", "content": "print(\\"hi\\")\\n"}, {"path": "", "content": ""}]}}'
+    "\n</tool_call>"
+)
+
+
+def test_every_beginning_of_a_forced_call_passes_and_a_broken_one_does_not():
+    assert TOOL_CALL_TEXT.fullmatch(CALL) is not None
+    assert all(is_valid_prefix(CALL[:k], "tool") for k in range(len(CALL) + 1))
+    for old, new in [
+        ("write_files", "read_file"),  # not the forced function
+        ('"path": ""', '"name": ""'),  # not the tool's schema
+        ('"content": ""}', '"content": "", "mode": 1}'),  # a property the tool does not have
+        ("\n</tool_call>", "</tool_call>"),  # not Hermes markup
+    ]:
+        assert old in CALL
+        assert not is_valid_prefix(CALL.replace(old, new, 1), "tool")
+
+
 def test_short_or_broken_outputs_are_problems():
     class Tok:
         def decode(self, ids):
@@ -59,7 +79,7 @@ def test_short_or_broken_outputs_are_problems():
         {"arm": "json_schema", "outputs": [out("short", [1])]},
         {"arm": "unconstrained", "outputs": [out("free", [2, 2])]},
     ]
-    problems = bench_structured.check_outputs(waves, 2, Tok())
+    problems = bench_structured.check_outputs(waves, 2, Tok(), "records")
     assert len(problems) == 2
     assert problems[0].startswith("bad broke the schema")
     assert problems[1].startswith("short ended after 1 of 2 tokens")
