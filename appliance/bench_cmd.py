@@ -13,6 +13,7 @@ from pathlib import Path
 
 from rich.console import Console
 
+from appliance.loadgen.agent import AGENT_SYSTEM_TOKENS, AGENT_TURNS
 from appliance.loadgen.client import ClientConfig
 from appliance.loadgen.load_shapes import Stage
 from appliance.loadgen.processes import STREAMS_PER_PROCESS, auto_processes
@@ -113,6 +114,15 @@ def add_bench_parser(sub) -> argparse.ArgumentParser:
         "--num-requests count conversations",
     )
     p.add_argument(
+        "--agent",
+        action="store_true",
+        help="a coding agent's conversations: a system prompt of --prefix-len tokens (default "
+        f"{AGENT_SYSTEM_TOKENS}) and an agent's four tools in every request, then --multi-turn "
+        f"turns (default {AGENT_TURNS}), each after the first the result (--input-len tokens) "
+        "of a tool call the previous reply made; the per-turn table shows whether TTFT stays "
+        "flat as the history grows",
+    )
+    p.add_argument(
         "--num-requests",
         type=int,
         default=None,
@@ -192,6 +202,13 @@ def run_bench(args) -> int:
     try:
         cfg, spec, slo, out = _setup(args)
         spec = dataclasses.replace(spec, chat=args.chat, multi_turn=args.multi_turn)
+        if args.agent:
+            spec = dataclasses.replace(
+                spec,
+                agent=True,
+                multi_turn=args.multi_turn or AGENT_TURNS,
+                prefix_len=args.prefix_len or AGENT_SYSTEM_TOKENS,
+            )
         stages = bench_stages(args)
         processes = num_processes(args, stages)
     except ValueError as exc:

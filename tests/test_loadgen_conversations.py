@@ -13,6 +13,7 @@ from aiohttp import web
 from aiohttp.test_utils import TestServer
 
 from appliance.loadgen import SLO, ClientConfig, LengthDist, LoadSession, Stage, WorkloadSpec
+from appliance.loadgen.agent import AGENT_TOOLS
 from appliance.loadgen.report import summarize
 
 
@@ -164,6 +165,33 @@ async def test_each_turn_sends_the_history_with_every_real_answer():
     assert session.info.prefix_caching is True
     assert (stage.server_output_tokens, stage.server_cache_queries) == (48, 312)
     assert s.server_cached_tokens == 252 and s.server_cache_hit_share == s.cache_hit_share
+
+
+async def test_an_agent_answers_each_reply_s_tool_call_with_its_result():
+    spec = WorkloadSpec(
+        LengthDist.parse("5"), LengthDist.parse("4"), prefix_len=12, multi_turn=3, agent=True
+    )
+    fake = FakeOpenAI()
+    session = await run(fake, spec, Stage("closed", 2, num_requests=2))
+    (stage,) = session.stages
+    assert len(stage.results) == 6 and all(r.ok for r in stage.results)
+    assert all(b["tools"] == AGENT_TOOLS for b in fake.bodies)
+    conversations = by_conversation(fake.bodies, fake.answers)
+    assert len(conversations) == 2
+    for turns in conversations.values():
+        assert [len(b["messages"]) for b, _ in turns] == [2, 4, 6]
+        assert [m["role"] for m in turns[0][0]["messages"]] == ["system", "user"]
+        for (body, answer), (after, _) in zip(turns, turns[1:]):
+            history, (reply, result) = after["messages"][:-2], after["messages"][-2:]
+            assert history == body["messages"]
+            assert reply["role"] == "assistant" and reply["content"] == answer
+            (call,) = reply["tool_calls"]
+            assert call["function"]["name"] == "read_file"
+            assert json.loads(call["function"]["arguments"])["path"].startswith("src/")
+            assert result["role"] == "tool" and result["tool_call_id"] == call["id"]
+            assert len(result["content"].split()) == 5  # --input-len words of a result
+        calls = [m["tool_call_id"] for m in turns[-1][0]["messages"] if m["role"] == "tool"]
+        assert len(set(calls)) == len(calls) == 2
 
 
 async def test_a_failed_turn_ends_its_conversation():

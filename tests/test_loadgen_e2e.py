@@ -189,3 +189,23 @@ def test_a_shared_prefix_is_counted_from_the_usage(url, tmp_path, capsys):
     if doc["config"]["server"]["prefix_caching"]:  # one at a time: the later two find the prefix
         assert [r["num_cached_tokens"] >= 64 for r in rows] == [False, True, True]
         assert s["server_cached_tokens"] == s["num_cached_tokens"]
+
+
+def test_an_agent_s_turns_carry_tools_and_hit_the_prefix_cache(url, tmp_path, capsys):
+    parser = argparse.ArgumentParser()
+    add_bench_parser(parser.add_subparsers(dest="command"))
+    argv = ["bench", "--url", url, "--out", str(tmp_path), "--no-progress", "--agent"]
+    argv += ["--multi-turn", "3", "--prefix-len", "24", "--input-len", "8", "--output-len", "4"]
+    argv += ["--concurrency", "2", "--num-requests", "2", "--duration", "600s"]
+    assert run_bench(parser.parse_args(argv)) == 0
+    assert "turn 3 / turn 1 TTFT: p50 " in capsys.readouterr().out
+    doc = json.loads((tmp_path / "bench.json").read_text())
+    (s,) = doc["summaries"]
+    assert [(t["turn"], t["num_ok"]) for t in s["turns"]] == [(1, 2), (2, 2), (3, 2)], s["errors"]
+    rows = sorted(doc["requests"], key=lambda r: (r["conversation"], r["turn"]))
+    for earlier, later in zip(rows, rows[1:]):
+        if later["conversation"] == earlier["conversation"]:
+            # the history grew by the reply, its call and the call's 8-word result
+            assert later["num_prompt_tokens"] >= earlier["num_prompt_tokens"] + 4 + 8
+    if doc["config"]["server"]["prefix_caching"]:
+        assert all(t["num_cached_tokens"] > 0 for t in s["turns"][1:])  # the history hits

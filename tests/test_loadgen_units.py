@@ -96,6 +96,8 @@ def test_workload_flags_that_cannot_go_together(tmp_path):
             WorkloadSpec(one, one, jsonl=rows, **bad)
     with pytest.raises(ValueError, match="--multi-turn"):
         WorkloadSpec(one, one, multi_turn=-1)
+    with pytest.raises(ValueError, match="--multi-turn N"):
+        WorkloadSpec(one, one, agent=True)
 
 
 def test_a_conversation_sends_its_whole_history_with_each_turn():

@@ -81,16 +81,22 @@ def request_body(item: WorkItem, cfg: ClientConfig) -> tuple[str, dict]:
         body["ignore_eos"] = True
     if cfg.model:
         body["model"] = cfg.model
+    if item.tools is not None:
+        body["tools"] = item.tools
     if item.messages is not None:
         return "/v1/chat/completions", {**body, "messages": item.messages}
     return "/v1/completions", {**body, "prompt": item.prompt}
 
 
-def _chunk_text(chunk: dict) -> str:
-    text = ""
+def _chunk_text(chunk: dict) -> tuple[str, bool]:
+    """(the chunk's text, whether it carries any output: text or a tool call's pieces)."""
+    text, output = "", False
     for choice in chunk.get("choices") or []:
-        text += choice.get("text") or (choice.get("delta") or {}).get("content") or ""
-    return text
+        delta = choice.get("delta") or {}
+        piece = choice.get("text") or delta.get("content") or ""
+        text += piece
+        output = output or bool(piece or delta.get("tool_calls") or delta.get("reasoning_content"))
+    return text, output
 
 
 async def send(
@@ -122,7 +128,8 @@ async def send(
                         result.error = "stream"
                         return result
                     now = time.perf_counter()
-                    if text := _chunk_text(chunk):
+                    text, output = _chunk_text(chunk)
+                    if output:
                         result.num_chunks += 1
                         if pieces is not None:
                             pieces.append(text)

@@ -13,6 +13,8 @@ from pathlib import Path
 
 import aiohttp
 
+from appliance.loadgen import agent
+
 # Ordinary words: the token pool comes from how the server tokenizes them, so synthetic prompts
 # are made of tokens that real text would produce (no special or control tokens).
 WORDS = (
@@ -86,6 +88,8 @@ class WorkItem:
     """A conversation's turn: the conversation's number in the workload stream (0, 1, ...)."""
     turn: int | None = None
     """A conversation's turn: 1 for its first question, 2 for the next, ..."""
+    tools: list[dict] | None = None
+    """The tools the request carries (an agent's conversation), in OpenAI's shape."""
 
 
 @dataclass
@@ -100,6 +104,9 @@ class Conversation:
     system: str | None = None
     history: list[dict] = field(default_factory=list)
     """The questions and answers so far, as chat messages."""
+    tools: list[dict] | None = None
+    """An agent's conversation (loadgen/agent.py): every request carries these tools, and each
+    turn after the first is the result of the call the previous reply made."""
 
     @property
     def num_answered(self) -> int:
@@ -111,19 +118,27 @@ class Conversation:
         if turn == len(self.questions):
             return None
         head = [{"role": "system", "content": self.system}] if self.system is not None else []
-        question = {"role": "user", "content": self.questions[turn]}
-        messages = head + self.history + [question]
+        messages = head + self.history + [self._question(turn)]
         return WorkItem(
-            self.max_tokens[turn], messages=messages, conversation=self.number, turn=turn + 1
+            self.max_tokens[turn],
+            messages=messages,
+            conversation=self.number,
+            turn=turn + 1,
+            tools=self.tools,
         )
+
+    def _question(self, turn: int) -> dict:
+        if self.tools is None:
+            return {"role": "user", "content": self.questions[turn]}
+        return agent.prompt_message(turn, self.questions[turn])
 
     def add_answer(self, text: str) -> None:
         """The server's answer to the pending question; the next turn sends both."""
-        question = self.questions[self.num_answered]
-        self.history += [
-            {"role": "user", "content": question},
-            {"role": "assistant", "content": text},
-        ]
+        turn = self.num_answered
+        reply = {"role": "assistant", "content": text}
+        if self.tools is not None:
+            reply = agent.reply_message(turn, text)
+        self.history += [self._question(turn), reply]
 
 
 @dataclass
@@ -145,18 +160,25 @@ class WorkloadSpec:
     /v1/chat/completions; False: token-id prompts on /v1/completions."""
     multi_turn: int = 0
     """Turns per conversation (0: single requests); conversations are chats."""
+    agent: bool = False
+    """Conversations are a coding agent's (loadgen/agent.py): tools in every request, and each
+    turn after the first a tool call's result."""
 
     def __post_init__(self) -> None:
         if self.prefix_len < 0:
             raise ValueError("prefix_len must be >= 0")
         if self.multi_turn < 0:
             raise ValueError(f"--multi-turn must be >= 0, got {self.multi_turn}")
+        if self.agent and not self.multi_turn:
+            raise ValueError("an agent's workload is conversations: give --multi-turn N")
         if self.jsonl is not None and not Path(self.jsonl).is_file():
             raise ValueError(f"no such JSONL workload file: {self.jsonl}")
-        if self.jsonl is not None and (self.prefix_len or self.chat or self.multi_turn):
+        if self.jsonl is not None and (
+            self.prefix_len or self.chat or self.multi_turn or self.agent
+        ):
             raise ValueError(
-                "--prefix-len, --chat and --multi-turn shape synthetic prompts; a --jsonl file "
-                "brings its own: drop one or the other"
+                "--prefix-len, --chat, --multi-turn and --agent shape synthetic prompts; a "
+                "--jsonl file brings its own: drop one or the other"
             )
 
     @property
@@ -169,7 +191,7 @@ class WorkloadSpec:
         of another shape draws other tokens (a random-prompt run after a shared-prefix run of
         the same seed would otherwise start with the prefix's tokens and find them cached)."""
         shape = (self.input_len, self.output_len, self.prefix_len, self.chat, self.multi_turn)
-        return f"{self.seed} {shape}"
+        return f"{self.seed} {shape}" + (" agent" if self.agent else "")
 
 
 @dataclass(frozen=True)
@@ -247,7 +269,8 @@ def items(spec: WorkloadSpec, pool: TokenPool | None) -> Iterator[WorkItem | Con
         if spec.multi_turn:
             questions = [pool.text(rng, spec.input_len.sample(rng)) for _ in range(spec.multi_turn)]
             lengths = [spec.output_len.sample(rng) for _ in range(spec.multi_turn)]
-            yield Conversation(number, questions, lengths, system)
+            tools = agent.AGENT_TOOLS if spec.agent else None
+            yield Conversation(number, questions, lengths, system, tools=tools)
         else:
             question = {"role": "user", "content": pool.text(rng, spec.input_len.sample(rng))}
             head = [{"role": "system", "content": system}] if system is not None else []
