@@ -4,7 +4,8 @@ compile check runs under (`each_triton`: the venv's, and the H200's, installed o
 
 GPU tests carry one mark, `@pytest.mark.gpu` (or `pytestmark = pytest.mark.gpu`): without a
 CUDA GPU they are skipped here, and `pytest -m gpu` selects every one of them on a GPU machine.
-Helpers the tests share live in tests/support/."""
+Helpers the tests share live in tests/support/; what several modules use alike and is costly to
+build is made once a session here: the embedded model's conversion (`embedded_folder`)."""
 
 from __future__ import annotations
 
@@ -50,3 +51,14 @@ def h200_triton():
 def triton_dir(request):
     """Set by `each_triton`: None for the venv's Triton, else the H200's folder."""
     return None if request.param == "venv" else request.getfixturevalue("h200_triton")
+
+
+@pytest.fixture(scope="session")
+def embedded_folder():
+    """The embedded GGUF converted to a Hugging Face folder in the default cache root, once a
+    session (the servers the tests start convert it there too); tests that point
+    APPLIANCE_CACHE_DIR elsewhere but need no conversion of their own link it in."""
+    from engine.models.embedded import default_model_path
+    from engine.models.gguf_loader import gguf_to_hf_folder
+
+    return gguf_to_hf_folder(default_model_path())
