@@ -4,14 +4,17 @@ compile check runs under (`each_triton`: the venv's, and the H200's, installed o
 
 GPU tests carry one mark, `@pytest.mark.gpu` (or `pytestmark = pytest.mark.gpu`): without a
 CUDA GPU they are skipped here, and `pytest -m gpu` selects every one of them on a GPU machine.
-Helpers the tests share live in tests/support/; what several modules use alike and is costly to
-build is made once a session here: the embedded model's conversion (`embedded_folder`)."""
+Helpers the tests share live in tests/support/; so do the expensive things several modules use
+alike, built once a session here: the embedded model's conversion (`embedded_folder`) and one
+real server on it (`shared_server`)."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
+from tests.support.serve_process import start_server
+from tests.support.shared_server import FLAGS, KEYS, SharedServer
 from tests.support.tiny_models import ARCHS, make_tiny_model
 from tests.support.triton_versions import install_h200_triton
 
@@ -62,3 +65,13 @@ def embedded_folder():
     from engine.models.gguf_loader import gguf_to_hf_folder
 
     return gguf_to_hf_folder(default_model_path())
+
+
+@pytest.fixture(scope="session")
+def shared_server():
+    """`appliance serve` on the embedded model with tests/support/shared_server.py's flags, for
+    the modules whose tests need no flag of their own; stopped at the end of the session."""
+    proc, url = start_server(*FLAGS)
+    yield SharedServer(url, dict(KEYS))
+    proc.kill()
+    proc.wait(30)
