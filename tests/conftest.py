@@ -4,13 +4,17 @@ compile check runs under (`each_triton`: the venv's, and the H200's, installed o
 
 GPU tests carry one mark, `@pytest.mark.gpu` (or `pytestmark = pytest.mark.gpu`): without a
 CUDA GPU they are skipped here, and `pytest -m gpu` selects every one of them on a GPU machine.
-Helpers the tests share live in tests/support/."""
+Helpers the tests share live in tests/support/; so do the expensive things several modules use
+alike, built once a session here: the embedded model's conversion (`embedded_folder`) and one
+real server on it (`shared_server`)."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
+from tests.support.serve_process import start_server
+from tests.support.shared_server import FLAGS, KEYS, SharedServer
 from tests.support.tiny_models import ARCHS, make_tiny_model
 from tests.support.triton_versions import install_h200_triton
 
@@ -50,3 +54,24 @@ def h200_triton():
 def triton_dir(request):
     """Set by `each_triton`: None for the venv's Triton, else the H200's folder."""
     return None if request.param == "venv" else request.getfixturevalue("h200_triton")
+
+
+@pytest.fixture(scope="session")
+def embedded_folder():
+    """The embedded GGUF converted to a Hugging Face folder in the default cache root, once a
+    session (the servers the tests start convert it there too); tests that point
+    APPLIANCE_CACHE_DIR elsewhere but need no conversion of their own link it in."""
+    from engine.models.embedded import default_model_path
+    from engine.models.gguf_loader import gguf_to_hf_folder
+
+    return gguf_to_hf_folder(default_model_path())
+
+
+@pytest.fixture(scope="session")
+def shared_server():
+    """`appliance serve` on the embedded model with tests/support/shared_server.py's flags, for
+    the modules whose tests need no flag of their own; stopped at the end of the session."""
+    proc, url = start_server(*FLAGS)
+    yield SharedServer(url, dict(KEYS))
+    proc.kill()
+    proc.wait(30)

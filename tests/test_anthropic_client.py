@@ -7,12 +7,11 @@ from __future__ import annotations
 
 import pytest
 
-from tests.support.serve_process import start_server
+from tests.support.shared_server import KEYS, SERVED
 
 anthropic = pytest.importorskip("anthropic")
 
-SERVED = "SmolLM2-135M-Instruct"
-KEY = "sk-claude-test-1"
+KEY = KEYS["claude"]
 MODEL = "claude-sonnet-4-5"
 TOOLS = [
     {
@@ -31,14 +30,9 @@ GREEDY = {"temperature": 0}
 
 
 @pytest.fixture(scope="module")
-def server():
-    proc, url = start_server(
-        "--max-model-len", "1024", "--num-kv-blocks", "256", "--log-level", "warning",
-        "--api-key", f"claude:{KEY}", "--model-alias", f"claude-*={SERVED}",
-    )  # fmt: skip
-    yield url
-    proc.kill()
-    proc.wait(30)
+def server(shared_server):
+    """The session's server (tests/support/shared_server.py), with this key and the alias."""
+    return shared_server.url
 
 
 @pytest.fixture(scope="module")

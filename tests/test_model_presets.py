@@ -30,12 +30,16 @@ TINY = {
 
 
 @pytest.fixture
-def tiny_preset(tmp_path, monkeypatch):
+def tiny_preset(tmp_path, monkeypatch, embedded_folder):
     presets = tmp_path / "models"
     presets.mkdir()
     (presets / "tiny-llama.json").write_text(json.dumps(TINY))
     monkeypatch.setattr(model_presets, "PRESETS_DIR", presets)
     monkeypatch.setenv("APPLIANCE_CACHE_DIR", str(tmp_path / "cache"))
+    # the embedded model's conversion (its tokenizer is the preset's) is the session's, linked
+    # in: converting it again here took 20-30 s (tests/test_gguf.py checks the conversion)
+    (tmp_path / "cache" / "gguf").mkdir(parents=True)
+    (tmp_path / "cache" / "gguf" / embedded_folder.name).symlink_to(embedded_folder)
     return "tiny-llama"
 
 

@@ -11,12 +11,12 @@ from typing import Literal
 import pytest
 from pydantic import BaseModel, Field
 
-from tests.support.serve_process import start_server
+from tests.support.shared_server import KEYS, SERVED
 
 openai = pytest.importorskip("openai")
 
-MODEL = "SmolLM2-135M-Instruct"
-ALICE, BOB = "sk-alice-0123456789", "sk-bob-0123456789"
+MODEL = SERVED
+ALICE, BOB = KEYS["alice"], KEYS["bob"]
 WEATHER_TOOL = {
     "type": "function",
     "name": "get_weather",
@@ -32,14 +32,9 @@ WEATHER_TOOL = {
 
 
 @pytest.fixture(scope="module")
-def server():
-    proc, url = start_server(
-        "--max-model-len", "1024", "--num-kv-blocks", "256", "--log-level", "warning",
-        "--api-key", f"alice:{ALICE}", "--api-key", f"bob:{BOB}",
-    )  # fmt: skip
-    yield url
-    proc.kill()
-    proc.wait(30)
+def server(shared_server):
+    """The session's server (tests/support/shared_server.py), with alice's and bob's keys."""
+    return shared_server.url
 
 
 def connect(url: str, key: str):

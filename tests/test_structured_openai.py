@@ -16,7 +16,7 @@ import jsonschema
 import pytest
 from pydantic import BaseModel, Field
 
-from tests.support.serve_process import start_server
+from tests.support.shared_server import KEYS, SERVED
 from tests.support.structured_cases import (
     ASK_TOOLS,
     PARAMETERS,
@@ -29,17 +29,16 @@ from tests.support.structured_cases import (
 
 openai = pytest.importorskip("openai")
 
-MODEL = "SmolLM2-135M-Instruct"
+MODEL = SERVED
+KEY = KEYS["structured"]
 
 
 @pytest.fixture(scope="module")
-def client():
-    proc, url = start_server(
-        "--max-model-len", "1024", "--num-kv-blocks", "256", "--log-level", "warning"
+def client(shared_server):
+    """On the session's server (tests/support/shared_server.py), with a key of its own."""
+    return openai.OpenAI(
+        base_url=f"{shared_server.url}/v1", api_key=KEY, max_retries=0, timeout=300
     )
-    yield openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=300)
-    proc.kill()
-    proc.wait(30)
 
 
 def _assert_valid_calls(message, names: set[str]) -> None:
@@ -305,7 +304,7 @@ def test_logprobs_of_a_constrained_output_are_plain_json(client):
     req = urllib.request.Request(
         f"{client.base_url}chat/completions",
         data=body,
-        headers={"Content-Type": "application/json"},
+        headers={"Content-Type": "application/json", "Authorization": f"Bearer {KEY}"},
     )
     with urllib.request.urlopen(req, timeout=120) as resp:
         raw = resp.read().decode()
