@@ -1,6 +1,7 @@
 """`appliance bench` against a real `appliance serve` subprocess (embedded model, tiny
 max_tokens): closed and open loop, multi-turn conversations, numbers checked against the
-server's own usage."""
+server's own usage. The server is the shared one (tests/support/shared_server.py), which
+refuses a request without a key: every request here, /tokenize among them, carries one."""
 
 from __future__ import annotations
 
@@ -12,17 +13,17 @@ import pytest
 from appliance.bench_cmd import add_bench_parser, run_bench
 from appliance.loadgen import SLO, ClientConfig, LengthDist, LoadSession, Stage, WorkloadSpec
 from appliance.loadgen.report import summarize
-from tests.support.serve_process import start_server
+from tests.support.shared_server import KEYS
 
 
-@pytest.fixture(scope="module")
-def url():
-    proc, found = start_server(
-        "--max-model-len", "256", "--num-kv-blocks", "64", "--log-level", "warning"
-    )
-    yield found
-    proc.kill()
-    proc.wait(30)
+@pytest.fixture
+def url(shared_server, monkeypatch):
+    monkeypatch.setenv("APPLIANCE_API_KEY", KEYS["bench"])  # for `appliance bench`
+    return shared_server.url
+
+
+def client(url: str, **kw) -> ClientConfig:
+    return ClientConfig(url=url, api_key=KEYS["bench"], **kw)
 
 
 SPEC = WorkloadSpec(LengthDist.parse("uniform:8-24"), LengthDist.parse("uniform:2-6"), prefix_len=8)
@@ -49,7 +50,7 @@ def check_consistent(stage) -> None:
 
 async def test_closed_and_open_loop_are_consistent(url):
     async with LoadSession(
-        ClientConfig(url=url), SPEC, show_progress=False, sample_interval_s=0.1
+        client(url), SPEC, show_progress=False, sample_interval_s=0.1
     ) as session:
         closed = await session.run(Stage("closed", 3, num_requests=6, duration_s=30))
         opened = await session.run(Stage("open", 8.0, num_requests=6, duration_s=30))
@@ -60,7 +61,7 @@ async def test_closed_and_open_loop_are_consistent(url):
 
 
 async def test_errors_are_counted_not_raised(url):
-    cfg = ClientConfig(url=url, model="no-such-model")
+    cfg = client(url, model="no-such-model")
     async with LoadSession(cfg, SPEC, show_progress=False) as session:
         stage = await session.run(Stage("closed", 2, num_requests=4))
     s = summarize(stage, SLO(ttft_s=1.0))

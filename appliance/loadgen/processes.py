@@ -162,7 +162,7 @@ async def _child(conn, cfg: ClientConfig, spec: WorkloadSpec, index: int, num: i
     connector = aiohttp.TCPConnector(limit=0)
     async with aiohttp.ClientSession(connector=connector, trust_env=False) as http:
         try:
-            pool = None if spec.jsonl else await workload.token_pool(http, cfg.url)
+            pool = None if spec.jsonl else await workload.token_pool(http, cfg.url, cfg.headers())
         except (aiohttp.ClientError, TimeoutError, RuntimeError) as exc:
             conn.send(("error", f"cannot reach {cfg.url}: {exc}"))
             return

@@ -87,8 +87,10 @@ class LoadSession:
         connector = aiohttp.TCPConnector(limit=0)
         self._session = aiohttp.ClientSession(connector=connector, trust_env=False)
         try:
-            url = self.cfg.url
-            pool = None if self.spec.jsonl else await workload.token_pool(self._session, url)
+            cfg = self.cfg
+            pool = None
+            if not self.spec.jsonl:
+                pool = await workload.token_pool(self._session, cfg.url, cfg.headers())
         except (aiohttp.ClientError, TimeoutError) as exc:
             await self._session.close()
             raise RuntimeError(f"cannot reach {self.cfg.url}: {exc}") from None

@@ -211,10 +211,13 @@ class TokenPool:
         return " ".join(rng.choice(WORDS) for _ in range(num_words))
 
 
-async def token_pool(session: aiohttp.ClientSession, url: str) -> TokenPool:
-    """Token ids of ordinary words as the server's tokenizer encodes them (one /tokenize call)."""
+async def token_pool(
+    session: aiohttp.ClientSession, url: str, headers: dict[str, str]
+) -> TokenPool:
+    """Token ids of ordinary words as the server's tokenizer encodes them (one /tokenize call,
+    with the same `headers`, the API key among them, as every request)."""
     body = {"prompt": " ".join(WORDS), "add_special_tokens": False}
-    async with session.post(f"{url}/tokenize", json=body) as resp:
+    async with session.post(f"{url}/tokenize", json=body, headers=headers) as resp:
         if resp.status != 200:
             raise RuntimeError(f"/tokenize answered {resp.status}: {(await resp.text())[:200]}")
         tokens = (await resp.json())["tokens"]
