@@ -14,7 +14,7 @@ from engine.models.linear_attention import RECURRENT_STATE_BYTES
 from engine.models.model_config import ModelConfig
 from engine.planner import Device, Plan, PlanRequest, plan, read_device
 from engine.planner.formulas import ELEMENT_BYTES
-from engine.quant.weight_format import resolve_weight_quant
+from engine.quant.checkpoints import resolve_weight_quant
 from engine.spec.draft_model import draft_model_config
 
 logger = logging.getLogger(__name__)
