@@ -134,3 +134,17 @@ def test_unserved_variants_are_refused_by_name(named):
 def test_fp8_is_only_an_fp8_checkpoint(tiny_llama):
     with pytest.raises(ValueError, match="reads an FP8 checkpoint's weights"):
         LLM(str(tiny_llama), device="cpu", quantization="fp8")
+
+
+def test_the_plan_counts_the_checkpoint_layout(tiny_llama, tmp_path):
+    """The planner counts AWQ's half byte a weight plus a scale and a zero point per group of
+    32, and names the layout (what `appliance profile` prints)."""
+    from engine.planner.formulas import WeightLayout, quantized_bytes
+
+    _write(tiny_llama, tmp_path / "awq", CASES["awq"])
+    plan = LLM(str(tmp_path / "awq"), device="cpu", max_model_len=128).engine.plan
+    assert plan.quantization == "int4"
+    assert "int4 (awq, groups of 32, zero points)" in plan.weight_format
+    assert "0.5 B a weight + 8 B a group of 32 (scale, zero point)" in plan.weight_format
+    assert quantized_bytes(WeightLayout(4, 32, True), 64 * 128, 64) == 64 * 64 + 8 * 256
+    assert quantized_bytes(WeightLayout(8, 0, False), 64 * 128, 64) == 64 * 128 + 4 * 64
