@@ -53,7 +53,7 @@ def wide_llama(tmp_path_factory):
 
 def _decompressed(folder) -> dict[str, torch.Tensor]:
     """Each projection's weight as transformers + compressed-tensors decompress the checkpoint."""
-    qc = CompressedTensorsConfig(run_compressed=False)
+    qc = CompressedTensorsConfig(dequantize=True)
     model = AutoModelForCausalLM.from_pretrained(
         folder, dtype=torch.float32, quantization_config=qc
     )
