@@ -119,6 +119,9 @@ def run_profile(args: argparse.Namespace) -> int:
         else:
             print(f"appliance profile: {exc}", file=sys.stderr)
         return 2
+    except ValueError as exc:  # settings the checkpoint refuses (its own quantization)
+        print(f"appliance profile: {exc}", file=sys.stderr)
+        return 2
     if args.measure and kind != "cuda":
         notes.append("--measure needs a CUDA GPU; not available here: showing estimates")
     elif args.measure:

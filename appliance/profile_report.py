@@ -103,7 +103,8 @@ def print_tables(
     in_use = p.others_bytes
     total = f"{g(p.total_bytes)} x {p.gpu_memory_utilization:.2f}"
     mem.add_row("budget", g(p.budget_bytes), f"{total} - {g(in_use)} in use by others")
-    mem.add_row("weights", g(p.weight_bytes), f"{params_text(model)}, {p.quantization}")
+    stored = p.weight_format or p.quantization
+    mem.add_row("weights", g(p.weight_bytes), f"{params_text(model)}, {stored}")
     mem.add_row(
         "activation peak", g(p.activation_bytes), f"a step of {p.max_num_batched_tokens} tokens"
     )

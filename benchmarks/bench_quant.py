@@ -33,7 +33,7 @@ from engine import LLM
 from engine.config import EngineConfig
 from engine.models.loader import load_model
 from engine.models.model_config import ModelConfig
-from engine.quant.weight_format import resolve_weight_quant
+from engine.quant.checkpoints import resolve_weight_quant
 
 PRESET = "llama-3-8b"
 GOALS = {"int8": 1.6, "int4": 2.5}  # batch-1 speed-up over none (16-bit)

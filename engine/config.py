@@ -17,7 +17,7 @@ class EngineConfig:
     CHOICES: ClassVar[dict[str, tuple[str, ...]]] = {
         "dtype": ("auto", "float32", "float16", "bfloat16"),
         "kv_cache_dtype": ("auto", "float32", "float16", "bfloat16", "int8"),
-        "quantization": ("none", "int8", "int4", "auto"),
+        "quantization": ("none", "int8", "int4", "fp8", "auto"),
         "load_format": ("auto", "random"),
     }
     """The allowed values of each str setting (checked here; `appliance serve` and `profile`
@@ -47,8 +47,9 @@ class EngineConfig:
     leaves no room for the planner's target), float32, float16, bfloat16 or int8."""
     quantization: str = "auto"
     """Weight quantization: auto (planned: 16-bit where it leaves room for the planner's target,
-    else int8, else int4), none, int8 (per-row) or int4 (NF4 per group). A bitsandbytes-quantized
-    checkpoint keeps its own (auto/none)."""
+    else int8, else int4), none, int8 (per-row) or int4 (NF4 per group). A quantized checkpoint
+    (bitsandbytes, AWQ, GPTQ, compressed-tensors, FP8) keeps its own format: auto, or that format
+    (int8, int4, fp8); fp8 names an FP8 checkpoint's weights only."""
     quant_block_size: int = 64
     """int4: weights per absmax group along a row (even; divides the layers' input sizes)."""
     quantize_embeddings: bool = False

@@ -19,8 +19,9 @@ from engine import LLM, SamplingParams
 from engine.models.llama import LlamaForCausalLM
 from engine.models.loader import iter_safetensors
 from engine.quant.bnb import code_table, quantize_4bit, quantize_int8
+from engine.quant.checkpoints import checkpoint_quant
 from engine.quant.reference import dequantize_ref
-from engine.quant.weight_format import WeightQuant, checkpoint_quant
+from engine.quant.weight_format import WeightQuant
 from tests.support.tiny_models import byte_tokenizer
 
 pytestmark = pytest.mark.skipif(

@@ -17,6 +17,7 @@ from torch import nn
 
 from engine.models.architectures import model_class
 from engine.models.model_config import ModelConfig
+from engine.models.weights import QKV_GATE_UP, fused_name
 from engine.quant.modules import QuantLinear, quantize_model
 from engine.quant.weight_format import WeightQuant
 
@@ -107,8 +108,9 @@ def load_model(
     With `quant`, the device never holds the 16-bit model: the checkpoint is loaded on the CPU
     (random weights stay unallocated), then each projection comes to the device in 16 bits (or
     is drawn there), is quantized there and its 16-bit weight freed; the remaining parameters
-    (embeddings, norms, LM head) follow. A checkpoint bitsandbytes already quantized is read
-    as it is."""
+    (embeddings, norms, LM head) follow. A quantized checkpoint (bitsandbytes, AWQ, GPTQ,
+    compressed-tensors, FP8) is converted one projection at a time into our layout
+    (engine/quant/formats)."""
     with torch.device("meta"):
         model = model_class(cfg.architecture)(cfg, max_positions).to(dtype=dtype)
     gen = torch.Generator(device=device).manual_seed(0) if random_weights else None
@@ -128,12 +130,13 @@ def load_model(
         _materialize(model, device)
         init_random_weights(model, gen)
     elif quant.prequantized:
-        from engine.quant.bnb import convert_bnb_weights
+        from engine.quant.formats import convert_checkpoint
 
         quantize_model(model, quant, device)  # empty: the checkpoint fills them
         _materialize(model, device)
         with ParallelCopy() as copy:
-            model.load_weights(convert_bnb_weights(iter_safetensors(folder), quant), copy)
+            converted = convert_checkpoint(iter_safetensors(folder), quant)
+            model.load_weights(_set_input_orders(model, converted), copy)
     else:
         model.to_empty(device="cpu")
         with ParallelCopy() as copy:
@@ -144,6 +147,21 @@ def load_model(
     if cfg.tie_word_embeddings and isinstance(model.embed_tokens, nn.Embedding):
         model.lm_head.weight = model.embed_tokens.weight  # else both read one quantized copy
     return model.eval()
+
+
+def _set_input_orders(
+    model: nn.Module, weights: Iterator[tuple[str, torch.Tensor]]
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """`weights` less the `<proj>.perm` tensors a GPTQ desc_act checkpoint converts to, each
+    handed to its (fused) QuantLinear instead: an input order is not a parameter's rows."""
+    fused = getattr(model, "_FUSED", QKV_GATE_UP)
+    for name, tensor in weights:
+        if not name.endswith(".perm"):
+            yield name, tensor
+            continue
+        target, _ = fused_name(name.removeprefix("model."), fused)
+        module = model.get_submodule(target.removesuffix(".perm"))
+        module.set_input_order(tensor)
 
 
 class ParallelCopy:

@@ -75,7 +75,7 @@ class ModelConfig:
     torch_dtype: str | None
     eos_token_id: list[int]
     quantization_config: dict | None = None
-    """config.json's quantization_config (a bitsandbytes-quantized checkpoint), if any."""
+    """config.json's quantization_config, if any (engine/quant/checkpoints.py reads it)."""
     model_type: str | None = None
     """config.json's model_type ("llama", "qwen3", ...)."""
     layer_types: tuple[str, ...] | None = None

@@ -15,6 +15,8 @@ from engine.planner.formulas import (
     allocator_bytes,
     graph_batch_sizes,
     graph_pool_bytes,
+    layout_for,
+    layout_text,
     model_length_limit,
     size_text,
     state_bytes_per_sequence,
@@ -105,8 +107,9 @@ def weights_and_kv_dtype(d: PlanPass) -> None:
     if not req.kv_cache_dtype and req.allow_int8_kv:
         kv_dtypes.append("int8")
     options = [(kv, f) for f in formats for kv in kv_dtypes]
+    layout = req.checkpoint_layout  # a quantized checkpoint's formats list only its own
     weights = {  # a draft model's (16-bit) weights come with every format
-        f: weight_bytes(m, f, d.dtype_bytes, req.quantize_embeddings, req.quant_block_size)
+        f: weight_bytes(m, f, d.dtype_bytes, req.quantize_embeddings, req.quant_block_size, layout)
         + d.draft_weights
         for f in formats
     }
@@ -123,7 +126,9 @@ def weights_and_kv_dtype(d: PlanPass) -> None:
     sized = _overheads(d, d.fmt, d.rows)
     d.act, d.allocator, d.graphs = sized["act"], sized["alloc"], sized["graphs"]
     d.fixed = d.act + d.allocator + d.graphs + d.context + d.margin
-    name = {f: FORMAT_NAMES[f] or d.dtype for f in WEIGHT_FORMATS}
+    name = {f: FORMAT_NAMES[f] or d.dtype for f in FORMAT_NAMES}
+    if layout is not None and layout.name:
+        name[d.fmt] = layout.name
     of = "of KV and state" if d.state_seq else "of KV"
     target = f"{req.target_num_seqs} x {d.useful} tokens ({size_text(need[chosen])} {of})"
     best, w = options[0], size_text(d.weights)
@@ -152,3 +157,6 @@ def weights_and_kv_dtype(d: PlanPass) -> None:
             f"leave {short}, short of {target}"
         )
     d.format_name = name[d.fmt]
+    if d.fmt != "none":
+        shown = layout or layout_for(d.fmt, req.quant_block_size)
+        d.format_name = f"{name[d.fmt]}, {layout_text(shown)}"

@@ -6,17 +6,23 @@ and with which command.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 from engine.models.linear_attention import RECURRENT_STATE_BYTES
 from engine.models.model_config import ModelConfig
 
 GIB, MIB = 1024**3, 1024**2
 WEIGHT_FORMATS = ("none", "int8", "int4")
-"""Weight formats, best quality first; "none" = the activation dtype."""
+"""Weight formats the planner chooses from, best quality first; "none" = the activation dtype."""
+CHECKPOINT_FORMATS = ("fp8",)
+"""Weight formats only read from a checkpoint that holds them (pinned, never chosen)."""
+FORMAT_BITS = {"int8": 8, "int4": 4, "fp8": 8}
+"""Bits a quantized weight takes, by format (its scales come on top: WeightLayout)."""
 ELEMENT_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "int8": 1}
 """Bytes per element by dtype name (activations, weights, KV cache)."""
 SCALE_BYTES = 4
-"""Quantized weights keep fp32 scales: one per row (int8), one per group of a row (int4)."""
+"""Quantized weights keep fp32 scales (one per row, or per group of a row) and, where the
+format has them, an fp32 zero point beside each scale."""
 CPU_MAX_MODEL_LEN = 8192
 """Longest max_model_len planned on a CPU (it could not decode longer sequences usefully)."""
 SAFETY_FRACTION, MIN_SAFETY_BYTES = 0.03, 256 * MIB
@@ -41,31 +47,66 @@ def size_text(n: float) -> str:
             return f"{n / scale:.2f} {unit}"
 
 
-def quantized_bytes(fmt: str, num_weights: int, num_rows: int, group_size: int) -> int:
-    """Bytes of num_weights weights in num_rows rows: int8 one byte each plus a row scale, int4
-    half a byte plus a scale per group_size weights."""
-    if fmt == "int8":
-        return num_weights + SCALE_BYTES * num_rows
-    return -(-num_weights // 2) + SCALE_BYTES * -(-num_weights // group_size)
+@dataclass(frozen=True)
+class WeightLayout:
+    """How a quantized format stores its weights, as quantized_bytes counts them."""
+
+    bits: int
+    """Bits per weight (FORMAT_BITS)."""
+    group_size: int = 0
+    """Weights per scale along a row; 0: one scale per row."""
+    zero_points: bool = False
+    """A zero point beside each scale (AWQ, asymmetric GPTQ and compressed-tensors)."""
+    name: str = ""
+    """How reasons and `appliance profile` name it ("" : by its format)."""
+
+
+def layout_for(fmt: str, group_size: int) -> WeightLayout:
+    """The layout of a format quantized at load: int8 per row, int4 in groups of group_size."""
+    return WeightLayout(FORMAT_BITS[fmt], group_size if fmt == "int4" else 0)
+
+
+def layout_text(layout: WeightLayout) -> str:
+    """The bytes a layout stores, for `appliance profile`: "0.5 B a weight + 8 B a group of 128
+    (scale, zero point)"."""
+    extra = " (scale, zero point)" if layout.zero_points else " (scale)"
+    per = f"a group of {layout.group_size}" if layout.group_size else "a row"
+    scale = SCALE_BYTES * (2 if layout.zero_points else 1)
+    return f"{layout.bits / 8:g} B a weight + {scale} B {per}{extra}"
+
+
+def quantized_bytes(layout: WeightLayout, num_weights: int, num_rows: int) -> int:
+    """Bytes of num_weights weights in num_rows rows: bits / 8 each, plus a scale (and a zero
+    point) per row or per group_size weights (a block scale is kept per row and group)."""
+    groups = -(-num_weights // layout.group_size) if layout.group_size else num_rows
+    per_group = SCALE_BYTES * (2 if layout.zero_points else 1)
+    return -(-num_weights * layout.bits // 8) + per_group * groups
 
 
 def weight_bytes(
-    m: ModelConfig, fmt: str, dtype_bytes: int, quantize_embeddings: bool, group_size: int = 64
+    m: ModelConfig,
+    fmt: str,
+    dtype_bytes: int,
+    quantize_embeddings: bool,
+    group_size: int = 64,
+    layout: WeightLayout | None = None,
 ) -> int:
-    """Weights in a format: the projections and the experts quantized (rows as one weight's).
-    Norms and routers stay in the activation dtype, and so do the embeddings and the LM head
-    unless quantize_embeddings."""
+    """Weights in a format: the projections and the experts quantized (rows as one weight's),
+    as `layout` stores them (a checkpoint's own; default: layout_for(fmt, group_size)). Norms
+    and routers stay in the activation dtype, and so do the embeddings and the LM head unless
+    quantize_embeddings."""
     if fmt == "none":
         return m.num_params * dtype_bytes
     counts = m.param_counts()
     linear, rows, embed, other = counts.linear, counts.linear_rows, counts.embed, counts.other
     tables = 1 if m.tie_word_embeddings else 2
     v = m.vocab_size
+    layout = layout or layout_for(fmt, group_size)
     if quantize_embeddings:
-        emb = quantized_bytes(fmt, embed, v * tables, group_size)
+        emb = quantized_bytes(layout_for(fmt, group_size), embed, v * tables)
     else:
         emb = embed * dtype_bytes
-    return quantized_bytes(fmt, linear, rows, group_size) + emb + other * dtype_bytes
+    return quantized_bytes(layout, linear, rows) + emb + other * dtype_bytes
 
 
 def expert_bytes(m: ModelConfig, fmt: str, dtype_bytes: int, group_size: int = 64) -> int:
@@ -74,7 +115,7 @@ def expert_bytes(m: ModelConfig, fmt: str, dtype_bytes: int, group_size: int = 6
     counts = m.param_counts()
     if fmt == "none" or not counts.experts:
         return counts.experts * dtype_bytes
-    return quantized_bytes(fmt, counts.experts, counts.expert_rows, group_size)
+    return quantized_bytes(layout_for(fmt, group_size), counts.experts, counts.expert_rows)
 
 
 def experts_read(num_experts: int, num_experts_per_tok: int, num_seqs: int) -> int:

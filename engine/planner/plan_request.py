@@ -6,7 +6,13 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
-from engine.planner.formulas import ELEMENT_BYTES, WEIGHT_FORMATS, decode_weight_bytes
+from engine.planner.formulas import (
+    CHECKPOINT_FORMATS,
+    ELEMENT_BYTES,
+    WEIGHT_FORMATS,
+    WeightLayout,
+    decode_weight_bytes,
+)
 
 PINNABLE = (
     "num_kv_blocks",
@@ -59,6 +65,9 @@ class PlanRequest:
     max_num_seqs: int | None = None
     max_num_batched_tokens: int | None = None
     num_kv_blocks: int | None = None
+    checkpoint_layout: WeightLayout | None = None
+    """A quantized checkpoint's own layout (bits, scale groups, zero points): its weights are
+    counted as stored, and `quantization` (its format) is pinned; None: not quantized."""
     draft_model: object | None = None
     """The ModelConfig of a draft model for speculative decoding (engine/spec/draft_model.py),
     or None: its weights (16-bit) are counted with the target's, and its K/V in every block."""
@@ -85,7 +94,11 @@ class PlanRequest:
         for name in ("dtype", "quantization", "kv_cache_dtype"):
             if getattr(self, name) == AUTO:
                 setattr(self, name, None)
-        if self.quantization not in (None, *WEIGHT_FORMATS):
+        if self.quantization in CHECKPOINT_FORMATS and self.checkpoint_layout is None:
+            raise ValueError(
+                f"quantization {self.quantization!r} is read from a checkpoint that holds it"
+            )
+        if self.quantization not in (None, *WEIGHT_FORMATS, *CHECKPOINT_FORMATS):
             raise ValueError(
                 f"quantization must be auto, none, int8 or int4, not {self.quantization!r}"
             )
@@ -144,6 +157,9 @@ class Plan:
     concurrency_at_typical_len: int
     target_met: bool
     reasons: dict[str, str] = field(default_factory=dict)
+    weight_format: str = ""
+    """How the weights are stored, in words, with the bytes a weight and its scales take
+    ("int4 (awq, groups of 128, zero points), 0.5 B a weight + 8 B a group of 128 ...")."""
     """Setting name -> one line saying why it has its value."""
     bandwidth_gbs: float | None = None
     """The device's peak memory bandwidth, GB/s (the decode floor's divisor); None = unknown."""

@@ -27,7 +27,7 @@ from engine.models.model_config import ModelConfig
 from engine.planner.device import Device
 from engine.planner.plan_request import PlanRequest
 
-FORMAT_NAMES = {"none": None, "int8": "int8", "int4": "int4 (NF4)"}
+FORMAT_NAMES = {"none": None, "int8": "int8", "int4": "int4 (NF4)", "fp8": "fp8"}
 """How reasons name a weight format (None: the activation dtype's name)."""
 
 

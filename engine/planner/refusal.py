@@ -99,7 +99,9 @@ def _options(m: ModelConfig, dev: Device, req: PlanRequest, name: str) -> tuple:
     if name == "gpu_memory_utilization":
         return tuple(u / 100 for u in range(round(100 * (now or dev.utilization)) + 1, 96))
     if name == "quantization":
-        return WEIGHT_FORMATS[WEIGHT_FORMATS.index(now) + 1 :] if now else ()
+        if req.checkpoint_layout is not None or now not in WEIGHT_FORMATS:
+            return ()  # a quantized checkpoint's format is its own
+        return WEIGHT_FORMATS[WEIGHT_FORMATS.index(now) + 1 :]
     if name == "kv_cache_dtype":
         return ("int8",) if req.allow_int8_kv and now != "int8" else ()
     return tuple(d for d in ("bfloat16", "float16") if d != now)  # dtype

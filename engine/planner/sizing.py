@@ -189,6 +189,7 @@ def finish(d: PlanPass) -> Plan:
         concurrency_at_typical_len=d.blocks // -(-d.typical // d.bs),
         target_met=d.target_met,
         reasons=why,
+        weight_format=d.format_name,
         bandwidth_gbs=d.dev.bandwidth_gbs,
         bandwidth_source=d.dev.bandwidth_source,
         num_params=d.m.num_params,

@@ -3,7 +3,7 @@ code tables, and the reader of checkpoints it already quantized, all into our la
 (engine/quant/weight_format.py).
 
 Checkpoints (save_pretrained of a model transformers loaded with BitsAndBytesConfig; which one
-config.json describes is format.checkpoint_quant's job):
+config.json describes is checkpoints.checkpoint_quant's job):
 - INT8 (LLM.int8): `<proj>.weight` int8 [N, K], `<proj>.SCB` fp32 [N] (row absmax),
   `<proj>.weight_format`.
 - 4-bit: `<proj>.weight` uint8 [N * K / 2, 1], `<proj>.weight.absmax`, `.quant_map`,
@@ -22,10 +22,14 @@ from collections.abc import Iterable, Iterator
 import torch
 
 from engine import library_logs
-from engine.quant.weight_format import BNB_INSTALL, WeightQuant, check_int4_group
+from engine.quant.weight_format import (
+    BNB_INSTALL,
+    WeightQuant,
+    check_int4_group,
+    split_projection,
+)
 
 log = logging.getLogger(__name__)
-_PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 _STATE_KEY = ".weight.quant_state.bitsandbytes__"
 
 
@@ -92,7 +96,7 @@ def convert_bnb_weights(
     pending: dict[str, dict[str, torch.Tensor]] = {}
     done: set[str] = set()
     for name, tensor in weights:
-        split = _split(name)
+        split = split_projection(name)
         if split is None or split[1] == "bias":
             yield name, tensor
             continue
@@ -109,16 +113,6 @@ def convert_bnb_weights(
         raise ValueError(
             f"checkpoint is missing parts of quantized weight {prefix!r} (has {sorted(parts)})"
         )
-
-
-def _split(name: str) -> tuple[str, str] | None:
-    """'…q_proj.weight.absmax' -> ('…q_proj', 'weight.absmax'); None for other tensors."""
-    for proj in _PROJECTIONS:
-        marker = f".{proj}."
-        if marker in name:
-            head, _, tail = name.partition(marker)
-            return head + marker[:-1], tail
-    return None
 
 
 def _is_complete(parts: dict[str, torch.Tensor], quant: WeightQuant) -> bool:

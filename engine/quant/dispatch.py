@@ -19,6 +19,11 @@ projection at one row may also fold silu_and_mul into the GEMV (fused_silu).
 Nothing here times anything: each module holds its QuantKernels, which start-up timing
 (engine/quant/quant_choices.py) filled; the default (nothing timed) takes the paths that need no
 choice. Kernel modules are imported on use: without Triton none is imported.
+
+Weights read from checkpoints: a GPTQ desc_act weight gathers x's columns into its stored order
+first (QuantizedWeight.perm), then takes the table. Layouts no kernel reads yet (zero points,
+int8 with group scales) are dequantized to x's dtype and multiplied by F.linear at every row
+count; fp8 weights take engine/quant/fp8.py.
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ import torch
 import torch.nn.functional as F
 
 from engine.kernels import triton_available
+from engine.quant.fp8 import fp8_linear
 from engine.quant.reference import dequantize_to, wq_matmul_ref
 from engine.quant.weight_format import QuantizedWeight
 
@@ -52,6 +58,8 @@ class QuantKernels:
     """Dequantize before cuBLAS by the Triton pass (True) or by dequantize_to."""
     gemm: dict[int, tuple] = field(default_factory=dict)
     """Row bucket (kernels/wq_gemm.BUCKETS) -> the decode-batch GEMM's config, where it won."""
+    scaled_mm: bool = False
+    """fp8: the W8A8 torch._scaled_mm path serves the weight (else weight-only)."""
 
 
 NOTHING_TIMED = QuantKernels()
@@ -65,6 +73,12 @@ def kernels_run_on(x: torch.Tensor) -> bool:
 def quant_linear(x: torch.Tensor, w: QuantizedWeight, kernels: QuantKernels) -> torch.Tensor:
     """x [..., K] @ dequant(W).T + bias -> [..., N] in x's dtype, by the module docstring's
     table."""
+    if w.perm is not None:
+        x = x.index_select(-1, w.perm)
+    if w.kind == "fp8":
+        return fp8_linear(x, w, kernels.scaled_mm)
+    if not w.is_kernel_layout:
+        return wq_matmul_ref(x, *w.kernel_args(), zeros=w.zeros)
     if not kernels_run_on(x):
         return wq_matmul_ref(x, *w.kernel_args())
     if kernels.dtype != x.dtype:
@@ -115,6 +129,8 @@ def fused_silu(x: torch.Tensor, w: QuantizedWeight, kernels: QuantKernels) -> to
     """silu_and_mul(x @ W.T + bias) for a gate-and-up weight in one kernel: one CUDA row where
     start-up timing kept wq_gemv_silu for the shape. None: the caller runs the two steps."""
     config = kernels.gemv_silu
+    if w.perm is not None or not w.is_kernel_layout:
+        return None
     if config is None or kernels.dtype != x.dtype or x.dim() != 2 or x.shape[0] != 1:
         return None
     if not kernels_run_on(x):

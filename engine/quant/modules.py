@@ -28,7 +28,9 @@ them as `linear`)."""
 
 
 class QuantLinear(nn.Module):
-    """A linear layer with int8 or int4 weights; `bias` stays in the activation dtype."""
+    """A linear layer with int8, int4 or fp8 weights (engine/quant/weight_format.py); `bias`
+    stays in the activation dtype. Weights read from a checkpoint may carry zero points
+    (`zeros`) and an input order (`perm`, set by set_input_order)."""
 
     def __init__(
         self,
@@ -41,22 +43,31 @@ class QuantLinear(nn.Module):
     ) -> None:
         super().__init__()
         self.in_features, self.out_features = in_features, out_features
-        self.group_size = quant.group_size
-        is_int4 = quant.kind == "int4"
-        if is_int4:
-            check_int4_group(quant.group_size, [in_features])
-        qshape = (out_features, in_features // 2) if is_int4 else (out_features, in_features)
-        sshape = (out_features, in_features // quant.group_size) if is_int4 else (out_features,)
-        qdtype = torch.uint8 if is_int4 else torch.int8
+        n, k = out_features, in_features
+        group = self.group_size = quant.group_size or k  # 0: one group of the whole row
+        read = quant.method not in ("", "bitsandbytes")  # a checkpoint's own groups
+        if quant.kind == "int4" and not read:
+            check_int4_group(group, [k])
+        elif k % group and quant.kind != "fp8":
+            raise ValueError(f"groups of {group} weights do not divide the input size {k}")
+        if quant.kind == "int4":
+            qshape, qdtype, sshape = (n, k // 2), torch.uint8, (n, k // group)
+        elif quant.kind == "fp8":
+            qshape, qdtype, sshape = (n, k), torch.float8_e4m3fn, (n, -(-k // group))
+        else:
+            grouped = read and (quant.group_size > 0 or quant.zero_points)
+            qshape, qdtype, sshape = (n, k), torch.int8, (n, k // group) if grouped else (n,)
 
         def frozen(shape, dt):
             return nn.Parameter(torch.zeros(shape, dtype=dt, device=device), requires_grad=False)
 
         self.qweight = frozen(qshape, qdtype)
         self.scales = frozen(sshape, torch.float32)
+        self.zeros = frozen(sshape, torch.float32) if quant.zero_points else None
         self.bias = frozen((out_features,), dtype) if bias else None
-        code = code_table(quant.quant_type).to(device) if is_int4 else None
+        code = _code_table(quant.quant_type).to(device) if quant.kind == "int4" else None
         self.register_buffer("code", code, persistent=False)
+        self.register_buffer("perm", None, persistent=False)
         self.kernels = QuantKernels()
         """The kernels start-up timing chose for this weight (engine/quant/quant_choices.py)."""
 
@@ -78,11 +89,31 @@ class QuantLinear(nn.Module):
     @property
     def quantized(self) -> QuantizedWeight:
         """The weight and bias as one QuantizedWeight (the module's current tensors)."""
-        return QuantizedWeight(self.qweight, self.scales, self.code, self.bias, self.group_size)
+        return QuantizedWeight(
+            self.qweight, self.scales, self.code, self.bias, self.group_size, self.zeros, self.perm
+        )
+
+    @torch.no_grad()
+    def set_input_order(self, perm: torch.Tensor) -> None:
+        """Read x's columns in `perm`'s order (int64 [in_features]): the order a GPTQ desc_act
+        checkpoint stored them in. Fused projections (Q/K/V, gate/up) share one input, so each
+        shard must bring the same order."""
+        perm = perm.to(device=self.qweight.device, dtype=torch.int64)
+        if self.perm is not None and not torch.equal(self.perm, perm):
+            raise ValueError(
+                "the fused projections' desc_act orders (g_idx) differ; a checkpoint whose "
+                "Q/K/V or gate/up projections order their shared input differently is not read"
+            )
+        self.perm = perm
 
     def dequantize(self) -> torch.Tensor:
-        """The weight as fp32 [out_features, in_features]."""
-        return dequantize_ref(self.qweight, self.scales, self.code, self.group_size)
+        """The weight as fp32 [out_features, in_features], in the natural input order."""
+        w = dequantize_ref(self.qweight, self.scales, self.code, self.group_size, self.zeros)
+        if self.perm is None:
+            return w
+        natural = torch.empty_like(w)
+        natural[:, self.perm] = w
+        return natural
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return quant_linear(x, self.quantized, self.kernels)
@@ -93,8 +124,18 @@ class QuantLinear(nn.Module):
         return fused_silu(x, self.quantized, self.kernels)
 
     def extra_repr(self) -> str:
-        kind = "int4" if self.code is not None else "int8"
+        kind = self.quantized.kind + (" with zero points" if self.zeros is not None else "")
         return f"{self.in_features} -> {self.out_features}, {kind}, group={self.group_size}"
+
+
+def _code_table(quant_type: str) -> torch.Tensor:
+    """The fp32 [16] values of the 4-bit codes: bitsandbytes' NF4 or FP4 table, or the integers
+    of a checkpoint's codes: "int" (symmetric) -8..7, "uint" (less a zero point) 0..15."""
+    if quant_type == "int":
+        return torch.arange(-8, 8, dtype=torch.float32)
+    if quant_type == "uint":
+        return torch.arange(16, dtype=torch.float32)
+    return code_table(quant_type)
 
 
 class QuantEmbedding(nn.Module):

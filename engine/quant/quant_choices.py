@@ -24,6 +24,7 @@ from torch import nn
 from engine import timing
 from engine.kernels import triton_available
 from engine.quant.dispatch import QuantKernels, without_gemm
+from engine.quant.fp8 import can_scaled_mm, fp8_matches
 from engine.quant.modules import QuantLinear
 from engine.quant.reference import dequantize_to, wq_matmul_ref
 from engine.quant.weight_format import QuantizedWeight
@@ -87,11 +88,18 @@ def choose_quant_linears(
     """Time the kernels for each QuantLinear shape of the model and hand each module its
     QuantKernels (CUDA with Triton; before capturing). max_rows: the most decode rows a step
     runs (the GEMM is timed for batches up to it). eager (no CUDA graphs): the split-K configs
-    only."""
+    only. Layouts no kernel reads (zero points, grouped int8) keep the default; fp8 weights get
+    the W8A8 path where it serves them and agrees with the weight-only one."""
     named = [(name, m) for name, m in model.named_modules() if isinstance(m, QuantLinear)]
-    if not named or not named[0][1].qweight.is_cuda or not triton_available():
+    if not named or not named[0][1].qweight.is_cuda:
         return
-    tune_quant_linears(named, choices, dtype, max_rows, eager)
+    for _, module in named:  # fp8 checkpoints: W8A8 where the device computes in FP8
+        w = module.quantized
+        if w.kind == "fp8" and can_scaled_mm(w, w.qweight.device):
+            module.kernels = QuantKernels(dtype, scaled_mm=fp8_matches(w, dtype))
+    named = [(name, m) for name, m in named if m.quantized.is_kernel_layout]
+    if named and triton_available():
+        tune_quant_linears(named, choices, dtype, max_rows, eager)
 
 
 def tune_quant_linears(

@@ -1,26 +1,38 @@
 """The quantized-weight format: how a model's linear weights are stored (WeightQuant), one
-quantized weight (QuantizedWeight), the int4 group-size rule, and the engine settings or a
-checkpoint's quantization_config resolved to a WeightQuant. Torch-free at import.
+quantized weight (QuantizedWeight) and the int4 group-size rule. Torch-free at import. Which
+checkpoints are read, and the engine settings resolved to a WeightQuant:
+engine/quant/checkpoints.py.
 
-Layout (bitsandbytes' values, kept in our own shapes; the kernels in engine/kernels read it):
-- int8: qweight int8 [N, K], scales fp32 [N]: W[n, k] = qweight[n, k] * scales[n].
+Layout (our own shapes; the kernels in engine/kernels read int8 per row and int4 without zero
+points; the other variants take the pure-PyTorch path of engine/quant/dispatch.py):
+- int8: qweight int8 [N, K], scales fp32 [N]: W[n, k] = qweight[n, k] * scales[n]; or, read
+  from a checkpoint with groups, scales [N, K / group]: W[n, k] = qweight[n, k] * scales[n, g]
+  with g = k // group.
 - int4: qweight uint8 [N, K / 2], two codes a byte (k even in the high nibble), scales fp32
-  [N, K / group] (each group's absmax), code fp32 [16] (the NF4 or FP4 table):
-  W[n, k] = code[nibble(n, k)] * scales[n, k // group].
+  [N, K / group], code fp32 [16] (the NF4 or FP4 table, or the integers -8..7 or 0..15):
+  W[n, k] = code[nibble(n, k)] * scales[n, g].
+- zero points (int4 and int8 read from AWQ, GPTQ or compressed-tensors asymmetric
+  checkpoints): zeros fp32 [N, K / group], W[n, k] = (code-or-int8 - zeros[n, g]) * scales[n, g].
+- fp8: qweight float8_e4m3fn [N, K], scales fp32 [N, ceil(K / group)] (a per-channel scale is
+  one group of the whole row; a 128 x 128 block scale is repeated on each of its 128 rows):
+  W[n, k] = float(qweight[n, k]) * scales[n, g].
+- perm (GPTQ with desc_act): int64 [K], the input order the grouped columns were stored in:
+  x @ W.T = x[..., perm] @ Wp.T where Wp = W[:, perm] is what qweight holds.
 """
 
 from __future__ import annotations
 
-import importlib.util
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     import torch
 
-    from engine.config import EngineConfig
-
+QUANT_KINDS = ("int8", "int4", "fp8")
+"""The stored weight kinds (the planner's bytes: engine/planner/formulas.FORMAT_BITS)."""
+PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+"""A checkpoint's (Hugging Face-named) projections whose weights are stored quantized."""
 BNB_INSTALL = "pip install bitsandbytes==0.50.2"
 BNB_4BIT_BLOCKS = (32, 64, 128, 256, 512, 1024, 2048, 4096)
 """Block sizes bitsandbytes' 4-bit quantizer accepts."""
@@ -28,16 +40,36 @@ BNB_4BIT_BLOCKS = (32, 64, 128, 256, 512, 1024, 2048, 4096)
 
 @dataclass(frozen=True)
 class WeightQuant:
-    """How linear weights are stored: kind "int8" (per-row absmax) or "int4" (4-bit codes with
-    one absmax per `group_size` weights of a row); quant_type "nf4" or "fp4" for int4."""
+    """How linear weights are stored: kind "int8", "int4" or "fp8" (QUANT_KINDS), with one
+    scale per `group_size` weights of a row (0: one per row). Quantized at load by
+    bitsandbytes (method ""): int8 per row, int4 with quant_type "nf4" or "fp4". Read from a
+    quantized checkpoint (method one of engine/quant/checkpoints.CHECKPOINT_METHODS): int4
+    with quant_type "int" (codes -8..7, symmetric) or "uint" (codes 0..15 less a zero point
+    per group), int8 likewise, or fp8."""
 
     kind: str
     group_size: int = 64
     quant_type: str = "nf4"
-    prequantized: bool = False
-    """The checkpoint already holds bitsandbytes-quantized weights (read, not re-quantized)."""
+    method: str = ""
+    """The checkpoint's quantization_config quant_method ("bitsandbytes", "awq", "gptq",
+    "compressed-tensors", "fp8"): its weights are read, never re-quantized. "": quantized at
+    load."""
     embeddings: bool = False
     """Quantize the LM head and the input embeddings too (a tied pair shares one copy)."""
+    variant: str = ""
+    """How the method stored them, as the converter (engine/quant/formats) needs it:
+    gptq "v1" (zero points stored less one) or "v2"; compressed-tensors "pack-quantized" or
+    "float-quantized"; fp8 block scales "block:ROWSxCOLS", per channel "channel"."""
+
+    @property
+    def prequantized(self) -> bool:
+        """The checkpoint already holds quantized weights (read, not re-quantized)."""
+        return bool(self.method)
+
+    @property
+    def zero_points(self) -> bool:
+        """Each scale group has a zero point (quant_type "uint")."""
+        return self.quant_type == "uint"
 
 
 @dataclass(slots=True, eq=False)
@@ -46,19 +78,34 @@ class QuantizedWeight:
     take its tensors as plain arguments (kernel_args), never this type."""
 
     qweight: torch.Tensor
-    """int8 [N, K], or packed int4 uint8 [N, K / 2]."""
+    """int8 [N, K], packed int4 uint8 [N, K / 2], or float8_e4m3fn [N, K]."""
     scales: torch.Tensor
-    """fp32 [N] (int8) or [N, K / group_size] (int4)."""
+    """fp32 [N] (int8 per row) or [N, groups]."""
     code: torch.Tensor | None
-    """int4: the fp32 [16] table a 4-bit code stands for; None for int8."""
+    """int4: the fp32 [16] table a 4-bit code stands for; None for int8 and fp8."""
     bias: torch.Tensor | None
     """[N] in the activation dtype, or None."""
     group_size: int
-    """int4: weights per scale group along a row (int8 does not read it)."""
+    """Weights per scale group along a row (int8 with [N] scales does not read it)."""
+    zeros: torch.Tensor | None = None
+    """fp32 [N, groups]: each group's zero point, subtracted from the code before scaling; None
+    where the format is symmetric."""
+    perm: torch.Tensor | None = None
+    """int64 [K]: the input order of qweight's columns (GPTQ desc_act); None: the natural one."""
 
     @property
     def kind(self) -> str:
-        return "int8" if self.code is None else "int4"
+        if self.code is not None:
+            return "int4"
+        return "fp8" if self.qweight.is_floating_point() else "int8"
+
+    @property
+    def is_kernel_layout(self) -> bool:
+        """The Triton kernels read it: int8 with row scales or int4, neither with zero points.
+        (perm is applied to x first, so it does not matter here.)"""
+        if self.zeros is not None or self.kind == "fp8":
+            return False
+        return self.kind == "int4" or self.scales.dim() == 1
 
     @property
     def out_features(self) -> int:
@@ -70,8 +117,20 @@ class QuantizedWeight:
 
     def kernel_args(self) -> tuple:
         """(qweight, scales, code, bias, group_size): the weight arguments, in the order every
-        quantized kernel wrapper and reference takes them."""
+        quantized kernel wrapper and reference takes them (zeros and perm: by keyword to the
+        references only)."""
         return self.qweight, self.scales, self.code, self.bias, self.group_size
+
+
+def split_projection(name: str) -> tuple[str, str] | None:
+    """A checkpoint tensor of a quantized projection -> (the projection's name, the part):
+    '…q_proj.weight.absmax' -> ('…q_proj', 'weight.absmax'); None for other tensors."""
+    for proj in PROJECTIONS:
+        marker = f".{proj}."
+        if marker in name:
+            head, _, tail = name.partition(marker)
+            return head + marker[:-1], tail
+    return None
 
 
 def check_int4_group(group_size: int, in_features: Iterable[int]) -> None:
@@ -90,68 +149,3 @@ def check_int4_group(group_size: int, in_features: Iterable[int]) -> None:
             f"quant_block_size={group_size} must divide the layers' input sizes {sizes} "
             f"(not {bad}); pick a divisor such as 32 or 64"
         )
-
-
-class ModelShape(Protocol):
-    """What resolve_weight_quant reads of a model's config
-    (engine.models.model_config.ModelConfig)."""
-
-    quantization_config: dict | None
-    hidden_size: int
-    intermediate_size: int
-    num_heads: int
-    head_dim: int
-    moe_intermediate_size: int
-
-
-def resolve_weight_quant(config: EngineConfig, model: ModelShape) -> WeightQuant | None:
-    """How linear weights are stored: None = 16-bit (and for `auto`, which the planner resolves
-    to a format before the model loads: engine.startup.planned_config.plan_engine). A
-    checkpoint bitsandbytes quantized keeps its own format."""
-    wanted = config.quantization
-    quant = checkpoint_quant(model.quantization_config, config.quant_block_size)
-    if quant is not None:
-        if wanted not in ("none", "auto", quant.kind):
-            raise ValueError(
-                f"the checkpoint is already quantized ({quant.kind}, bitsandbytes); "
-                f"quantization={wanted!r} cannot re-quantize it: use 'none' or {quant.kind!r}"
-            )
-    elif wanted in ("int8", "int4"):
-        quant = WeightQuant(wanted, config.quant_block_size, embeddings=config.quantize_embeddings)
-    elif config.quantize_embeddings:
-        raise ValueError(
-            "quantize_embeddings needs quantized weights: set quantization to int8 or int4"
-        )
-    else:
-        return None
-    if quant.kind == "int4":  # the projections' inputs: hidden, intermediate, attention output
-        widths = [model.hidden_size, model.intermediate_size, model.num_heads * model.head_dim]
-        widths += [model.moe_intermediate_size] if model.moe_intermediate_size else []  # w_down
-        check_int4_group(quant.group_size, widths)
-    if importlib.util.find_spec("bitsandbytes") is None:
-        raise ValueError(f"quantization {quant.kind} needs bitsandbytes: {BNB_INSTALL}")
-    return quant
-
-
-def checkpoint_quant(raw: dict | None, group_size: int) -> WeightQuant | None:
-    """The WeightQuant a config.json quantization_config describes (None: not quantized);
-    bitsandbytes' tensors themselves are read by engine/quant/bnb.py."""
-    if not raw:
-        return None
-    method = raw.get("quant_method")
-    if method != "bitsandbytes":
-        raise ValueError(
-            f"checkpoint quantization {method!r} is not supported; supported: bitsandbytes "
-            "(load_in_8bit / load_in_4bit), or a 16-bit checkpoint with quantization=int8|int4"
-        )
-    if raw.get("load_in_8bit"):
-        return WeightQuant("int8", group_size, prequantized=True)
-    if raw.get("load_in_4bit"):
-        storage = raw.get("bnb_4bit_quant_storage", "uint8")
-        if storage != "uint8":
-            raise ValueError(f"bnb_4bit_quant_storage={storage!r} is not supported; use uint8")
-        quant_type = raw.get("bnb_4bit_quant_type", "fp4")
-        if quant_type not in ("nf4", "fp4"):
-            raise ValueError(f"bnb_4bit_quant_type={quant_type!r} is not supported")
-        return WeightQuant("int4", group_size, quant_type, prequantized=True)
-    raise ValueError("bitsandbytes quantization_config with neither load_in_8bit nor load_in_4bit")

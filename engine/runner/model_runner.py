@@ -33,7 +33,7 @@ from engine.memory.memory_check import (
 from engine.memory.state_pool import StatePool
 from engine.models.loader import load_model
 from engine.models.model_config import ModelConfig
-from engine.quant.weight_format import resolve_weight_quant
+from engine.quant.checkpoints import resolve_weight_quant
 from engine.runner.attention_backends import select_backend
 from engine.runner.cuda_graphs import DecodeGraphs, graph_batch_sizes
 from engine.runner.forward_context import AttentionMetadata, forward_context

@@ -13,8 +13,9 @@ from engine.config import EngineConfig
 from engine.models.linear_attention import RECURRENT_STATE_BYTES
 from engine.models.model_config import ModelConfig
 from engine.planner import Device, Plan, PlanRequest, plan, read_device
-from engine.planner.formulas import ELEMENT_BYTES
-from engine.quant.weight_format import resolve_weight_quant
+from engine.planner.formulas import ELEMENT_BYTES, FORMAT_BITS, WeightLayout
+from engine.quant.checkpoints import resolve_weight_quant
+from engine.quant.weight_format import WeightQuant
 from engine.spec.draft_model import draft_model_config
 
 logger = logging.getLogger(__name__)
@@ -48,22 +49,32 @@ def plan_engine(
     **targets,
 ) -> tuple[Plan, EngineConfig]:
     """Plan every setting `pins` leaves open (None / "auto") for this model on this device, and
-    return the plan with the complete config. A bitsandbytes-quantized checkpoint pins its own
-    format. device_kind: "cuda" or "cpu"; device_info: the Device to plan for (default: read
-    here, as `appliance serve` and `appliance profile` read it); targets: PlanRequest targets
-    (target_num_seqs, ..., draft_model: the draft's ModelConfig where the caller read it
-    already). A draft model (speculative="draft:PATH") is counted: its weights,
-    and its K/V in every block. Raises PlanError (a ValueError naming the one setting to change)
-    when the pins cannot fit."""
+    return the plan with the complete config. A quantized checkpoint pins its own format (and
+    its layout: bits, scale groups, zero points). device_kind: "cuda" or "cpu"; device_info:
+    the Device to plan for (default: read here, as `appliance serve` and `appliance profile`
+    read it); targets: PlanRequest targets (target_num_seqs, ..., draft_model: the draft's
+    ModelConfig where the caller read it already). A draft model (speculative="draft:PATH") is
+    counted: its weights, and its K/V in every block. Raises PlanError (a ValueError naming the
+    one setting to change) when the pins cannot fit."""
     quant = resolve_weight_quant(pins, model)  # bad quantization settings fail before planning
     if quant is not None and quant.prequantized:
         pins = replace(pins, quantization=quant.kind)
+        if quant.method != "bitsandbytes":  # its blocks are quant_block_size's
+            targets["checkpoint_layout"] = checkpoint_layout(quant)
     if "draft_model" not in targets:  # speculative="draft:PATH": counted in the plan
         draft = draft_model_config(pins, model)
         targets["draft_model"] = None if draft is None else draft[1]
     info = device_info or read_device(device_kind)
     result = plan(model, info, PlanRequest.from_config(pins, **targets))
     return result, replace(pins, **result.engine_kwargs())
+
+
+def checkpoint_layout(quant: WeightQuant) -> WeightLayout:
+    """How a quantized checkpoint's weights are held once read, for the planner's bytes."""
+    zeros = ", zero points" if quant.zero_points else ""
+    groups = f"groups of {quant.group_size}" if quant.group_size else "per row"
+    name = f"{quant.kind} ({quant.method}, {groups}{zeros})"
+    return WeightLayout(FORMAT_BITS[quant.kind], quant.group_size, quant.zero_points, name)
 
 
 def prefix_caching_for(model: ModelConfig, config: EngineConfig) -> EngineConfig:

@@ -23,3 +23,19 @@ def random_quant_weight(
         q.view(-1)[:256] = torch.arange(256, dtype=torch.uint8)[: q.numel()]
         s, code = torch.rand(n, k // group, generator=g), code_table(quant_type).to(device)
     return q.to(device), s.to(device), code, g
+
+
+def projection_rows(model, name: str) -> torch.Tensor:
+    """A checkpoint projection ("model.layers.0.self_attn.k_proj") read from our model: its rows
+    of the (fused) QuantLinear, dequantized to fp32 in the natural input order."""
+    from engine.models.weights import QKV_GATE_UP
+
+    cfg = model.config
+    path, proj = name.removeprefix("model.").rsplit(".", 1)
+    fused, shard = QKV_GATE_UP.get(proj, (proj, 0))
+    weight = model.get_submodule(f"{path}.{fused}").dequantize()
+    q, kv = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
+    sizes = {"qkv_proj": [q, kv, kv], "gate_up_proj": [cfg.intermediate_size] * 2}
+    if fused not in sizes:
+        return weight
+    return weight.narrow(0, sum(sizes[fused][:shard]), sizes[fused][shard])
