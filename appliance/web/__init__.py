@@ -9,3 +9,7 @@ from pathlib import Path
 
 STATIC_DIR = Path(__file__).parent / "static"
 VENDOR_DIR = STATIC_DIR / "vendor"
+PAGE_PATH = "/"
+"""Where the page is served."""
+STATIC_PREFIX = "/web/"
+"""Where its files are served: /web/js/chat.js is static/js/chat.js."""
