@@ -45,7 +45,7 @@ export class Chat {
     const f = this.fields;
     f.system.value = saved.system ?? "";
     f.temperature.value = saved.temperature ?? "0.7";
-    f.max_tokens.value = saved.max_tokens ?? "512";
+    f.max_tokens.value = saved.max_tokens ?? "";
     f.thinking.checked = saved.thinking ?? true;
   }
 

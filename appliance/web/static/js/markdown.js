@@ -1,11 +1,18 @@
-// Model text to DOM: marked (Markdown -> HTML), then DOMPurify (nothing that runs survives),
-// then highlight.js on the code blocks. The HTML string never reaches the DOM unsanitised.
+// Model text to DOM: marked (Markdown -> HTML, the model's own HTML kept as visible text), then
+// DOMPurify (nothing that runs survives), then highlight.js on the code blocks. The HTML string
+// never reaches the DOM unsanitised.
 
 import { marked } from "/web/vendor/marked/marked.esm.js";
 import DOMPurify from "/web/vendor/dompurify/purify.es.mjs";
 import hljs from "/web/vendor/highlight/highlight.min.js";
 
-marked.setOptions({ gfm: true, breaks: false });
+const ESCAPES = { "&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#39;" };
+const escapeHTML = (text) => text.replace(/[&<>"']/g, (c) => ESCAPES[c]);
+
+// HTML the model writes is shown as the text it is, never parsed as markup: a chat answer
+// holding `<img onerror=...>` reads as that text. DOMPurify still checks what Markdown makes
+// (a javascript: link, say).
+marked.use({ gfm: true, breaks: false, renderer: { html: (token) => escapeHTML(token.text) } });
 
 DOMPurify.addHook("afterSanitizeAttributes", (node) => {
   if (node.tagName === "A") {
