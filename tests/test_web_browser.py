@@ -115,7 +115,7 @@ def test_stop_ends_a_long_answer_and_the_server_frees_its_kv(page, server_url):
     send(page, LONG)
     page.wait_for_function(
         "() => (document.querySelectorAll('.message.assistant .body')[1]?.textContent || '')"
-        ".length > 20"
+        ".length > 0"
     )
     page.click("#stop")
     wait_answered(page, 2)
@@ -132,7 +132,7 @@ def test_stop_ends_a_long_answer_and_the_server_frees_its_kv(page, server_url):
 
 
 def test_regenerate_replaces_the_last_answer(page, server_url):
-    set_field(page, "#max-tokens", "8")
+    set_field(page, "#max-tokens", "4")
     before = stats(server_url)["counters"]["requests_total"]
     page.click(".message.assistant .regenerate")
     page.wait_for_function("() => !document.body.classList.contains('generating')")
