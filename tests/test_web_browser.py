@@ -19,6 +19,8 @@ from tests.support.serve_process import start_server
 KEY = "sk-web-e2e-0123456789"
 MODEL = "SmolLM2-135M-Instruct"
 LONG = "Write a very long story about a dragon who learns to cook. Use many chapters."
+pytestmark = pytest.mark.browser
+
 TIMEOUT_MS = 60_000
 
 

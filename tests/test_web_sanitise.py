@@ -20,6 +20,8 @@ ATTACKS = (
 SCRIPT = (
     f"<think>thinking {ATTACKS}</think>\n\nAnswer: **bold** {ATTACKS}\n\n```js\nlet a = 1;\n```\n"
 )
+pytestmark = pytest.mark.browser
+
 TIMEOUT_MS = 30_000
 
 
