@@ -6,6 +6,7 @@ licences, the refresher's integrity check, and `appliance top --web`'s command."
 from __future__ import annotations
 
 import base64
+import os
 import hashlib
 import io
 import re
@@ -21,7 +22,7 @@ from appliance.server.web_routes import CONTENT_SECURITY_POLICY
 from appliance.web import STATIC_DIR, VENDOR_DIR
 from appliance.web.vendor_refresh import PINS, unpack
 from tests.support.fake_engine import fake_client
-from tui.browser import top_command
+from tui.browser import API_KEY_ENV, top_command
 
 KEY = "sk-web-0123456789"
 ORIGIN = "http://lan-box.example:3000"
@@ -166,3 +167,19 @@ def test_top_web_runs_appliance_top_per_page_without_the_key_on_its_command_line
         "--no-verify-tls",
     ]
     assert KEY not in " ".join(argv)
+
+
+def test_top_web_hands_textual_serve_the_command_and_the_key_in_the_environment(monkeypatch):
+    from textual_serve.server import Server
+
+    from appliance.cli import main
+
+    served = []
+    monkeypatch.setattr(Server, "serve", lambda self, debug=False: served.append(self))
+    monkeypatch.setenv(API_KEY_ENV, "")  # restored after the test
+    assert main(["top", "--web", "--api-key", KEY, "--web-host", "0.0.0.0"]) == 0
+    (server,) = served
+    assert server.command.endswith("appliance top --url http://127.0.0.1:8000")
+    assert (server.host, server.port) == ("0.0.0.0", 8001)
+    assert not server.public_url.startswith("http://0.0.0.0")
+    assert os.environ[API_KEY_ENV] == KEY

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import shlex
+import socket
 import sys
 
 API_KEY_ENV = "APPLIANCE_TOP_API_KEY"
@@ -27,10 +28,25 @@ def top_command(url: str, verify_tls: bool = True) -> str:
     return shlex.join(argv)
 
 
+def public_url(host: str, port: int) -> str:
+    """The address browsers load the page's assets from: for a wildcard bind (0.0.0.0 or ::),
+    which no browser can reach as written, this machine's host name."""
+    if host in ("0.0.0.0", "::", ""):
+        host = socket.gethostname()
+    return f"http://{host}:{port}"
+
+
 def serve_in_browser(url: str, api_key: str | None, verify_tls: bool, host: str, port: int) -> None:
     """Serve the dashboard of the appliance at `url` on http://host:port until interrupted."""
     from textual_serve.server import Server
 
     if api_key:
         os.environ[API_KEY_ENV] = api_key
-    Server(top_command(url, verify_tls), host=host, port=port, title="appliance top").serve()
+    server = Server(
+        top_command(url, verify_tls),
+        host=host,
+        port=port,
+        title="appliance top",
+        public_url=public_url(host, port),
+    )
+    server.serve()
