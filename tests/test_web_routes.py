@@ -6,9 +6,9 @@ licences, the refresher's integrity check, and `appliance top --web`'s command."
 from __future__ import annotations
 
 import base64
-import os
 import hashlib
 import io
+import os
 import re
 import shlex
 import tarfile
