@@ -88,7 +88,7 @@ export class Chat {
 
   view(c, message, index) {
     const isLast = index === c.messages.length - 1;
-    const actions = { copy: () => navigator.clipboard?.writeText(message.content) };
+    const actions = { copy: () => copyText(message.content) };
     if (message.role === "user") actions.edit = () => this.edit(c, index, view.el);
     if (message.role === "assistant" && isLast) actions.regenerate = () => this.regenerate();
     const view = messageView(message, actions);
@@ -223,4 +223,16 @@ export class Chat {
       this.store.touch(c);
     }
   }
+}
+
+/** Copy to the clipboard; over plain HTTP on the LAN (no secure context, so no Clipboard API)
+ * through a selected, off-screen text area. */
+function copyText(text) {
+  if (window.isSecureContext && navigator.clipboard) return navigator.clipboard.writeText(text);
+  const area = h("textarea", { class: "offscreen", readonly: true });
+  area.value = text;
+  document.body.append(area);
+  area.select();
+  document.execCommand("copy");
+  area.remove();
 }

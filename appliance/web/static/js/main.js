@@ -44,6 +44,10 @@ $("#key-form").addEventListener("submit", async (event) => {
   setApiKey($("#key-input").value.trim());
   dialog.close();
   await connect();
+  if (!$("#dash-view").hidden) {
+    dashboard.stop();
+    dashboard.start();
+  }
 });
 $("#key-cancel").addEventListener("click", () => dialog.close());
 $("#change-key").addEventListener("click", () => askForKey(""));
