@@ -43,17 +43,29 @@ def _top_parser(sub) -> None:
         action="store_false",
         help="accept a self-signed HTTPS certificate",
     )
+    p.add_argument(
+        "--web",
+        action="store_true",
+        help="serve this dashboard to a browser (textual-serve) instead of showing it here",
+    )
+    p.add_argument("--web-host", default="127.0.0.1", help="with --web, the address to bind")
+    p.add_argument("--web-port", type=int, default=8001, help="with --web, the port to bind")
 
 
 def run_top(args: argparse.Namespace) -> int:
-    if not (sys.stdin.isatty() and sys.stdout.isatty()):
-        print("appliance top: needs a terminal (stdin and stdout are not a TTY)", file=sys.stderr)
-        return 2
     import os
 
+    from tui.browser import API_KEY_ENV, is_web_driven, serve_in_browser
+
+    api_key = args.api_key or os.environ.get(API_KEY_ENV) or None
+    if args.web:
+        serve_in_browser(args.url, api_key, args.verify_tls, args.web_host, args.web_port)
+        return 0
+    if not is_web_driven() and not (sys.stdin.isatty() and sys.stdout.isatty()):
+        print("appliance top: needs a terminal (stdin and stdout are not a TTY)", file=sys.stderr)
+        return 2
     from tui import create_app
 
-    api_key = args.api_key or os.environ.get("APPLIANCE_TOP_API_KEY") or None
     create_app(args.url, api_key, verify_tls=args.verify_tls).run()
     return 0
 

