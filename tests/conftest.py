@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from transformers import LlamaConfig
 
 from tests.support.serve_process import start_server
 from tests.support.shared_server import FLAGS, KEYS, SharedServer
@@ -41,6 +42,17 @@ def tiny_llama(tmp_path_factory):
     folder = tmp_path_factory.mktemp("tiny-llama-single")
     make_tiny_model("llama", folder)
     return folder
+
+
+@pytest.fixture(scope="session")
+def wide_llama(tmp_path_factory):
+    """A tiny Llama whose projections are whole 128 x 128 blocks (Q/K/V 128 rows each)."""
+    config = LlamaConfig(
+        vocab_size=320, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=256,
+        eos_token_id=256, bos_token_id=257, pad_token_id=258, tie_word_embeddings=False,
+    )  # fmt: skip
+    return make_tiny_model(config, tmp_path_factory.mktemp("wide-llama"))
 
 
 @pytest.fixture(scope="session")

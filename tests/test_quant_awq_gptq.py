@@ -6,80 +6,18 @@ and variants not served are refused by name, and a contradicting `quantization` 
 
 from __future__ import annotations
 
-import json
-
 import pytest
 import torch
-from safetensors.torch import load_file, save_file
 from transformers import AutoModelForCausalLM
 
 from engine import LLM, SamplingParams
 from engine.quant.checkpoints import checkpoint_quant
-from engine.quant.weight_format import PROJECTIONS
 from tests.support.greedy_reference import assert_greedy_agrees
-from tests.support.quant_packers import pack_awq, pack_gptq
+from tests.support.quant_packers import CHECKPOINTS, write_checkpoint
 from tests.support.quant_weights import projection_rows
-from tests.support.tiny_models import byte_tokenizer
 
 PROMPTS = [[1, 2, 3, 4], [72, 101, 108, 108, 111, 32, 119], [200, 13, 7]]
 GREEDY = SamplingParams(max_tokens=10, temperature=0.0, ignore_eos=True)
-_SHARED_INPUT = {"q_proj": "qkv", "k_proj": "qkv", "v_proj": "qkv", "gate_proj": "gate_up"}
-_SHARED_INPUT |= {"up_proj": "gate_up"}
-
-CASES = {  # name -> quantization_config
-    "awq": {"quant_method": "awq", "bits": 4, "group_size": 32, "version": "gemm",
-            "zero_point": True},
-    "gptq-4bit-sym-v1": {"quant_method": "gptq", "bits": 4, "group_size": 32, "sym": True,
-                         "desc_act": False},
-    "gptq-4bit-asym-desc_act": {"quant_method": "gptq", "bits": 4, "group_size": 32,
-                                "sym": False, "desc_act": True},
-    "gptq-8bit-sym-channel-v2": {"quant_method": "gptq", "bits": 8, "group_size": -1,
-                                 "sym": True, "desc_act": False,
-                                 "checkpoint_format": "gptq_v2"},
-    "gptq-8bit-asym-desc_act": {"quant_method": "gptq", "bits": 8, "group_size": 32,
-                                "sym": False, "desc_act": True},
-}  # fmt: skip
-
-
-def _packer(qc: dict):
-    """pack(prefix, w) -> (tensors, exact fp32 weight) for a quantization_config; desc_act's
-    column order is drawn once per input that fused projections share."""
-    orders: dict[str, torch.Tensor] = {}
-    gen = torch.Generator().manual_seed(1)
-
-    def pack(prefix: str, w: torch.Tensor):
-        k = w.shape[1]
-        group = k if qc["group_size"] == -1 else qc["group_size"]
-        if qc["quant_method"] == "awq":
-            return pack_awq(w, group)
-        order = None
-        if qc["desc_act"]:
-            layer, proj = prefix.rsplit(".", 1)
-            key = f"{layer.rsplit('.', 1)[0]}.{_SHARED_INPUT.get(proj, proj)}"
-            order = orders.setdefault(key, torch.randperm(k, generator=gen))
-        v1 = qc.get("checkpoint_format", "gptq") == "gptq"
-        return pack_gptq(w, qc["bits"], group, qc["sym"], order, v1)
-
-    return pack
-
-
-def _write(source, folder, qc: dict) -> dict[str, torch.Tensor]:
-    """The tiny model in `source` packed by `qc` into `folder`; returns each projection's exact
-    fp32 weight."""
-    pack, tensors, exact = _packer(qc), {}, {}
-    for name, t in load_file(source / "model.safetensors").items():
-        prefix = name.removesuffix(".weight")
-        if name == prefix or prefix.rsplit(".", 1)[-1] not in PROJECTIONS:
-            tensors[name] = t
-            continue
-        parts, exact[prefix] = pack(prefix, t.float())
-        tensors |= {f"{prefix}.{part}": value for part, value in parts.items()}
-    folder.mkdir(exist_ok=True)
-    save_file(tensors, folder / "model.safetensors")
-    config = json.loads((source / "config.json").read_text())
-    (folder / "config.json").write_text(json.dumps(config | {"quantization_config": qc}))
-    byte_tokenizer().save_pretrained(folder)
-    return exact
 
 
 def _reference(source, exact: dict[str, torch.Tensor]):
@@ -90,10 +28,10 @@ def _reference(source, exact: dict[str, torch.Tensor]):
     return model
 
 
-@pytest.mark.parametrize("case", list(CASES))
+@pytest.mark.parametrize("case", list(CHECKPOINTS))
 def test_reads_the_checkpoint_exactly_and_generates_what_its_weights_do(case, tiny_llama, tmp_path):
-    qc = CASES[case]
-    exact = _write(tiny_llama, tmp_path / case, qc)
+    qc = CHECKPOINTS[case]
+    exact = write_checkpoint(tiny_llama, tmp_path / case, qc)
     llm = LLM(str(tmp_path / case), device="cpu", max_model_len=128, num_kv_blocks=40)
     model = llm.engine.runner.model
     for name, want in exact.items():
@@ -141,7 +79,7 @@ def test_the_plan_counts_the_checkpoint_layout(tiny_llama, tmp_path):
     32, and names the layout (what `appliance profile` prints)."""
     from engine.planner.formulas import WeightLayout, quantized_bytes
 
-    _write(tiny_llama, tmp_path / "awq", CASES["awq"])
+    write_checkpoint(tiny_llama, tmp_path / "awq", CHECKPOINTS["awq"])
     plan = LLM(str(tmp_path / "awq"), device="cpu", max_model_len=128).engine.plan
     assert plan.quantization == "int4"
     assert "int4 (awq, groups of 32, zero points)" in plan.weight_format

@@ -11,44 +11,17 @@ import json
 
 import pytest
 import torch
-from compressed_tensors.quantization import QuantizationArgs
 from safetensors.torch import load_file, save_file
-from transformers import AutoModelForCausalLM, CompressedTensorsConfig, LlamaConfig
+from transformers import AutoModelForCausalLM, CompressedTensorsConfig
 
 from engine import LLM, SamplingParams
 from engine.quant.weight_format import PROJECTIONS
-from tests.support.compressed_checkpoints import save_compressed
+from tests.support.compressed_checkpoints import SCHEMES, save_compressed
 from tests.support.greedy_reference import assert_greedy_agrees
 from tests.support.quant_weights import projection_rows
-from tests.support.tiny_models import make_tiny_model
 
 PROMPTS = [[1, 2, 3, 4], [72, 101, 108, 108, 111, 32, 119], [200, 13, 7]]
 GREEDY = SamplingParams(max_tokens=10, temperature=0.0, ignore_eos=True)
-FP8 = {"num_bits": 8, "type": "float", "symmetric": True}
-TOKEN_FP8 = QuantizationArgs(**FP8, strategy="token", dynamic=True)
-
-SCHEMES = {  # name -> (weights, input activations)
-    "w4a16-asym-group": (QuantizationArgs(num_bits=4, symmetric=False, strategy="group",
-                                          group_size=32), None),
-    "w4a16-sym-channel": (QuantizationArgs(num_bits=4, strategy="channel"), None),
-    "w8a16-sym-channel": (QuantizationArgs(num_bits=8, strategy="channel"), None),
-    "w8a16-asym-group": (QuantizationArgs(num_bits=8, symmetric=False, strategy="group",
-                                          group_size=32), None),
-    "fp8-channel": (QuantizationArgs(**FP8, strategy="channel"), TOKEN_FP8),
-    "fp8-block": (QuantizationArgs(**FP8, strategy="block", block_structure=[128, 128]),
-                  TOKEN_FP8),
-}  # fmt: skip
-
-
-@pytest.fixture(scope="module")
-def wide_llama(tmp_path_factory):
-    """A tiny Llama whose projections are whole 128 x 128 blocks (Q/K/V 128 rows each)."""
-    config = LlamaConfig(
-        vocab_size=320, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=256,
-        eos_token_id=256, bos_token_id=257, pad_token_id=258, tie_word_embeddings=False,
-    )  # fmt: skip
-    return make_tiny_model(config, tmp_path_factory.mktemp("wide-llama"))
 
 
 def _decompressed(folder) -> dict[str, torch.Tensor]:

@@ -102,7 +102,12 @@ def test_environment_text_is_read_by_type():
             "ENFORCE_EAGER='maybe' is not a boolean: use 1/0, true/false, yes/no or on/off",
         ),
         ({}, {}, "max_num_seqs = 1.5\n", "setting max_num_seqs must be int, got 1.5"),
-        ({}, {}, "quantization = 4\n", "setting quantization must be none, int8, int4, fp8 or auto"),
+        (
+            {},
+            {},
+            "quantization = 4\n",
+            "setting quantization must be none, int8, int4, fp8 or auto",
+        ),
         ({"port": True}, {}, "", "setting port must be int, got True"),
         ({"gpu_memory_utilization": 1.5}, {}, "", "gpu_memory_utilization must be in (0, 1]"),
         ({"quant_block_size": 3}, {}, "", "quant_block_size must be even"),

@@ -20,6 +20,21 @@ from transformers import AutoModelForCausalLM
 
 from tests.support.tiny_models import byte_tokenizer
 
+FP8 = {"num_bits": 8, "type": "float", "symmetric": True}
+TOKEN_FP8 = QuantizationArgs(**FP8, strategy="token", dynamic=True)
+
+SCHEMES = {  # name -> (weights, input activations): the schemes the tests write
+    "w4a16-asym-group": (QuantizationArgs(num_bits=4, symmetric=False, strategy="group",
+                                          group_size=32), None),
+    "w4a16-sym-channel": (QuantizationArgs(num_bits=4, strategy="channel"), None),
+    "w8a16-sym-channel": (QuantizationArgs(num_bits=8, strategy="channel"), None),
+    "w8a16-asym-group": (QuantizationArgs(num_bits=8, symmetric=False, strategy="group",
+                                          group_size=32), None),
+    "fp8-channel": (QuantizationArgs(**FP8, strategy="channel"), TOKEN_FP8),
+    "fp8-block": (QuantizationArgs(**FP8, strategy="block", block_structure=[128, 128]),
+                  TOKEN_FP8),
+}  # fmt: skip
+
 
 def _min_max(w: torch.Tensor, args: QuantizationArgs) -> tuple[torch.Tensor, torch.Tensor]:
     """Each scale's range of weights: per group, row (channel), tensor or block."""

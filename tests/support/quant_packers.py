@@ -12,7 +12,13 @@ as each format stores it, plus the exact fp32 weight those tensors stand for.
 
 from __future__ import annotations
 
+import json
+
 import torch
+from safetensors.torch import load_file, save_file
+
+from engine.quant.weight_format import PROJECTIONS
+from tests.support.tiny_models import byte_tokenizer
 
 AWQ_INTERLEAVE = (0, 2, 4, 6, 1, 3, 5, 7)
 
@@ -85,3 +91,62 @@ def pack_gptq(
         "g_idx": g_idx.to(torch.int32),
     }
     return parts, dequantized(codes, scales, zeros, g_idx)
+
+
+_SHARED_INPUT = {"q_proj": "qkv", "k_proj": "qkv", "v_proj": "qkv", "gate_proj": "gate_up"}
+_SHARED_INPUT |= {"up_proj": "gate_up"}
+
+CHECKPOINTS = {  # name -> quantization_config
+    "awq": {"quant_method": "awq", "bits": 4, "group_size": 32, "version": "gemm",
+            "zero_point": True},
+    "gptq-4bit-sym-v1": {"quant_method": "gptq", "bits": 4, "group_size": 32, "sym": True,
+                         "desc_act": False},
+    "gptq-4bit-asym-desc_act": {"quant_method": "gptq", "bits": 4, "group_size": 32,
+                                "sym": False, "desc_act": True},
+    "gptq-8bit-sym-channel-v2": {"quant_method": "gptq", "bits": 8, "group_size": -1,
+                                 "sym": True, "desc_act": False,
+                                 "checkpoint_format": "gptq_v2"},
+    "gptq-8bit-asym-desc_act": {"quant_method": "gptq", "bits": 8, "group_size": 32,
+                                "sym": False, "desc_act": True},
+}  # fmt: skip
+
+
+def _packer(qc: dict):
+    """pack(prefix, w) -> (tensors, exact fp32 weight) for a quantization_config; desc_act's
+    column order is drawn once per input that fused projections share."""
+    orders: dict[str, torch.Tensor] = {}
+    gen = torch.Generator().manual_seed(1)
+
+    def pack(prefix: str, w: torch.Tensor):
+        k = w.shape[1]
+        group = k if qc["group_size"] == -1 else qc["group_size"]
+        if qc["quant_method"] == "awq":
+            return pack_awq(w, group)
+        order = None
+        if qc["desc_act"]:
+            layer, proj = prefix.rsplit(".", 1)
+            key = f"{layer.rsplit('.', 1)[0]}.{_SHARED_INPUT.get(proj, proj)}"
+            order = orders.setdefault(key, torch.randperm(k, generator=gen))
+        v1 = qc.get("checkpoint_format", "gptq") == "gptq"
+        return pack_gptq(w, qc["bits"], group, qc["sym"], order, v1)
+
+    return pack
+
+
+def write_checkpoint(source, folder, qc: dict) -> dict[str, torch.Tensor]:
+    """The tiny model in `source` (a tests/support/tiny_models.py folder) packed by `qc` into
+    `folder`; returns each projection's exact fp32 weight."""
+    pack, tensors, exact = _packer(qc), {}, {}
+    for name, t in load_file(source / "model.safetensors").items():
+        prefix = name.removesuffix(".weight")
+        if name == prefix or prefix.rsplit(".", 1)[-1] not in PROJECTIONS:
+            tensors[name] = t
+            continue
+        parts, exact[prefix] = pack(prefix, t.float())
+        tensors |= {f"{prefix}.{part}": value for part, value in parts.items()}
+    folder.mkdir(exist_ok=True)
+    save_file(tensors, folder / "model.safetensors")
+    config = json.loads((source / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps(config | {"quantization_config": qc}))
+    byte_tokenizer().save_pretrained(folder)
+    return exact
