@@ -111,6 +111,8 @@ class ApiKey:
     key: str = field(repr=False)
     limits: KeyLimits = field(default_factory=KeyLimits)
     """What the key may use (appliance.key_limits); unlimited by default."""
+    admin: bool = False
+    """The key may also load and unload models (--admin-key)."""
 
 
 def parse_key(entry: str, sep: str | None, where: str) -> ApiKey:

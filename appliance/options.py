@@ -49,6 +49,9 @@ class Option:
     """The field's docstring, on one line."""
     metavar: str | None = None
     """The flag's argument name in --help (field metadata "metavar"); None = argparse's."""
+    repeatable: bool = False
+    """A value that is not a list may still be given several times, becoming a list (field
+    metadata "repeatable": `--model` names one model, or several as NAME=PATH)."""
 
     @property
     def flag(self) -> str:
@@ -134,7 +137,7 @@ class Option:
         is `--name/--no-name`; a list repeats the flag. An unset flag leaves `dest` at the
         parser's default (None, or absent under argument_default=SUPPRESS)."""
         help_text = self.help
-        if self.is_list:
+        if self.is_list or self.repeatable:
             help_text += " Repeatable."
         elif self.default is not None and not isinstance(self.default, bool):
             help_text += f" Default: {self.default}."
@@ -146,7 +149,7 @@ class Option:
         else:
             metavar = self.metavar or {int: "N", float: "NUM"}.get(self.item)
             kwargs.update(type=self._flag_value, choices=self.choices, metavar=metavar)
-            if self.is_list:
+            if self.is_list or self.repeatable:
                 kwargs["action"] = "append"
         parser.add_argument(self.flag, **kwargs)
 
@@ -164,7 +167,14 @@ def options_of(cls: type) -> dict[str, Option]:
         default = f.default_factory() if f.default_factory is not MISSING else f.default
         default = None if default is MISSING else default
         text = f.metadata.get("help") or docs.get(f.name, "")
-        out[f.name] = Option(f.name, hints[f.name], default, text, f.metadata.get("metavar"))
+        out[f.name] = Option(
+            f.name,
+            hints[f.name],
+            default,
+            text,
+            f.metadata.get("metavar"),
+            bool(f.metadata.get("repeatable")),
+        )
     return out
 
 

@@ -104,7 +104,8 @@ def run_server(settings: ServeSettings, loader: Callable[..., Any] | None = None
 
         logger.info("Triton kernel cache: %s", triton_cache_env())
         prestart()  # the engine's process imports its modules while this one starts listening
-        loader = EngineLoader(settings)
+        if not settings.model_specs:  # several models: each gets its own loader
+            loader = EngineLoader(settings)
     if settings.tui:
         code = asyncio.run(serve_tui(settings, ssl_ctx, loader))
         print(f"appliance: stopped; the server log is {settings.tui_log_path}", file=sys.stderr)

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Annotated, Literal
 from pydantic import BeforeValidator
 
 from appliance.key_limits import ANONYMOUS, ApiKey, KeyLimits, parse_key, parse_words, with_tables
+from appliance.model_specs import ModelSpec, is_registry, model_specs
 from appliance.options import (
     ENV_PREFIX,
     Option,
@@ -60,10 +61,28 @@ class ServeSettings(EngineSettings):
     """Everything `appliance serve` needs: the engine's settings (EngineSettings, from
     EngineConfig) and the server's own below. Field names are the CLI flags with dashes."""
 
-    model: str | None = None
+    model: str | list[str] | None = field(
+        default=None, metadata={"metavar": "[NAME=]PATH", "repeatable": True}
+    )
     """Hugging Face model folder or .gguf file (with --load-format random also a preset name from
     profiles/models, served with the embedded tokenizer); None = the embedded
-    SmolLM2-135M-Instruct."""
+    SmolLM2-135M-Instruct. Repeat it as NAME=PATH to serve several models, loaded on demand
+    (a registry: docs/operations.md)."""
+    models_dir: str | None = field(default=None, metadata={"metavar": "DIR"})
+    """Serve every model folder and .gguf file in DIR too, each named by its file name."""
+    models_memory: float | None = field(default=None, metadata={"metavar": "GIB"})
+    """With several models: the GiB their plans may take together (None = the device's memory,
+    as the planner sees it); past it the least recently used unpinned idle model is unloaded."""
+    models_max: int | None = None
+    """With several models: the most that stay loaded at once (None = as many as fit)."""
+    models: dict[str, dict] = field(default_factory=dict, repr=False, metadata={"toml_only": True})
+    """The config file's `[models.NAME]` tables: each model's own settings (TOML only;
+    appliance.model_specs.ModelSpec lists the keys)."""
+    admin_key: list[str] = field(
+        default_factory=list, repr=False, metadata={"metavar": "[NAME:]KEY"}
+    )
+    """API keys that may also load and unload models (POST /v1/models/{name}/load|unload);
+    with API keys set, other keys may not."""
     served_model_name: str | None = None
     """Name clients use for the model; None = the engine's model name."""
     model_alias: list[str] = field(default_factory=list, metadata={"metavar": "NAME=SERVED"})
@@ -151,10 +170,14 @@ class ServeSettings(EngineSettings):
     """--override-generation-config, checked, under request field names (derived)."""
     model_aliases: list[tuple[str, str]] = field(init=False, repr=False, default_factory=list)
     """--model-alias as (NAME, SERVED) pairs, in the order given (derived)."""
+    model_specs: list[ModelSpec] = field(init=False, repr=False, default_factory=list)
+    """The registry's models (derived from --model NAME=PATH, --models-dir and [models.NAME]);
+    empty when one model is served (`model` is then one path or None, else the --model list)."""
 
     def __post_init__(self) -> None:
         for option in serve_options().values():
             setattr(self, option.name, option.check(getattr(self, option.name)))
+        self._read_models()
         if not 0 <= self.port <= 65535:
             raise SettingsError(f"port must be in [0, 65535], got {self.port}")
         for name in (
@@ -201,8 +224,42 @@ class ServeSettings(EngineSettings):
         check_source(self.generation_config)
         self.generation_overrides = parse_overrides(self.override_generation_config)
 
+    def _read_models(self) -> None:
+        entries = self.model if isinstance(self.model, list) else [self.model] * bool(self.model)
+        if not is_registry(entries, self.models_dir):
+            if self.models:
+                raise SettingsError("[models.NAME] tables need --model NAME=PATH or --models-dir")
+            self.model = entries[0] if entries else None
+            return
+        if self.api_workers > 1:
+            raise SettingsError("several models run with one front end: drop --api-workers")
+        if self.models_max is not None and self.models_max < 1:
+            raise SettingsError(f"models_max must be >= 1, got {self.models_max}")
+        if self.models_memory is not None and not self.models_memory > 0:
+            raise SettingsError(f"models_memory must be > 0 GiB, got {self.models_memory}")
+        default = self.served_model_name or "default"
+        self.model_specs = model_specs(entries, self.models_dir, self.models, default)
+
+    def for_model(self, spec: ModelSpec) -> ServeSettings:
+        """The settings of one registry model: these, serving `spec` with its own pins."""
+        return replace(
+            self,
+            model=spec.path,
+            served_model_name=spec.name,
+            model_alias=[],
+            models_dir=None,
+            models={},
+            models_max=None,
+            models_memory=None,
+            **spec.engine_pins,
+        )
+
     def _load_keys(self) -> list[ApiKey]:
         keys = [parse_key(entry, ":", f"--api-key #{i}") for i, entry in enumerate(self.api_key, 1)]
+        keys += [
+            replace(parse_key(entry, ":", f"--admin-key #{i}"), admin=True)
+            for i, entry in enumerate(self.admin_key, 1)
+        ]
         if self.api_key_file:
             path = Path(self.api_key_file)
             try:
@@ -222,9 +279,8 @@ class ServeSettings(EngineSettings):
         overrides); raises SettingsError when the file cannot be read."""
         from appliance.generation_defaults import load_generation_defaults
 
-        return load_generation_defaults(
-            self.generation_config, self.model, self.generation_overrides
-        )
+        model = None if self.model_specs else self.model  # a registry: each model reads its own
+        return load_generation_defaults(self.generation_config, model, self.generation_overrides)
 
     @property
     def tui_log_path(self) -> Path:

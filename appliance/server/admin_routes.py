@@ -12,7 +12,8 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from appliance.server.app_keys import METRICS, STATE, TRACKER
 from appliance.server.body import read_json
 from appliance.server.errors import APIError
-from appliance.server.openai_routes import SSE_HEADERS, check_model, offload
+from appliance.server.model_route import ensure_ready, model_state
+from appliance.server.openai_routes import SSE_HEADERS, offload
 from appliance.server.openapi import openapi_spec
 from appliance.server.protocol import parse_detokenize, parse_tokenize
 from appliance.server.responses import dumps, send_event
@@ -35,7 +36,7 @@ async def health(request: web.Request) -> web.Response:
     "error" with the reason (the engine failed to load, or its process died)."""
     state = request.app[STATE]
     status = state.phase.value
-    if state.phase is Phase.READY and not state.core.is_running:
+    if state.phase is Phase.READY and state.core is not None and not state.core.is_running:
         status = Phase.FAILED.value
     error = state.load_error if status == Phase.FAILED.value else None
     phase = state.loading_words if state.phase is Phase.LOADING else None
@@ -76,12 +77,11 @@ async def metrics(request: web.Request) -> web.Response:
 
 @routes.post("/tokenize")
 async def tokenize(request: web.Request) -> web.Response:
-    state = request.app[STATE]
-    state.require_ready()
+    ensure_ready(request)
     data = await read_json(request)
     prompt, messages, add_special = parse_tokenize(data)
-    check_model(state, data.get("model"))
-    engine = state.engine
+    async with model_state(request, data.get("model")) as state:
+        engine = state.engine
     if messages is not None:
         size = sum(len(m["content"]) for m in messages)
         try:
@@ -101,15 +101,14 @@ async def tokenize(request: web.Request) -> web.Response:
 
 @routes.post("/detokenize")
 async def detokenize(request: web.Request) -> web.Response:
-    state = request.app[STATE]
-    state.require_ready()
+    ensure_ready(request)
     data = await read_json(request)
-    tokens = parse_detokenize(data, state.engine.vocab_size)
-    check_model(state, data.get("model"))
-    try:
-        text = state.engine.decode(tokens)
-    except ValueError as exc:
-        raise APIError(400, str(exc), param="tokens") from None
+    async with model_state(request, data.get("model")) as state:
+        tokens = parse_detokenize(data, state.engine.vocab_size)
+        try:
+            text = state.engine.decode(tokens)
+        except ValueError as exc:
+            raise APIError(400, str(exc), param="tokens") from None
     body = DetokenizeResponse(prompt=text)
     return web.json_response(body.model_dump())
 

@@ -25,13 +25,24 @@ from appliance.key_limits import ANONYMOUS
 from appliance.serve_plan import log_plan
 from appliance.server.admin_routes import routes as admin_routes
 from appliance.server.anthropic_api import routes as anthropic_routes
-from appliance.server.app_keys import EXECUTOR, LIMITER, METRICS, REQUEST_LOG, STATE, TRACKER
+from appliance.server.app_keys import (
+    EXECUTOR,
+    LIMITER,
+    METRICS,
+    REGISTRY,
+    REQUEST_LOG,
+    STATE,
+    TRACKER,
+)
 from appliance.server.auth import make_auth_middleware
 from appliance.server.errors import error_middleware
 from appliance.server.key_stats import KeyCollector
 from appliance.server.limits import Limiter
 from appliance.server.metrics import Metrics
+from appliance.server.model_route import RegistryFront
 from appliance.server.openai_routes import routes as openai_routes
+from appliance.server.registry import ModelRegistry
+from appliance.server.registry_routes import routes as registry_routes
 from appliance.server.request_keys import (
     CLIENT_GONE,
     KEY_NAME,
@@ -160,7 +171,13 @@ def create_app(
             make_auth_middleware(config.api_keys),
         ],
     )
-    state = ServerState(config, defaults=config.generation_defaults)
+    registry = None
+    if config.model_specs:
+        registry = ModelRegistry(config, _start_model, _registry_loader(loader))
+        state: ServerState = RegistryFront(config, registry)
+        app[REGISTRY] = registry
+    else:
+        state = ServerState(config, defaults=config.generation_defaults)
     logger.info("%s", state.defaults.describe())
     app[STATE] = state
     app[TRACKER] = StatsTracker()
@@ -175,13 +192,16 @@ def create_app(
     app[EXECUTOR] = ThreadPoolExecutor(max_workers=2, thread_name_prefix="tokenize")
     app.router.add_routes(openai_routes)
     app.router.add_routes(admin_routes)
+    app.router.add_routes(registry_routes)
     setup_responses(app)
     app.router.add_routes(anthropic_routes)
     if config.web:
         setup_web(app)
     app.on_response_prepare.append(_on_prepare)
     app.cleanup_ctx.append(_request_log_ctx)
-    if core is not None:
+    if registry is not None:
+        app.cleanup_ctx.append(_registry_ctx)
+    elif core is not None:
         app.cleanup_ctx.append(_connect_ctx(*core))
     else:
         app.cleanup_ctx.append(_engine_ctx(engine, loader or _default_loader(config), progress))
@@ -218,6 +238,35 @@ def _engine_ctx(engine: Any, loader: Callable[[], Any], progress: Progress | Non
         await state.close()
 
     return ctx
+
+
+def _registry_loader(loader: Callable | None) -> Callable[[ServeSettings], Any]:
+    """A registry model's loader from its settings (a test may hand in its own factory)."""
+    if loader is not None:
+        return loader
+    from appliance.serve_plan import EngineLoader
+
+    return EngineLoader
+
+
+async def _start_model(state: ServerState, loader: Any) -> None:
+    await _load(state, loader, Progress())
+
+
+async def _registry_ctx(app: web.Application):
+    """Several models: load the pinned ones (else the first), then serve; unload the idle."""
+    state, registry = app[STATE], app[REGISTRY]
+
+    async def start() -> None:
+        await registry.start()
+        state.ready()
+
+    tasks = [asyncio.create_task(start()), asyncio.create_task(registry.sweep())]
+    yield
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+    await state.close()
 
 
 def _connect_ctx(info: Any, address: str):

@@ -8,6 +8,7 @@ from aiohttp import web
 
 from appliance.server.limits import Limiter
 from appliance.server.metrics import Metrics
+from appliance.server.registry import ModelRegistry
 from appliance.server.request_log import RequestLog
 from appliance.server.state import ServerState
 from appliance.server.stats import StatsTracker
@@ -20,3 +21,5 @@ EXECUTOR = web.AppKey("executor", ThreadPoolExecutor)
 REQUEST_LOG = web.AppKey("request_log", RequestLog)
 LIMITER = web.AppKey("limiter", Limiter)
 """Per-key admission: concurrency, RPM, TPM and caps."""
+REGISTRY = web.AppKey("registry", ModelRegistry)
+"""The models and their engine cores, when several models serve (absent for one)."""

@@ -12,7 +12,7 @@ import hmac
 from aiohttp import web
 
 from appliance.server.errors import APIError
-from appliance.server.request_keys import KEY_NAME
+from appliance.server.request_keys import KEY_ADMIN, KEY_NAME
 from appliance.settings import ApiKey
 from appliance.web import PAGE_PATH, STATIC_PREFIX
 
@@ -60,6 +60,7 @@ def make_auth_middleware(keys: list[ApiKey]):
                 401, message, code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"}
             )
         request[KEY_NAME] = key.name
+        request[KEY_ADMIN] = key.admin
         return await handler(request)
 
     return auth_middleware

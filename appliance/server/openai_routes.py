@@ -10,13 +10,13 @@ from functools import partial
 from aiohttp import web
 
 from appliance.key_limits import ANONYMOUS, KeyLimits
-from appliance.server.app_keys import EXECUTOR, LIMITER, METRICS, STATE, TRACKER
+from appliance.server.app_keys import EXECUTOR, LIMITER, METRICS, REGISTRY, STATE, TRACKER
 from appliance.server.body import read_json
 from appliance.server.chat_output import ChatOutput
 from appliance.server.errors import APIError, bad_request
 from appliance.server.generation import Choice, Generation
 from appliance.server.limits import Refusal, capped_max_tokens
-from appliance.server.model_names import alias_target, unknown_model
+from appliance.server.model_route import check_model, model_state, request_state
 from appliance.server.protocol import (
     GenerateRequest,
     apply_defaults,
@@ -25,6 +25,7 @@ from appliance.server.protocol import (
     parse_completion,
 )
 from appliance.server.records import ChoiceRecord, RequestRecord
+from appliance.server.registry import ModelEntry
 from appliance.server.request_grammar import (
     DEFAULT_TOOL_FORMAT,
     REASONING_OPEN,
@@ -59,17 +60,23 @@ SSE_HEADERS = {
 
 @routes.get("/v1/models")
 async def list_models(request: web.Request) -> web.Response:
+    if REGISTRY in request.app:
+        cards = [registry_card(request.app, e) for e in request.app[REGISTRY].entries.values()]
+        return web.json_response(ModelList(data=cards).model_dump(exclude_none=True))
     state = request.app[STATE]
     state.require_ready()
-    return web.json_response(ModelList(data=[_model_card(state)]).model_dump())
+    return web.json_response(ModelList(data=[_model_card(state)]).model_dump(exclude_none=True))
 
 
 @routes.get("/v1/models/{model}")
 async def get_model(request: web.Request) -> web.Response:
+    if REGISTRY in request.app:
+        entry = request.app[REGISTRY].resolve(request.match_info["model"])
+        return web.json_response(registry_card(request.app, entry).model_dump(exclude_none=True))
     state = request.app[STATE]
     state.require_ready()
     check_model(state, request.match_info["model"])
-    return web.json_response(_model_card(state).model_dump())
+    return web.json_response(_model_card(state).model_dump(exclude_none=True))
 
 
 def _model_card(state: ServerState) -> ModelCard:
@@ -82,20 +89,20 @@ def _model_card(state: ServerState) -> ModelCard:
     )
 
 
-def check_model(state: ServerState, model: str | None) -> None:
-    """A missing model means the served one, and so does a name --model-alias maps to it; any
-    other name is a 404 that names the served model and the flag."""
-    served = (state.model_name, state.engine.model_name)
-    if model is None or model in served:
-        return
-    target = alias_target(state.settings.model_aliases, model)
-    if target in served:
-        return
-    raise APIError(
-        404,
-        unknown_model(model, state.model_name, target),
-        param="model",
-        code="model_not_found",
+def registry_card(app: web.Application, entry: ModelEntry) -> ModelCard:
+    """A registry model's card: OpenAI's fields, its status, kind and planned memory."""
+    engine = entry.state.engine if entry.status == "loaded" and entry.state else None
+    return ModelCard(
+        id=entry.name,
+        created=int(app[STATE].started_at),
+        owned_by="llm-appliance",
+        root=engine.model_name if engine is not None else entry.settings.model or entry.name,
+        max_model_len=engine.config.max_model_len if engine is not None else None,
+        status=entry.public_status,
+        kind=entry.kind,
+        memory_bytes=entry.memory_bytes,
+        pinned=entry.spec.pinned,
+        error=entry.error if entry.status == "failed" else None,
     )
 
 
@@ -222,13 +229,20 @@ async def serve_generation(
     request: web.Request, req: GenerateRequest, reply: Reply | None = None
 ) -> web.StreamResponse:
     """Run a validated request through the one generation path (checks, key limits, prompt,
-    grammar, admission, the engine) and answer it with `reply` (OpenAI's bodies by default)."""
+    grammar, admission, the engine) and answer it with `reply` (OpenAI's bodies by default).
+    With several models, the one `req.model` names serves it (loaded first when needed: the
+    wait is part of the request's time to first token)."""
+    async with model_state(request, req.model) as state:
+        return await _generate(request, req, reply, state)
+
+
+async def _generate(
+    request: web.Request, req: GenerateRequest, reply: Reply | None, state: ServerState
+) -> web.StreamResponse:
     app = request.app
-    state, tracker, metrics, limiter = app[STATE], app[TRACKER], app[METRICS], app[LIMITER]
-    state.require_ready()
+    tracker, metrics, limiter = app[TRACKER], app[METRICS], app[LIMITER]
     key_name = request.get(KEY_NAME)
     limits = limiter.limits(key_name or ANONYMOUS)
-    check_model(state, req.model)
     try:  # a key already past its limits is refused before its prompt costs any work
         limiter.check(key_name or ANONYMOUS, tracker.mean_e2e())
     except Refusal as refusal:
@@ -308,7 +322,7 @@ async def openai_reply(
     outcome: list,
 ) -> web.StreamResponse:
     """The OpenAI answer of a started generation: the whole body, or its SSE chunks."""
-    state, record = request.app[STATE], gen.record
+    state, record = request_state(request), gen.record
     fmt = Formatter(
         req.endpoint,
         record.request_id,
@@ -342,7 +356,7 @@ def admit(request: web.Request, engine_ids: list[str], prompt_tokens: int):
     a 429 counted for the key, the server and /metrics. A key's successful admission sets the
     x-ratelimit-* headers its response carries."""
     app = request.app
-    state, tracker, limiter = app[STATE], app[TRACKER], app[LIMITER]
+    state, tracker, limiter = request_state(request), app[TRACKER], app[LIMITER]
     name = request.get(KEY_NAME) or ANONYMOUS
     try:
         ticket = limiter.admit(name, prompt_tokens, tracker.mean_e2e())
@@ -364,7 +378,7 @@ def count_rejected(request: web.Request) -> None:
     app = request.app
     app[TRACKER].rejected()
     app[TRACKER].keys.rejected(request.get(KEY_NAME))
-    app[METRICS].rejected.labels(app[STATE].model_name).inc()
+    app[METRICS].rejected.labels(request_state(request).model_name).inc()
 
 
 def _err(err: APIError) -> str:

@@ -80,9 +80,22 @@ ROUTES: dict[tuple[str, str], Route] = {
     ("/v1/messages/count_tokens", "post"): Route(
         "The prompt's token count (Anthropic's Messages API)", CountTokensRequest
     ),
-    ("/v1/models", "get"): Route("The served model", response=ModelList),
+    ("/v1/models", "get"): Route(
+        "The served models (with several: each one's status, kind and memory)",
+        response=ModelList,
+    ),
     ("/v1/models/{model}", "get"): Route(
         "One model by name", response=ModelCard, params=("model",)
+    ),
+    ("/v1/models/{model}/load", "post"): Route(
+        "Load a model now (several models; an admin key where keys are set)",
+        response=ModelCard,
+        params=("model",),
+    ),
+    ("/v1/models/{model}/unload", "post"): Route(
+        "Unload a model once its requests finish (several models; an admin key)",
+        response=ModelCard,
+        params=("model",),
     ),
     ("/health", "get"): Route(
         "200 when serving; 503 while loading, draining or failed", response=HealthResponse

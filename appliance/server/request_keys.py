@@ -11,6 +11,8 @@ RECEIVED_AT = web.RequestKey("received_at", float)
 """time.time() when the request reached the server."""
 KEY_NAME = web.RequestKey("key_name", str)
 """Name of the API key the request authenticated with (never the key itself)."""
+KEY_ADMIN = web.RequestKey("key_admin", bool)
+"""The request's API key may load and unload models (--admin-key)."""
 RATE_LIMIT_HEADERS = web.RequestKey("rate_limit_headers", dict)
 """The x-ratelimit-* headers of the request's key after its admission (sent on the response)."""
 CLIENT_GONE = web.RequestKey("client_gone", bool)

@@ -14,12 +14,12 @@ from aiohttp import web
 from appliance.server.anthropic_api.convert import generate_request
 from appliance.server.anthropic_api.events import Event, MessageEvents, stop_reason, usage
 from appliance.server.anthropic_api.schema import CountTokensRequest, MessagesRequest
-from appliance.server.app_keys import STATE
 from appliance.server.body import read_json
 from appliance.server.chat_output import ChatOutput
 from appliance.server.errors import STATUS_TYPES, APIError, answers_errors_in, bad_request
 from appliance.server.generation import Choice, Generation
-from appliance.server.openai_routes import SSE_HEADERS, check_model, offload, serve_generation
+from appliance.server.model_route import ensure_ready, model_state
+from appliance.server.openai_routes import SSE_HEADERS, offload, serve_generation
 from appliance.server.protocol import GenerateRequest
 from appliance.server.request_keys import CLIENT_GONE
 from appliance.server.responses import dumps
@@ -49,17 +49,17 @@ async def messages(request: web.Request) -> web.StreamResponse:
 @answers_errors_in(anthropic_envelope)
 async def count_tokens(request: web.Request) -> web.Response:
     """{"input_tokens": N}: the prompt a Messages request with this body would have."""
-    state = request.app[STATE]
-    state.require_ready()
+    ensure_ready(request)
     body = validate(CountTokensRequest, await read_json(request))
-    check_model(state, body.model)
-    req = generate_request(body)
-    render = partial(state.engine.apply_chat_template, req.messages, req.tools, req.template_kwargs)
-    size = sum(len(m["content"]) for m in req.messages)
-    try:
-        ids = await offload(request.app, render, size)
-    except ValueError as exc:
-        raise bad_request(f"cannot apply the chat template: {exc}", "messages") from None
+    async with model_state(request, body.model) as state:
+        req = generate_request(body)
+        template = state.engine.apply_chat_template
+        render = partial(template, req.messages, req.tools, req.template_kwargs)
+        size = sum(len(m["content"]) for m in req.messages)
+        try:
+            ids = await offload(request.app, render, size)
+        except ValueError as exc:
+            raise bad_request(f"cannot apply the chat template: {exc}", "messages") from None
     return web.json_response({"input_tokens": len(ids)})
 
 

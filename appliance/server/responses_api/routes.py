@@ -9,11 +9,11 @@ from dataclasses import dataclass
 from aiohttp import web
 
 from appliance.key_limits import ANONYMOUS
-from appliance.server.app_keys import STATE
 from appliance.server.body import read_json
 from appliance.server.chat_output import ChatOutput
 from appliance.server.errors import APIError, bad_request
 from appliance.server.generation import Choice, Generation
+from appliance.server.model_route import request_state, served_name
 from appliance.server.openai_routes import SSE_HEADERS, offload, serve_generation
 from appliance.server.protocol import GenerateRequest
 from appliance.server.records import RequestRecord
@@ -73,7 +73,7 @@ async def create_response(request: web.Request) -> web.StreamResponse:
         return stored.conversation
 
     parsed = parse_responses(data, history)
-    head = ResponseHead(new_id("resp"), request.app[STATE].model_name, parsed.body)
+    head = ResponseHead(new_id("resp"), served_name(request, parsed.generate.model), parsed.body)
 
     async def reply(
         request: web.Request,
@@ -119,7 +119,7 @@ async def _final(
     )
     reasoning = 0
     if thought:
-        encode = request.app[STATE].engine.encode
+        encode = request_state(request).engine.encode
         ids = await offload(request.app, lambda: encode(thought, False), len(thought))
         reasoning = min(len(ids), record.completion_tokens)
     u = usage(record.prompt_tokens, record.completion_tokens, record.cached_tokens, reasoning)

@@ -184,7 +184,22 @@ class ModelCard(ResponseModel):
     created: int
     owned_by: str
     root: str = Field(description="The model the engine loaded.")
-    max_model_len: int
+    max_model_len: int | None = Field(
+        default=None, description="Its longest sequence (null while it is not loaded)."
+    )
+    status: Literal["loaded", "loading", "unloaded"] | None = Field(
+        default=None, description="With several models: whether it is loaded now."
+    )
+    kind: Literal["generate", "embed", "rerank"] | None = Field(
+        default=None, description="With several models: what it serves."
+    )
+    memory_bytes: int | None = Field(
+        default=None,
+        description="With several models: the bytes its plan holds (its weight files' size "
+        "before its first load).",
+    )
+    pinned: bool | None = Field(default=None, description="Never unloaded (several models).")
+    error: str | None = Field(default=None, description="Why its last load failed.")
 
 
 class ModelList(ResponseModel):
