@@ -397,6 +397,12 @@ def _tuned_values(name_or_path: str) -> dict:
     return {k: chosen[k] for k in TUNABLE if chosen.get(k) is not None}
 
 
+@functools.cache
+def _toml_tables() -> frozenset[str]:
+    """The settings only the config file sets, as tables (fields marked toml_only)."""
+    return frozenset(f.name for f in fields(ServeSettings) if f.metadata.get("toml_only"))
+
+
 def _read_toml(path: Path, known: dict[str, Option]) -> dict:
     try:
         data = tomllib.loads(path.read_text())
@@ -408,7 +414,7 @@ def _read_toml(path: Path, known: dict[str, Option]) -> dict:
     out = {}
     for key, value in data.items():
         name = key.replace("-", "_")
-        if name == "keys":  # [keys.NAME] tables: checked where the keys are built
+        if name in _toml_tables():  # [keys.NAME], [models.NAME]: checked where they are read
             out[name] = value
             continue
         if name not in known:

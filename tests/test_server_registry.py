@@ -38,8 +38,12 @@ async def client(tmp_path_factory):
     broken.mkdir()
     (broken / "config.json").write_text('{"model_type": "no-such-family"}')
     settings = ServeSettings(
-        model=[f"a={a}", f"b={b}", f"smol={default_model_path()}", f"broken={broken}"],
-        models={"smol": {"pinned": True, "max_model_len": 256}, "a": {"aliases": ["alpha-*"]}},
+        model=[f"a={a}", f"b={b}", f"smol={default_model_path()}", f"broken={broken}", f"c={a}"],
+        models={
+            "smol": {"pinned": True, "max_model_len": 256},
+            "a": {"aliases": ["alpha-*"]},
+            "c": {"keep_alive": 1},
+        },
         device="cpu",
         warmup=False,
         max_model_len=512,
@@ -74,13 +78,16 @@ async def complete(client: TestClient, model: str, **extra) -> dict:
 
 async def test_at_start_only_the_pinned_model_is_loaded(client):
     cards = await models(client)
-    assert list(cards) == ["a", "b", "smol", "broken"]
+    assert list(cards) == ["a", "b", "smol", "broken", "c"]
     assert {n: c["status"] for n, c in cards.items()} == {
         "a": "unloaded",
         "b": "unloaded",
         "smol": "loaded",
         "broken": "unloaded",
+        "c": "unloaded",
     }
+    for probe in ("/health", "/health/ready", "/health/live"):
+        assert (await client.get(probe)).status == 200
     assert all(c["object"] == "model" and c["kind"] == "generate" for c in cards.values())
     assert cards["smol"]["pinned"] and cards["smol"]["max_model_len"] == 256
     assert cards["smol"]["memory_bytes"] > 0
@@ -161,3 +168,11 @@ async def test_load_and_unload_by_hand(client):
     assert resp.status == 200 and (await resp.json())["status"] == "unloaded"
     resp = await client.post("/v1/models/nope/load")
     assert resp.status == 404
+
+
+async def test_a_model_idle_past_its_keep_alive_unloads(client):
+    assert (await complete(client, "c"))["model"] == "c"
+    assert (await models(client))["c"]["status"] == "loaded"
+    entry = client.app[REGISTRY].entries["c"]
+    await wait_until(lambda: entry.state is None, timeout_s=10, what="c unloaded when idle")
+    assert (await models(client))["c"]["status"] == "unloaded"
