@@ -105,6 +105,10 @@ async def test_alternating_requests_swap_models_and_each_answers_its_own_tokens(
     cards = await models(client)
     assert cards["a"]["status"] == "loaded" and cards["b"]["status"] == "unloaded"
     assert cards["smol"]["status"] == "loaded"  # pinned: never the one unloaded
+    metrics = await (await client.get("/metrics")).text()
+    for model in ("a", "smol"):  # the loaded engines' series, and every model's requests
+        assert f'vllm:generation_tokens_total{{model_name="{model}"}}' in metrics
+    assert 'vllm:request_success_total{finished_reason="length",model_name="b"}' in metrics
 
 
 async def test_a_swap_never_cuts_a_request_in_flight(client):

@@ -110,8 +110,14 @@ SPEC_COUNTERS = {
 """Speculative decoding's counters (vLLM's names), from the engine's stats()["spec_decode"]."""
 
 
+def _kv_usage(stats: dict) -> float:
+    total = stats.get("kv_blocks_total") or 0
+    return (stats.get("kv_blocks_used", 0) / total) if total else 0.0
+
+
 class _EngineCollector:
-    """Gauges/counters straight from the engine snapshot, with vLLM's names and label."""
+    """Gauges/counters straight from each serving engine's snapshot, with vLLM's names and
+    label (one series per loaded model when several serve)."""
 
     def __init__(self, state: ServerState) -> None:
         self.state = state
@@ -119,22 +125,25 @@ class _EngineCollector:
     def collect(self):
         state = self.state
         labels = ["model_name"]
-        model = [state.model_name]
-        stats = state.core.stats() if state.core else {}
-        total = stats.get("kv_blocks_total") or 0
-        usage = (stats.get("kv_blocks_used", 0) / total) if total else 0.0
+        served = [(s.model_name, s.core.stats() if s.core else {}) for s in state.serving_states()]
+
+        def family(kind, name: str, doc: str, value):
+            metric = kind(name, doc, labels=labels)
+            for model, stats in served:
+                v = value(stats)
+                if v is not None:
+                    metric.add_metric([model], v)
+            return metric
+
         gauges = {
             "vllm:num_requests_running": ("Requests running on the engine.", "num_running"),
             "vllm:num_requests_waiting": ("Requests waiting to be scheduled.", "num_waiting"),
         }
         for name, (doc, key) in gauges.items():
-            g = GaugeMetricFamily(name, doc, labels=labels)
-            g.add_metric(model, stats.get(key, 0))
-            yield g
+            yield family(GaugeMetricFamily, name, doc, lambda st, k=key: st.get(k, 0))
         for name in ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"):
-            g = GaugeMetricFamily(name, "KV-cache usage; 1 means 100 percent.", labels=labels)
-            g.add_metric(model, usage)
-            yield g
+            doc = "KV-cache usage; 1 means 100 percent."
+            yield family(GaugeMetricFamily, name, doc, _kv_usage)
         counters = {
             "vllm:num_preemptions": ("Preemptions by the scheduler.", "num_preemptions_total"),
             "vllm:prompt_tokens": ("Prefill tokens processed.", "prompt_tokens_total"),
@@ -150,27 +159,25 @@ class _EngineCollector:
             ),
         }
         for name, (doc, key) in counters.items():
-            c = CounterMetricFamily(name, doc, labels=labels)
-            c.add_metric(model, stats.get(key, 0))
-            yield c
-        spec = stats.get("spec_decode")
-        if spec is not None:  # None: speculative decoding is off
+            yield family(CounterMetricFamily, name, doc, lambda st, k=key: st.get(k, 0))
+        if any(st.get("spec_decode") is not None for _, st in served):  # None: it is off
             for name, (doc, key) in SPEC_COUNTERS.items():
-                c = CounterMetricFamily(name, doc, labels=labels)
-                c.add_metric(model, spec[key])
-                yield c
-        compiles = stats.get("compiles_after_warmup")
-        if compiles is not None:  # None: this engine cannot count them (no Triton)
-            c = CounterMetricFamily(
+                yield family(
+                    CounterMetricFamily,
+                    name,
+                    doc,
+                    lambda st, k=key: st["spec_decode"][k] if st.get("spec_decode") else None,
+                )
+        if any(st.get("compiles_after_warmup") is not None for _, st in served):
+            yield family(  # None: this engine cannot count them (no Triton)
+                CounterMetricFamily,
                 "appliance:triton_compiles_after_warmup",
                 "Triton kernel variants built after the engine's warm-up (each one stalls "
                 "the steps that wait on it).",
-                labels=labels,
+                lambda st: st.get("compiles_after_warmup"),
             )
-            c.add_metric(model, compiles)
-            yield c
         g = GaugeMetricFamily("appliance:requests_in_flight", "HTTP requests admitted.")
-        g.add_metric([], len(state.inflight))
+        g.add_metric([], sum(len(s.inflight) for s in state.serving_states()))
         yield g
 
 
@@ -246,7 +253,7 @@ class Metrics:
             observe(seconds)
 
     def request_closed(self, record: RequestRecord) -> None:
-        model = self.state.model_name
+        model = record.model
         if record.status != "finished":
             reason = (record.error or record.status).split(":", 1)[0]
             self.failed.labels(model, reason if record.status == "timeout" else record.status).inc()

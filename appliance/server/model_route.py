@@ -55,6 +55,10 @@ class RegistryFront(ServerState):
     def model_name(self) -> str:
         return self.registry.current.name
 
+    def serving_states(self) -> list[ServerState]:
+        entries = self.registry.entries.values()
+        return [e.state for e in entries if e.state is not None and e.state.core is not None]
+
     def readiness(self) -> str | None:
         if self.phase is Phase.LOADING:
             return "loading"

@@ -135,6 +135,11 @@ class ServerState:
             return "engine failed to load"
         return None
 
+    def serving_states(self) -> list[ServerState]:
+        """The states of the engines this server runs (this one; a registry: each loaded
+        model's), for the metrics of each."""
+        return [self]
+
     @property
     def model_name(self) -> str:
         if self.settings.served_model_name:
