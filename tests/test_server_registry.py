@@ -180,3 +180,22 @@ async def test_a_model_idle_past_its_keep_alive_unloads(client):
     entry = client.app[REGISTRY].entries["c"]
     await wait_until(lambda: entry.state is None, timeout_s=10, what="c unloaded when idle")
     assert (await models(client))["c"]["status"] == "unloaded"
+
+
+async def test_every_api_reaches_the_model_it_names(client):
+    ids = {}
+    for model in ("smol", "a"):
+        resp = await client.post("/tokenize", json={"model": model, "prompt": "hello"})
+        assert resp.status == 200
+        ids[model] = (await resp.json())["tokens"]
+    assert ids["smol"] != ids["a"]  # the embedded tokenizer against the byte tokenizer
+    chat = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
+    resp = await client.post("/v1/chat/completions", json={**chat, "model": "smol"})
+    assert resp.status == 200 and (await resp.json())["model"] == "smol"
+    resp = await client.post("/v1/messages", json={**chat, "model": "smol"})
+    assert resp.status == 200 and (await resp.json())["model"] == "smol"
+    body = {"model": "smol", "input": "hi", "max_output_tokens": 4}
+    resp = await client.post("/v1/responses", json=body)
+    assert resp.status == 200 and (await resp.json())["model"] == "smol"
+    resp = await client.post("/v1/messages", json={**chat, "model": "nope"})
+    assert resp.status == 404 and (await resp.json())["type"] == "error"  # Anthropic's envelope
