@@ -91,6 +91,7 @@ class ModelRegistry:
         self._start, self._make_loader = start, make_loader
         self._lock = asyncio.Lock()
         self._shedding: asyncio.Task | None = None
+        self._loading: dict[str, asyncio.Task] = {}
         self.current: ModelEntry = next(iter(self.entries.values()))
         """The model used last (stats and metrics read it)."""
 
@@ -129,9 +130,22 @@ class ModelRegistry:
                 return entry
             if entry.status == "failed":
                 raise load_failed(entry)
-            async with self._lock:
-                if not entry.is_loaded and entry.status != "failed":
-                    await self._load(entry)
+            # shielded: a client that goes away while it waits does not cancel the load
+            await asyncio.shield(self._loading_task(entry))
+
+    def _loading_task(self, entry: ModelEntry) -> asyncio.Task:
+        """The one task loading `entry` (under the lock), shared by every request waiting."""
+        task = self._loading.get(entry.name)
+        if task is None:
+            task = asyncio.create_task(self._load_locked(entry))
+            self._loading[entry.name] = task
+            task.add_done_callback(lambda _: self._loading.pop(entry.name, None))
+        return task
+
+    async def _load_locked(self, entry: ModelEntry) -> None:
+        async with self._lock:
+            if not entry.is_loaded and entry.status != "failed":
+                await self._load(entry)
 
     def release(self, entry: ModelEntry) -> None:
         entry.holds -= 1
@@ -263,8 +277,10 @@ class ModelRegistry:
         return all(done)
 
     async def close(self) -> None:
-        if self._shedding is not None:
-            self._shedding.cancel()
+        tasks = [t for t in (self._shedding, *self._loading.values()) if t is not None]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
         for entry in self.entries.values():
             if entry.state is not None:
                 await entry.state.close()
