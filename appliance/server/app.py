@@ -40,9 +40,9 @@ from appliance.server.key_stats import KeyCollector
 from appliance.server.limits import Limiter
 from appliance.server.metrics import Metrics
 from appliance.server.model_route import RegistryFront
+from appliance.server.model_routes import routes as model_routes
 from appliance.server.openai_routes import routes as openai_routes
 from appliance.server.registry import ModelRegistry
-from appliance.server.registry_routes import routes as registry_routes
 from appliance.server.request_keys import (
     CLIENT_GONE,
     KEY_NAME,
@@ -192,7 +192,7 @@ def create_app(
     app[EXECUTOR] = ThreadPoolExecutor(max_workers=2, thread_name_prefix="tokenize")
     app.router.add_routes(openai_routes)
     app.router.add_routes(admin_routes)
-    app.router.add_routes(registry_routes)
+    app.router.add_routes(model_routes)
     setup_responses(app)
     app.router.add_routes(anthropic_routes)
     if config.web:

@@ -1,4 +1,4 @@
-"""OpenAI-compatible routes: /v1/models, /v1/completions and /v1/chat/completions (with SSE)."""
+"""OpenAI-compatible routes: /v1/completions and /v1/chat/completions (with SSE)."""
 
 from __future__ import annotations
 
@@ -10,13 +10,13 @@ from functools import partial
 from aiohttp import web
 
 from appliance.key_limits import ANONYMOUS, KeyLimits
-from appliance.server.app_keys import EXECUTOR, LIMITER, METRICS, REGISTRY, STATE, TRACKER
+from appliance.server.app_keys import EXECUTOR, LIMITER, METRICS, TRACKER
 from appliance.server.body import read_json
 from appliance.server.chat_output import ChatOutput
 from appliance.server.errors import APIError, bad_request
 from appliance.server.generation import Choice, Generation
 from appliance.server.limits import Refusal, capped_max_tokens
-from appliance.server.model_route import check_model, model_state, request_state
+from appliance.server.model_route import model_state, request_state
 from appliance.server.protocol import (
     GenerateRequest,
     apply_defaults,
@@ -25,7 +25,6 @@ from appliance.server.protocol import (
     parse_completion,
 )
 from appliance.server.records import ChoiceRecord, RequestRecord
-from appliance.server.registry import ModelEntry
 from appliance.server.request_grammar import (
     DEFAULT_TOOL_FORMAT,
     REASONING_OPEN,
@@ -42,7 +41,6 @@ from appliance.server.request_keys import (
     REQUEST_ID,
 )
 from appliance.server.responses import Formatter, dumps, send_event, usage
-from appliance.server.schema.responses import ModelCard, ModelList
 from appliance.server.state import ServerState
 from appliance.server.tools import parser_for
 from appliance.server.tools.grammar import arguments_schema
@@ -56,54 +54,6 @@ SSE_HEADERS = {
     "Cache-Control": "no-cache",
     "X-Accel-Buffering": "no",
 }
-
-
-@routes.get("/v1/models")
-async def list_models(request: web.Request) -> web.Response:
-    if REGISTRY in request.app:
-        cards = [registry_card(request.app, e) for e in request.app[REGISTRY].entries.values()]
-        return web.json_response(ModelList(data=cards).model_dump(exclude_none=True))
-    state = request.app[STATE]
-    state.require_ready()
-    return web.json_response(ModelList(data=[_model_card(state)]).model_dump(exclude_none=True))
-
-
-@routes.get("/v1/models/{model}")
-async def get_model(request: web.Request) -> web.Response:
-    if REGISTRY in request.app:
-        entry = request.app[REGISTRY].resolve(request.match_info["model"])
-        return web.json_response(registry_card(request.app, entry).model_dump(exclude_none=True))
-    state = request.app[STATE]
-    state.require_ready()
-    check_model(state, request.match_info["model"])
-    return web.json_response(_model_card(state).model_dump(exclude_none=True))
-
-
-def _model_card(state: ServerState) -> ModelCard:
-    return ModelCard(
-        id=state.model_name,
-        created=int(state.started_at),
-        owned_by="llm-appliance",
-        root=state.engine.model_name,
-        max_model_len=state.engine.config.max_model_len,
-    )
-
-
-def registry_card(app: web.Application, entry: ModelEntry) -> ModelCard:
-    """A registry model's card: OpenAI's fields, its status, kind and planned memory."""
-    engine = entry.state.engine if entry.status == "loaded" and entry.state else None
-    return ModelCard(
-        id=entry.name,
-        created=int(app[STATE].started_at),
-        owned_by="llm-appliance",
-        root=engine.model_name if engine is not None else entry.settings.model or entry.name,
-        max_model_len=engine.config.max_model_len if engine is not None else None,
-        status=entry.public_status,
-        kind=entry.kind,
-        memory_bytes=entry.memory_bytes,
-        pinned=entry.spec.pinned,
-        error=entry.error if entry.status == "failed" else None,
-    )
 
 
 @routes.post("/v1/completions")
