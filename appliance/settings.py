@@ -13,7 +13,6 @@ import argparse
 import functools
 import ipaddress
 import os
-import tomllib
 from collections.abc import Iterable
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
@@ -31,6 +30,7 @@ from appliance.options import (
     options_of,
     read_env,
 )
+from appliance.settings_files import read_toml, tuned_values
 from engine.config import EngineConfig
 from engine.sampling_params import PRIORITIES
 
@@ -372,52 +372,19 @@ def load_settings(
     merged: dict = {}
     path = config_file or cli.pop("config", None) or env.get(ENV_PREFIX + "CONFIG")
     if path:
-        merged.update(_read_toml(Path(path), known))
+        merged.update(read_toml(Path(path), known, _toml_tables()))
     merged.update(read_env(known.values(), env))
     for name, value in cli.items():
         if name not in known:
             raise SettingsError(f"unknown setting {name!r}")
         merged[name] = value
     if merged.get("profile"):
-        for name, value in _tuned_values(str(merged["profile"])).items():
+        for name, value in tuned_values(str(merged["profile"]), TUNABLE).items():
             merged.setdefault(name, value)
     return ServeSettings(**merged)
-
-
-def _tuned_values(name_or_path: str) -> dict:
-    from appliance.loadgen.profile import load_tuned_profile
-
-    try:
-        profile = load_tuned_profile(name_or_path)
-    except (OSError, ValueError, KeyError) as exc:
-        raise SettingsError(f"cannot load tuned profile {name_or_path!r}: {exc}") from None
-    chosen = dict(profile.chosen)
-    if "max_num_seqs" not in chosen and "max_concurrency" in chosen:
-        chosen["max_num_seqs"] = chosen["max_concurrency"]
-    return {k: chosen[k] for k in TUNABLE if chosen.get(k) is not None}
 
 
 @functools.cache
 def _toml_tables() -> frozenset[str]:
     """The settings only the config file sets, as tables (fields marked toml_only)."""
     return frozenset(f.name for f in fields(ServeSettings) if f.metadata.get("toml_only"))
-
-
-def _read_toml(path: Path, known: dict[str, Option]) -> dict:
-    try:
-        data = tomllib.loads(path.read_text())
-    except OSError as exc:
-        raise SettingsError(f"cannot read config file {path}: {exc.strerror}") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise SettingsError(f"config file {path} is not valid TOML: {exc}") from None
-    data = {**{k: v for k, v in data.items() if k != "serve"}, **data.get("serve", {})}
-    out = {}
-    for key, value in data.items():
-        name = key.replace("-", "_")
-        if name in _toml_tables():  # [keys.NAME], [models.NAME]: checked where they are read
-            out[name] = value
-            continue
-        if name not in known:
-            raise SettingsError(f"config file {path}: unknown setting {key!r}")
-        out[name] = value
-    return out
