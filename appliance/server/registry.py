@@ -188,7 +188,13 @@ class ModelRegistry:
         await self._make_room(entry)
         while True:
             entry.status, entry.error = "loading", None
-            state = ServerState(entry.settings, defaults=entry.settings.generation_defaults)
+            try:  # the model's generation_config.json is read here: a broken one fails it
+                defaults = entry.settings.generation_defaults
+            except ValueError as exc:
+                entry.status, entry.error = "failed", str(exc)
+                logger.error("the model %s cannot load: %s", entry.name, exc)
+                return
+            state = ServerState(entry.settings, defaults=defaults)
             entry.state = state
             logger.info("loading the model %s (%s)", entry.name, entry.settings.model)
             await self._start(state, self._make_loader(entry.settings))
