@@ -19,6 +19,7 @@ from dataclasses import asdict
 from appliance.model_presets import preset_names
 from appliance.probe import probe
 from appliance.profile_measure import measure_plan, report_dict
+from appliance.profile_registry import is_registry_profile, run_registry_profile
 from appliance.profile_report import print_tables, probe_dict
 from engine.planner import GIB, PINNABLE, Device, PlanError
 
@@ -38,8 +39,10 @@ def add_profile_parser(subparsers: argparse._SubParsersAction) -> argparse.Argum
     )
     p.add_argument(
         "--model",
+        action="append",
         help="HF model folder, .gguf file or a preset in profiles/models "
-        f"({', '.join(preset_names())}); default: the embedded SmolLM2",
+        f"({', '.join(preset_names())}); default: the embedded SmolLM2. Repeat it as NAME=PATH "
+        "for the memory split of several models served together",
     )
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument(
@@ -94,6 +97,11 @@ def run_profile(args: argparse.Namespace) -> int:
     from engine.planner import read_device
     from engine.startup.planned_config import plan_engine
 
+    if isinstance(args.model, list):  # the flag repeats: several models, or one
+        if is_registry_profile(args.model):
+            targets = {t: getattr(args, t) for t in TARGETS}
+            return run_registry_profile(args, targets, model_folder)
+        args.model = args.model[0]
     notes: list[str] = []
     try:
         name, folder = model_folder(args.model)

@@ -4,6 +4,7 @@ Admin keys: only they load and unload models when the server has keys."""
 
 from __future__ import annotations
 
+import json
 import textwrap
 
 import pytest
@@ -91,3 +92,19 @@ async def test_only_admin_keys_load_and_unload_models():
         assert (await resp.json())["error"]["code"] == "no_model_registry"
         resp = await client.get("/v1/models", headers=admin)  # an admin key is a key too
         assert resp.status == 200 and "status" not in (await resp.json())["data"][0]
+
+
+def test_profile_plans_several_models_in_order_each_into_what_the_others_leave(tmp_path, capsys):
+    from appliance.cli import main
+    from tests.support.tiny_models import make_tiny_model
+
+    a = make_tiny_model("llama", tmp_path / "a")
+    argv = ["profile", "--device", "cpu", "--json", "--model", f"x={a}", "--model", f"y={a}"]
+    assert main(argv) == 0
+    report = json.loads(capsys.readouterr().out)
+    x, y = report["models"]
+    assert (x["model"], y["model"]) == ("x", "y")
+    assert x["weight_bytes"] == y["weight_bytes"] > 0
+    # y is planned into what x leaves: x's planned bytes count as used
+    assert (x["earlier_models_bytes"], y["earlier_models_bytes"]) == (0, x["planned_bytes"])
+    assert x["planned_bytes"] >= x["weight_bytes"] + x["kv_pool_bytes"]
