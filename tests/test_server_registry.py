@@ -199,3 +199,14 @@ async def test_every_api_reaches_the_model_it_names(client):
     assert resp.status == 200 and (await resp.json())["model"] == "smol"
     resp = await client.post("/v1/messages", json={**chat, "model": "nope"})
     assert resp.status == 404 and (await resp.json())["type"] == "error"  # Anthropic's envelope
+
+
+async def test_concurrent_requests_for_models_that_do_not_fit_together_all_finish(client):
+    names = ["a", "b", "a", "b", "smol"]
+    bodies = await asyncio.wait_for(
+        asyncio.gather(*(complete(client, n) for n in names)), timeout=120
+    )
+    assert [b["model"] for b in bodies] == names
+    texts = [b["choices"][0]["text"] for b in bodies]
+    assert texts[0] == texts[2] and texts[1] == texts[3]  # each model's greedy answer, twice
+    assert texts[0] != texts[1]

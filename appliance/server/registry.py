@@ -44,8 +44,10 @@ class ModelEntry:
     weight files' size; None until the registry first needs it."""
     last_used: float = field(default_factory=time.monotonic)
     holds: int = 0
-    """Requests that resolved to this model and have not finished (it is not unloaded
-    under them)."""
+    """Requests running on this model (an unload waits for them; it is never chosen to make
+    room while any runs)."""
+    waiting: int = 0
+    """Requests waiting for this model to load (it is not chosen to make room either)."""
 
     @property
     def name(self) -> str:
@@ -69,7 +71,7 @@ class ModelEntry:
 
     @property
     def is_evictable(self) -> bool:
-        return self.status == "loaded" and not self.spec.pinned and self.holds == 0
+        return self.status == "loaded" and not self.spec.pinned and self.holds + self.waiting == 0
 
     @property
     def public_status(self) -> str:
@@ -122,16 +124,19 @@ class ModelRegistry:
         """The loaded entry `model` names, loading it first when needed (the caller waits),
         held until `release`; an APIError when it cannot serve."""
         entry = self.resolve(model)
-        while True:
-            if entry.is_loaded:
-                entry.holds += 1
-                entry.last_used = time.monotonic()
-                self.current = entry
-                return entry
-            if entry.status == "failed":
-                raise load_failed(entry)
-            # shielded: a client that goes away while it waits does not cancel the load
-            await asyncio.shield(self._loading_task(entry))
+        entry.waiting += 1  # a model loaded for waiting requests is not unloaded before they run
+        try:
+            while not entry.is_loaded:
+                if entry.status == "failed":
+                    raise load_failed(entry)
+                # shielded: a client that goes away while it waits does not cancel the load
+                await asyncio.shield(self._loading_task(entry))
+        finally:
+            entry.waiting -= 1
+        entry.holds += 1
+        entry.last_used = time.monotonic()
+        self.current = entry
+        return entry
 
     def _loading_task(self, entry: ModelEntry) -> asyncio.Task:
         """The one task loading `entry` (under the lock), shared by every request waiting."""
