@@ -88,6 +88,10 @@ async def test_at_start_only_the_pinned_model_is_loaded(client):
     }
     for probe in ("/health", "/health/ready", "/health/live"):
         assert (await client.get(probe)).status == 200
+    stats = await (await client.get("/v1/stats")).json()
+    assert {m["name"]: m["status"] for m in stats["models"]} == {
+        n: c["status"] for n, c in cards.items()
+    }
     assert all(c["object"] == "model" and c["kind"] == "generate" for c in cards.values())
     assert cards["smol"]["pinned"] and cards["smol"]["max_model_len"] == 256
     assert cards["smol"]["memory_bytes"] > 0

@@ -59,6 +59,18 @@ class RegistryFront(ServerState):
         entries = self.registry.entries.values()
         return [e.state for e in entries if e.state is not None and e.state.core is not None]
 
+    def models_summary(self) -> list[dict] | None:
+        return [
+            {
+                "name": e.name,
+                "status": e.public_status,
+                "memory_bytes": e.memory_bytes,
+                "pinned": e.spec.pinned,
+                "requests": e.holds,
+            }
+            for e in self.registry.entries.values()
+        ]
+
     def readiness(self) -> str | None:
         if self.phase is Phase.LOADING:
             return "loading"

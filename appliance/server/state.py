@@ -140,6 +140,10 @@ class ServerState:
         model's), for the metrics of each."""
         return [self]
 
+    def models_summary(self) -> list[dict] | None:
+        """With several models, each one's name, status and memory (None for one model)."""
+        return None
+
     @property
     def model_name(self) -> str:
         if self.settings.served_model_name:
