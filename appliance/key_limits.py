@@ -134,7 +134,8 @@ def parse_key(entry: str, sep: str | None, where: str) -> ApiKey:
 
 def with_tables(keys: list[ApiKey], tables: dict[str, dict]) -> list[ApiKey]:
     """`keys` with the config file's [keys.NAME] tables applied: a table with `key` adds that
-    key, one without gives its limits to the key already named NAME."""
+    key, one without gives its limits to the key already named NAME; `admin = true` lets the
+    key load and unload models."""
     by_name = {k.name: i for i, k in enumerate(keys)}
     if len(by_name) < len(keys):
         twice = sorted({k.name for k in keys if sum(j.name == k.name for j in keys) > 1})
@@ -150,6 +151,9 @@ def with_tables(keys: list[ApiKey], tables: dict[str, dict]) -> list[ApiKey]:
             raise SettingsError(f'{where} must be a table of key = "..." and limits')
         values = dict(table)
         secret = values.pop("key", None)
+        admin = values.pop("admin", None)  # may load and unload models (--admin-key)
+        if admin is not None and not isinstance(admin, bool):
+            raise SettingsError(f"{where}: admin must be true or false")
         limits = limits_from(values, name, where)
         if secret is None:
             if name not in by_name:
@@ -157,7 +161,8 @@ def with_tables(keys: list[ApiKey], tables: dict[str, dict]) -> list[ApiKey]:
                     f'{where} has no key = "..." and no --api-key or --api-key-file key is '
                     f"named {name!r}; known names: {sorted(by_name) or 'none'}"
                 )
-            keys[by_name[name]] = replace(keys[by_name[name]], limits=limits)
+            known = keys[by_name[name]]
+            keys[by_name[name]] = replace(known, limits=limits, admin=bool(admin or known.admin))
             continue
         if name in by_name:
             raise SettingsError(f"{where}: a key named {name!r} is already given elsewhere")
@@ -165,5 +170,5 @@ def with_tables(keys: list[ApiKey], tables: dict[str, dict]) -> list[ApiKey]:
             raise SettingsError(f"{where}: key must be a string")
         key = parse_key(f"{name}:{secret}", ":", where)
         by_name[name] = len(keys)
-        keys.append(replace(key, limits=limits))
+        keys.append(replace(key, limits=limits, admin=bool(admin)))
     return keys

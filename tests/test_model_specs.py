@@ -108,3 +108,13 @@ def test_profile_plans_several_models_in_order_each_into_what_the_others_leave(t
     # y is planned into what x leaves: x's planned bytes count as used
     assert (x["earlier_models_bytes"], y["earlier_models_bytes"]) == (0, x["planned_bytes"])
     assert x["planned_bytes"] >= x["weight_bytes"] + x["kv_pool_bytes"]
+
+
+def test_a_config_file_key_table_may_mark_a_key_admin(tmp_path):
+    config = tmp_path / "serve.toml"
+    config.write_text('[keys.ops]\nkey = "sk-ops-0123"\nadmin = true\n[keys.user]\nrpm = 5\n')
+    settings = load_settings(flags("--api-key", "user:sk-user-0123"), {}, str(config))
+    assert {k.name: k.admin for k in settings.api_keys} == {"user": False, "ops": True}
+    config.write_text('[keys.ops]\nkey = "sk-ops-0123"\nadmin = "yes"\n')
+    with pytest.raises(SettingsError, match="admin must be true or false"):
+        load_settings({}, {}, str(config))
