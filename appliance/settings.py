@@ -239,6 +239,11 @@ class ServeSettings(EngineSettings):
             raise SettingsError(f"models_memory must be > 0 GiB, got {self.models_memory}")
         default = self.served_model_name or "default"
         self.model_specs = model_specs(entries, self.models_dir, self.models, default)
+        for spec in self.model_specs:  # each model's own settings are checked now, not at load
+            try:
+                self.for_model(spec)
+            except SettingsError as exc:
+                raise SettingsError(f"model {spec.name!r}: {exc}") from None
 
     def for_model(self, spec: ModelSpec) -> ServeSettings:
         """The settings of one registry model: these, serving `spec` with its own pins."""

@@ -72,6 +72,7 @@ def test_models_dir_names_each_model_by_its_file(tmp_path):
         ({"model": ["a=/x", "b=/y"], "models_max": 0}, "models_max must be >= 1"),
         ({"model": "/x", "models": {"a": {}}}, "need --model NAME=PATH"),
         ({"models_dir": "/no/such/folder"}, "is not a folder"),
+        ({"model": ["a=/x"], "models": {"a": {"quantization": "int3"}}}, "model 'a': setting"),
     ],
 )
 def test_bad_registry_settings_say_what_is_wrong(kwargs, message):
