@@ -15,10 +15,12 @@ from engine.engine_stats import engine_stats
 from engine.memory.bandwidth import BandwidthMeter
 from engine.memory.memory_check import Measurement, MemoryItems
 from engine.memory.state_pool import SlotAllocator
+from engine.models.model_kind import ModelKind, model_kind
 from engine.planner import Device
 from engine.runner import compile_count
 from engine.runner.model_runner import Forward, ModelRunner, Prepared
 from engine.runner.pending_step import PendingStep, request_rows
+from engine.runner.pooler import Pooler
 from engine.runner.warmup import WarmUp, run_peak_step
 from engine.sampling_params import SamplingParams
 from engine.scheduling.block_manager import BlockManager
@@ -32,6 +34,7 @@ from engine.structured.grammar_state import start_tokens
 from engine.structured.llguidance_backend import llguidance_pool
 from engine.structured.pool import GrammarPool
 from engine.text.detokenizer import IncrementalDetokenizer
+from engine.text.rerank_prompt import score_token_ids
 from engine.text.tokenizer import apply_chat_template, encode_prompt
 
 logger = logging.getLogger(__name__)
@@ -73,10 +76,15 @@ class LLMEngine:
                 timer,
                 setup.draft,
             )
+        self.kind = _decoder_kind(self.folder)
+        if self.kind.kind == "rerank":
+            self.runner.pooler = Pooler(score_token_ids(self.tokenizer))
         self._rng = random.Random(self.config.seed)
         self._requests: dict[str, Request] = {}
         self._detokenizers: dict[str, IncrementalDetokenizer] = {}
         self._aborted: list[Request] = []
+        self._pooled: list[Request] = []
+        """Pooling requests finished by a step's launch, reported at the end of that step."""
         self._pending: PendingStep | None = None
         self._next: tuple[Forward, list] | None = None
         """A forward queued behind a constrained step's sample, to sample next call."""
@@ -217,6 +225,8 @@ class LLMEngine:
     def validate(self, token_ids: list[int], params: SamplingParams) -> None:
         """ValueError, saying what to change, for a request this engine cannot take."""
         check_prompt(token_ids, params, self.model_config.vocab_size, self.config.max_model_len)
+        if params.pooling == "score" and self.runner.pooler.score_token_ids is None:
+            raise ValueError("this model is not a reranker: it cannot score documents")
         if params.structured is not None:
             self._grammar_pool_or_refuse()
 
@@ -237,6 +247,7 @@ class LLMEngine:
             or bool(self._aborted)
             or self._pending is not None
             or self._next is not None
+            or bool(self._pooled)
             or bool(self.grammars)
         )
 
@@ -292,6 +303,8 @@ class LLMEngine:
         if launched is not None and not self._overlap:
             touched += self._resolve()
         self.compiles.log_new(logger)
+        touched += self._pooled
+        self._pooled = []
         return outputs + self._outputs(touched)
 
     def _outputs(self, touched: list[Request]) -> list[RequestOutput]:
@@ -308,6 +321,8 @@ class LLMEngine:
             touched += self.spec.apply(self.scheduler, fwd.batch, emitted)
         self.spec.clear()
         self.compiles.log_new(logger)
+        touched += self._pooled
+        self._pooled = []
         return [self._output(req) for req in dict.fromkeys(touched)]
 
     def _launch_forward(self, drafting: bool = False) -> tuple[Forward | None, list]:
@@ -348,6 +363,12 @@ class LLMEngine:
         ]
         self.scheduler.advance(prepared.batch)
         self.num_steps += 1
+        for i, vector in fwd.pooled.items():  # prefill done: the vector is the whole answer
+            req = prepared.batch.requests[i]
+            if not req.is_finished:
+                req.pooled = vector
+                self.scheduler.finish(req, RequestStatus.FINISHED_STOPPED)
+                self._pooled.append(req)
         return fwd, constrained
 
     def compiles_after_warmup(self) -> list[str]:
@@ -387,6 +408,7 @@ class LLMEngine:
             logprobs=list(req.logprobs) if req.logprobs is not None else None,
             stop_reason=req.stop_reason,
             trace=list(req.trace) if finished else [],
+            pooled=req.pooled,
         )
 
     def _detokenize(self, req: Request, detok: IncrementalDetokenizer) -> None:
@@ -407,3 +429,16 @@ class LLMEngine:
     def stats(self) -> dict:
         """Counters and gauges for /v1/stats, /metrics and the dashboard (engine_stats.py)."""
         return engine_stats(self)
+
+
+def _decoder_kind(folder: Path) -> ModelKind:
+    """The folder's kind (engine.models.model_kind); ValueError for an embedding model whose
+    pooling rule needs more than the last token's hidden state (a decoder runs the prompt in
+    chunks and keeps only the last one's)."""
+    kind = model_kind(folder)
+    if kind.kind == "embed" and kind.pooling != "lasttoken":
+        raise ValueError(
+            f"{folder} is a decoder embedding model with {kind.pooling} pooling; the engine "
+            "pools decoders by their last token (1_Pooling/config.json pooling_mode_lasttoken)"
+        )
+    return kind

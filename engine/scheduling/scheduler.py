@@ -47,6 +47,17 @@ class ScheduledBatch:
     def sampling_indices(self) -> list[int]:
         """Requests that reach their last known token this step, and so sample one. Read after
         scheduling and before advance (it depends on num_computed_tokens)."""
+        return [i for i in self._last_token_indices if self.requests[i].params.pooling is None]
+
+    @cached_property
+    def pooling_indices(self) -> list[int]:
+        """Pooling requests (SamplingParams.pooling) whose prefill ends this step: they sample
+        nothing; the runner pools their hidden states and they finish. Read like
+        sampling_indices."""
+        return [i for i in self._last_token_indices if self.requests[i].params.pooling is not None]
+
+    @cached_property
+    def _last_token_indices(self) -> list[int]:
         return [
             i
             for i, (req, num_new) in enumerate(zip(self.requests, self.num_new_tokens))

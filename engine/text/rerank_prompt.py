@@ -1,0 +1,35 @@
+"""Qwen3-Reranker's prompt: the query and one document in its judging template, scored by the
+"yes" against "no" logit at the end (engine/runner/pooler.py). The template is the model
+card's."""
+
+from __future__ import annotations
+
+DEFAULT_INSTRUCTION = "Given a web search query, retrieve relevant passages that answer the query"
+"""The instruction when the caller gives none (the model card's)."""
+
+_PREFIX = (
+    "<|im_start|>system\nJudge whether the Document meets the requirements based on the Query "
+    'and the Instruct provided. Note that the answer can only be "yes" or "no".<|im_end|>\n'
+    "<|im_start|>user\n"
+)
+_SUFFIX = "<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n"
+
+
+def rerank_prompt(query: str, document: str, instruction: str | None = None) -> str:
+    """The text a Qwen3-Reranker scores for (query, document)."""
+    instruction = instruction or DEFAULT_INSTRUCTION
+    body = f"<Instruct>: {instruction}\n<Query>: {query}\n<Document>: {document}"
+    return _PREFIX + body + _SUFFIX
+
+
+def score_token_ids(tokenizer) -> tuple[int, int]:
+    """(no, yes): the reranker's answer tokens; ValueError when either is not one token."""
+    ids = []
+    for word in ("no", "yes"):
+        encoded = [] if tokenizer is None else tokenizer.encode(word, add_special_tokens=False)
+        if len(encoded) != 1:
+            raise ValueError(
+                f"this reranker's tokenizer has no single token for {word!r}: it cannot score"
+            )
+        ids.append(encoded[0])
+    return ids[0], ids[1]
