@@ -28,12 +28,18 @@ def check_prompt(
     bad = [t for t in token_ids if not (isinstance(t, int) and 0 <= t < vocab_size)]
     if bad:
         raise ValueError(f"prompt token ids must be integers in [0, {vocab_size}); got {bad[:5]}")
-    num_new = params.max_tokens if params.pooling is None else 0
-    total = len(token_ids) + num_new
+    if params.pooling is not None:
+        if len(token_ids) > max_model_len:
+            raise ValueError(
+                f"This model's maximum context length is {max_model_len} tokens; the input has "
+                f"{len(token_ids)}. Shorten it."
+            )
+        return
+    total = len(token_ids) + params.max_tokens
     if total > max_model_len:
         raise ValueError(
             f"This model's maximum context length is {max_model_len} tokens; the request asks "
-            f"for {total} ({len(token_ids)} in the prompt, {num_new} to generate). "
+            f"for {total} ({len(token_ids)} in the prompt, {params.max_tokens} to generate). "
             "Shorten the prompt or lower max_tokens."
         )
 
