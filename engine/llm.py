@@ -9,7 +9,7 @@ from pathlib import Path
 from engine.llm_engine import LLMEngine
 from engine.sampling_params import SamplingParams
 from engine.scheduling.request import RequestOutput
-from engine.text.rerank_prompt import rerank_prompt
+from engine.text.rerank_prompt import rerank_token_ids
 
 
 class LLM:
@@ -77,7 +77,11 @@ class LLM:
     ) -> list[float]:
         """A reranker's relevance of each document to the query, in [0, 1], in document
         order (engine/text/rerank_prompt.py)."""
-        prompts = [rerank_prompt(query, d, instruction) for d in documents]
+        engine = self.engine
+        prompts = [
+            rerank_token_ids(engine.tokenizer, query, d, instruction, engine.is_encoder)
+            for d in documents
+        ]
         outputs = self.generate(prompts, SamplingParams(max_tokens=1, pooling="score"))
         return [out.pooled[0] for out in outputs]
 

@@ -76,9 +76,9 @@ class LLMEngine:
                 timer,
                 setup.draft,
             )
-        self.kind = _decoder_kind(self.folder)
-        if self.kind.kind == "rerank":
-            self.runner.pooler = Pooler(score_token_ids(self.tokenizer))
+        self.is_encoder = self.model_config.encoder is not None
+        self.kind = _served_kind(self.folder, self.is_encoder)
+        self.runner.pooler = self._pooler()
         self._rng = random.Random(self.config.seed)
         self._requests: dict[str, Request] = {}
         self._detokenizers: dict[str, IncrementalDetokenizer] = {}
@@ -128,9 +128,22 @@ class LLMEngine:
         # A model with linear-attention layers keeps a state slot per running sequence and no
         # prefix cache: a cached prefix would skip the tokens its state is built from.
         slots = SlotAllocator(cfg.max_num_seqs) if self.model_config.linear_layer_ids() else None
-        caching = cfg.prefix_caching and slots is None
+        # An encoder's tokens attend both ways: a cached prefix's states depend on what follows.
+        encoder = self.model_config.encoder is not None
+        caching = cfg.prefix_caching and slots is None and not encoder
         self.block_manager = BlockManager(num_blocks, cfg.block_size, caching, extra, slots)
-        self.scheduler = Scheduler(self.config, self.block_manager)
+        self.scheduler = Scheduler(self.config, self.block_manager, whole_prompts=encoder)
+
+    def _pooler(self) -> Pooler:
+        if self.is_encoder:
+            self.runner.model.sep_token_id = getattr(self.tokenizer, "sep_token_id", None)
+        if self.kind.kind == "embed":
+            return Pooler(self.kind.pooling)
+        if self.kind.kind == "rerank" and self.is_encoder:
+            return Pooler(classifies=True)
+        if self.kind.kind == "rerank":
+            return Pooler(score_token_ids=score_token_ids(self.tokenizer))
+        return Pooler()
 
     def _reset_counters(self) -> None:
         self.num_steps = self.prompt_tokens_total = self.generation_tokens_total = 0
@@ -153,11 +166,15 @@ class LLMEngine:
         serving one), a lone prefill of every token-count class, decodes beside prefill chunks
         (one and several, short and long contexts), a chunk continuing a prompt longer than the
         budget; greedy, seeded and fully featured sampling. Counters are reset afterwards."""
+        if self.is_encoder:  # no KV cache, no sampling: nothing of this applies
+            return
         WarmUp(self).run()
         self._reset_counters()
 
     def run_peak_step(self) -> None:
         """The heaviest steps serving can meet (engine/runner/warmup.py, run_peak_step)."""
+        if self.is_encoder:
+            return
         run_peak_step(self)
         self._run_to_completion()
 
@@ -225,7 +242,16 @@ class LLMEngine:
     def validate(self, token_ids: list[int], params: SamplingParams) -> None:
         """ValueError, saying what to change, for a request this engine cannot take."""
         check_prompt(token_ids, params, self.model_config.vocab_size, self.config.max_model_len)
-        if params.pooling == "score" and self.runner.pooler.score_token_ids is None:
+        if self.is_encoder:
+            if params.pooling is None:
+                raise ValueError("this encoder model generates no text: send it pooling requests")
+            if len(token_ids) > self.config.max_num_batched_tokens:
+                raise ValueError(
+                    f"an encoder runs each input whole in one step of at most "
+                    f"max_num_batched_tokens={self.config.max_num_batched_tokens} tokens; the "
+                    f"input has {len(token_ids)}: shorten it"
+                )
+        if params.pooling == "score" and not self.runner.pooler.can_score:
             raise ValueError("this model is not a reranker: it cannot score documents")
         if params.structured is not None:
             self._grammar_pool_or_refuse()
@@ -431,12 +457,12 @@ class LLMEngine:
         return engine_stats(self)
 
 
-def _decoder_kind(folder: Path) -> ModelKind:
-    """The folder's kind (engine.models.model_kind); ValueError for an embedding model whose
-    pooling rule needs more than the last token's hidden state (a decoder runs the prompt in
-    chunks and keeps only the last one's)."""
+def _served_kind(folder: Path, is_encoder: bool) -> ModelKind:
+    """The folder's kind (engine.models.model_kind); ValueError for a decoder embedding model
+    whose pooling rule needs more than the last token's hidden state (a decoder runs the
+    prompt in chunks and keeps only the last one's)."""
     kind = model_kind(folder)
-    if kind.kind == "embed" and kind.pooling != "lasttoken":
+    if kind.kind == "embed" and kind.pooling != "lasttoken" and not is_encoder:
         raise ValueError(
             f"{folder} is a decoder embedding model with {kind.pooling} pooling; the engine "
             "pools decoders by their last token (1_Pooling/config.json pooling_mode_lasttoken)"

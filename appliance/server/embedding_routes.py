@@ -26,7 +26,7 @@ from appliance.server.records import ChoiceRecord, RequestRecord
 from appliance.server.request_keys import KEY_NAME, RECEIVED_AT, REQUEST_ID
 from appliance.server.responses import dumps
 from engine.sampling_params import SamplingParams
-from engine.text.rerank_prompt import rerank_prompt
+from engine.text.rerank_prompt import rerank_token_ids
 
 routes = web.RouteTableDef()
 
@@ -82,8 +82,15 @@ async def rerank(request: web.Request) -> web.Response:
     body = parse_rerank(await read_json(request))
     check_model(state, body.model)
     require_kind(state, "rerank", "/v1/rerank")
-    texts = [rerank_prompt(body.query, d, body.instruction) for d in body.documents]
-    prompts = [await _encode(request, t) for t in texts]
+    engine = state.engine
+    encode = partial(rerank_token_ids, engine.tokenizer, body.query)
+    prompts = []
+    for doc in body.documents:
+        pair = partial(encode, doc, body.instruction, engine.is_encoder)
+        try:
+            prompts.append(await offload(request.app, pair, len(body.query) + len(doc)))
+        except ValueError as exc:
+            raise APIError(400, f"cannot tokenize the input: {exc}", param="documents") from None
     outputs = await run_pooling(request, "rerank", prompts, "score")
     results = [
         {

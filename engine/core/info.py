@@ -36,6 +36,8 @@ class EngineInfo:
     kind: str = "generate"
     """What the model serves, one of engine.models.model_kind.KINDS: "generate" (text),
     "embed" (/v1/embeddings) or "rerank" (/v1/rerank)."""
+    is_encoder: bool = False
+    """A BERT-like encoder: a reranker's inputs are the tokenizer's (query, document) pairs."""
     embedding_size: int | None = None
     """The length of an embedding model's vectors (its hidden size); None for other kinds."""
 
@@ -60,6 +62,7 @@ class EngineInfo:
             eos_token_ids=frozenset(getattr(engine, "eos_token_ids", ())),
             logits_size=getattr(model_config, "vocab_size", None),
             kind=kind,
+            is_encoder=bool(getattr(engine, "is_encoder", False)),
             embedding_size=getattr(model_config, "hidden_size", None) if kind == "embed" else None,
         )
 

@@ -42,6 +42,8 @@ ARCHITECTURES: dict[str, Architecture] = {
         *(Architecture(name, _GEMMA3, ("gelu_pytorch_tanh",)) for name in GEMMA3_NAMES),
         *(Architecture(name, _GEMMA4, ("gelu_pytorch_tanh",)) for name in GEMMA4_NAMES),
         Architecture("Qwen3MoeForCausalLM", "engine.models.qwen3_moe:Qwen3MoeForCausalLM"),
+        Architecture("BertModel", "engine.models.bert:BertModel", ("gelu",)),
+        Architecture("BertForSequenceClassification", "engine.models.bert:BertModel", ("gelu",)),
         Architecture("GptOssForCausalLM", "engine.models.gpt_oss:GptOssForCausalLM"),
         *(Architecture(n, "engine.models.qwen3_5:Qwen3_5ForCausalLM") for n in QWEN3_5_NAMES),
         *(

@@ -94,6 +94,9 @@ class ModelRunner:
     def allocate_kv_cache(self, num_blocks: int, kv_dtype: torch.dtype) -> None:
         """Allocate the paged pool and bind each attention layer's K/V views."""
         backend = select_backend(self.device)
+        self.backend = backend
+        if self.model_config.encoder is not None:  # bidirectional, whole prompts: no KV cache
+            return
         layers = self.model.attention_layers()
         self.kv_pool = KVPool.allocate(
             self.model_config, layers, num_blocks, self.block_size, kv_dtype, self.device
@@ -285,9 +288,9 @@ class ModelRunner:
         indices = batch.pooling_indices
         if not indices:
             return {}
-        last = torch.tensor([query_start_loc[i + 1] - 1 for i in indices], device=hidden.device)
+        spans = [(query_start_loc[i], query_start_loc[i + 1]) for i in indices]
         tasks = [batch.requests[i].params.pooling for i in indices]
-        return dict(zip(indices, self.pooler.pool(self.model, hidden[last], tasks)))
+        return dict(zip(indices, self.pooler.pool(self.model, hidden, spans, tasks)))
 
     @torch.inference_mode()
     def sample(self, fwd: Forward, bitmask: torch.Tensor | None = None) -> PendingStep:

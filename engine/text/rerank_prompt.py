@@ -1,8 +1,11 @@
-"""Qwen3-Reranker's prompt: the query and one document in its judging template, scored by the
-"yes" against "no" logit at the end (engine/runner/pooler.py). The template is the model
-card's."""
+"""A reranker's input for (query, document): a cross-encoder's (BERT) is the tokenizer's pair
+encoding ([CLS] query [SEP] document [SEP]); a Qwen3-Reranker's is its judging template, scored
+by the "yes" against "no" logit at the end (engine/runner/pooler.py; the template is the model
+card's)."""
 
 from __future__ import annotations
+
+from engine.text.tokenizer import encode_prompt
 
 DEFAULT_INSTRUCTION = "Given a web search query, retrieve relevant passages that answer the query"
 """The instruction when the caller gives none (the model card's)."""
@@ -33,3 +36,13 @@ def score_token_ids(tokenizer) -> tuple[int, int]:
             )
         ids.append(encoded[0])
     return ids[0], ids[1]
+
+
+def rerank_token_ids(
+    tokenizer, query: str, document: str, instruction: str | None, cross_encoder: bool
+) -> list[int]:
+    """The token ids a reranker scores for (query, document)."""
+    if cross_encoder:
+        encode_prompt(tokenizer, query + document)  # the same refusals as any prompt
+        return list(tokenizer(query, document)["input_ids"])
+    return encode_prompt(tokenizer, rerank_prompt(query, document, instruction))
