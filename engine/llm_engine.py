@@ -15,12 +15,12 @@ from engine.engine_stats import engine_stats
 from engine.memory.bandwidth import BandwidthMeter
 from engine.memory.memory_check import Measurement, MemoryItems
 from engine.memory.state_pool import SlotAllocator
-from engine.models.model_kind import ModelKind, model_kind
+from engine.models.model_kind import model_kind
 from engine.planner import Device
 from engine.runner import compile_count
 from engine.runner.model_runner import Forward, ModelRunner, Prepared
 from engine.runner.pending_step import PendingStep, request_rows
-from engine.runner.pooler import Pooler
+from engine.runner.pooler import pooler_for
 from engine.runner.warmup import WarmUp, run_peak_step
 from engine.sampling_params import SamplingParams
 from engine.scheduling.block_manager import BlockManager
@@ -34,7 +34,6 @@ from engine.structured.grammar_state import start_tokens
 from engine.structured.llguidance_backend import llguidance_pool
 from engine.structured.pool import GrammarPool
 from engine.text.detokenizer import IncrementalDetokenizer
-from engine.text.rerank_prompt import score_token_ids
 from engine.text.tokenizer import apply_chat_template, encode_prompt
 
 logger = logging.getLogger(__name__)
@@ -77,8 +76,8 @@ class LLMEngine:
                 setup.draft,
             )
         self.is_encoder = self.model_config.encoder is not None
-        self.kind = _served_kind(self.folder, self.is_encoder)
-        self.runner.pooler = self._pooler()
+        self.kind = model_kind(self.folder, self.is_encoder)
+        self.runner.pooler = pooler_for(self.kind, self.runner.model, self.tokenizer)
         self._rng = random.Random(self.config.seed)
         self._requests: dict[str, Request] = {}
         self._detokenizers: dict[str, IncrementalDetokenizer] = {}
@@ -133,17 +132,6 @@ class LLMEngine:
         caching = cfg.prefix_caching and slots is None and not encoder
         self.block_manager = BlockManager(num_blocks, cfg.block_size, caching, extra, slots)
         self.scheduler = Scheduler(self.config, self.block_manager, whole_prompts=encoder)
-
-    def _pooler(self) -> Pooler:
-        if self.is_encoder:
-            self.runner.model.sep_token_id = getattr(self.tokenizer, "sep_token_id", None)
-        if self.kind.kind == "embed":
-            return Pooler(self.kind.pooling)
-        if self.kind.kind == "rerank" and self.is_encoder:
-            return Pooler(classifies=True)
-        if self.kind.kind == "rerank":
-            return Pooler(score_token_ids=score_token_ids(self.tokenizer))
-        return Pooler()
 
     def _reset_counters(self) -> None:
         self.num_steps = self.prompt_tokens_total = self.generation_tokens_total = 0
@@ -455,16 +443,3 @@ class LLMEngine:
     def stats(self) -> dict:
         """Counters and gauges for /v1/stats, /metrics and the dashboard (engine_stats.py)."""
         return engine_stats(self)
-
-
-def _served_kind(folder: Path, is_encoder: bool) -> ModelKind:
-    """The folder's kind (engine.models.model_kind); ValueError for a decoder embedding model
-    whose pooling rule needs more than the last token's hidden state (a decoder runs the
-    prompt in chunks and keeps only the last one's)."""
-    kind = model_kind(folder)
-    if kind.kind == "embed" and kind.pooling != "lasttoken" and not is_encoder:
-        raise ValueError(
-            f"{folder} is a decoder embedding model with {kind.pooling} pooling; the engine "
-            "pools decoders by their last token (1_Pooling/config.json pooling_mode_lasttoken)"
-        )
-    return kind

@@ -38,9 +38,21 @@ def _pooling_mode(folder: Path, default: str) -> str:
     return default
 
 
-def model_kind(folder: str | Path) -> ModelKind:
-    """The kind of the model in `folder` (a Hugging Face folder with config.json)."""
-    folder = Path(folder)
+def model_kind(folder: str | Path, is_encoder: bool = True) -> ModelKind:
+    """The kind of the model in `folder` (a Hugging Face folder with config.json). With
+    is_encoder=False (the engine runs it as a decoder), ValueError for an embedding model whose
+    pooling needs more than the last token's hidden state: a decoder runs a prompt in chunks
+    and keeps only the last chunk's states."""
+    kind = _read_kind(Path(folder))
+    if kind.kind == "embed" and kind.pooling != "lasttoken" and not is_encoder:
+        raise ValueError(
+            f"{folder} is a decoder embedding model with {kind.pooling} pooling; the engine "
+            "pools decoders by their last token (1_Pooling/config.json pooling_mode_lasttoken)"
+        )
+    return kind
+
+
+def _read_kind(folder: Path) -> ModelKind:
     config = json.loads((folder / "config.json").read_text())
     archs = config.get("architectures") or []
     is_encoder = config.get("model_type") == "bert"

@@ -15,6 +15,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from engine.text.rerank_prompt import score_token_ids
+
 
 @dataclass(frozen=True)
 class Pooler:
@@ -65,3 +67,18 @@ class Pooler:
         logits = model.compute_logits(hidden[[e - 1 for _, e in spans]])
         logits = logits[:, list(self.score_token_ids)].float()  # [n, 2]: no, yes
         return torch.softmax(logits, dim=-1)[:, 1].tolist()
+
+
+def pooler_for(kind, model, tokenizer) -> Pooler:
+    """The pooler of a model of `kind` (engine.models.model_kind.ModelKind); an encoder's model
+    learns its [SEP] id here (its token types follow it)."""
+    is_encoder = getattr(model, "classify", None) is not None
+    if is_encoder:
+        model.sep_token_id = getattr(tokenizer, "sep_token_id", None)
+    if kind.kind == "embed":
+        return Pooler(kind.pooling)
+    if kind.kind == "rerank" and is_encoder:
+        return Pooler(classifies=True)
+    if kind.kind == "rerank":
+        return Pooler(score_token_ids=score_token_ids(tokenizer))
+    return Pooler()
