@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from engine import LLM
+from engine.core.info import EngineInfo
 from engine.models.model_kind import model_kind
 from tests.support.tiny_bert import (
     make_tiny_bert_embedder,
@@ -31,6 +32,8 @@ def test_bert_embeddings_equal_transformers(tmp_path, pooling):
         torch.testing.assert_close(torch.tensor(got_a), w, atol=1e-5, rtol=0)
     with pytest.raises(ValueError, match="does not generate text"):
         llm.generate(["hello"])
+    info = EngineInfo.of(llm.engine)
+    assert (info.kind, info.is_encoder, info.embedding_size) == ("embed", True, 64)
 
 
 def test_cross_encoder_scores_equal_transformers(tmp_path):
@@ -40,4 +43,6 @@ def test_cross_encoder_scores_equal_transformers(tmp_path):
     docs = ["paris is the capital of france", "a banana is a yellow fruit", "hello"]
     want = reference_cross_scores(folder, "what is the capital of france?", docs)
     assert llm.score("what is the capital of france?", docs) == pytest.approx(want, abs=1e-5)
+    info = EngineInfo.of(llm.engine)  # what the front end learns of it
+    assert (info.kind, info.is_encoder, info.embedding_size) == ("rerank", True, None)
     assert len(set(round(s, 6) for s in want)) == 3  # the scores tell the documents apart

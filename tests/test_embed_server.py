@@ -155,3 +155,12 @@ def test_rerank_scores_and_order(rerank_server):
     ):
         status, answer = post(url, "/v1/rerank", bad)
         assert status == 400 and answer["error"]["message"]
+
+
+def test_stats_and_metrics_count_pooling_requests(embed_server):
+    _, url = embed_server
+    assert post(url, "/v1/embeddings", {"input": ["one", "two"]})[0] == 200
+    with urllib.request.urlopen(url + "/metrics", timeout=30) as resp:
+        assert resp.status == 200
+    with urllib.request.urlopen(url + "/v1/stats", timeout=30) as resp:
+        assert resp.status == 200 and json.loads(resp.read())
