@@ -132,6 +132,14 @@ async def run_pooling(request: web.Request, endpoint: str, prompts: list[list[in
     except Refusal as refusal:
         count_rejected(request)
         raise refused(refusal) from None
+    most = state.engine.config.max_num_seqs + state.settings.max_queue
+    if len(prompts) > most:  # a 429 would never clear: the queue cannot hold them at once
+        raise APIError(
+            400,
+            f"the request has {len(prompts)} inputs; this server takes at most {most} per "
+            "request (max_num_seqs + max_queue): split it",
+            param="input" if endpoint == "embeddings" else "documents",
+        )
     rid = state.unique_id(request[REQUEST_ID])
     request[REQUEST_ID] = rid
     params = SamplingParams(max_tokens=1, pooling=task, client=key_name)

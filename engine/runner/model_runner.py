@@ -146,6 +146,7 @@ class ModelRunner:
             self.device.type == "cuda"
             and not self.config.enforce_eager
             and self.backend.name == "triton"
+            and self.model_config.encoder is None  # an encoder has no decode step to capture
         )
 
     def choose_kernels(self) -> None:
