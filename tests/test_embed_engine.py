@@ -80,3 +80,20 @@ def test_wrong_task_is_refused(embedder, reranker):
         embedder[1].score("q", ["d"])
     with pytest.raises(ValueError, match="not an embedding model"):
         reranker[1].embed(["hi"])
+
+
+def test_a_headless_qwen3_model_embeds(tmp_path):
+    """A checkpoint saved as Qwen3Model (no LM head, no "model." prefix, no 1_Pooling) is an
+    embedding model pooled by its last token."""
+    from transformers import AutoModel
+
+    from tests.support.tiny_models import byte_tokenizer, tiny_config
+
+    torch.manual_seed(3)
+    AutoModel.from_config(tiny_config("qwen3")).save_pretrained(tmp_path)
+    byte_tokenizer().save_pretrained(tmp_path)
+    assert model_kind(tmp_path).kind == "embed"
+    llm = LLM(str(tmp_path), device="cpu", dtype="float32")
+    want = reference_embeddings(tmp_path, [llm.engine.encode(t) for t in TEXTS])
+    for got, w in zip(llm.embed(TEXTS), want):
+        torch.testing.assert_close(torch.tensor(got), w, atol=1e-5, rtol=0)

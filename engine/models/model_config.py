@@ -306,7 +306,7 @@ class ModelConfig:
             qkv_bias=is_qwen2 or attention_bias,
             o_bias=attention_bias and not is_qwen2,
             mlp_bias=bool(raw.get("mlp_bias", False)),
-            qk_norm=arch in ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM"),
+            qk_norm=arch in ("Qwen3ForCausalLM", "Qwen3Model", "Qwen3MoeForCausalLM"),
             sliding_window=sliding,
             layer_types=layer_types,
             torch_dtype=raw.get("torch_dtype") or raw.get("dtype"),
