@@ -20,9 +20,12 @@ _SUFFIX = "<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n"
 
 def rerank_prompt(query: str, document: str, instruction: str | None = None) -> str:
     """The text a Qwen3-Reranker scores for (query, document)."""
+    return _PREFIX + _body(query, document, instruction) + _SUFFIX
+
+
+def _body(query: str, document: str, instruction: str | None) -> str:
     instruction = instruction or DEFAULT_INSTRUCTION
-    body = f"<Instruct>: {instruction}\n<Query>: {query}\n<Document>: {document}"
-    return _PREFIX + body + _SUFFIX
+    return f"<Instruct>: {instruction}\n<Query>: {query}\n<Document>: {document}"
 
 
 def score_token_ids(tokenizer) -> tuple[int, int]:
@@ -45,4 +48,10 @@ def rerank_token_ids(
     if cross_encoder:
         encode_prompt(tokenizer, query + document)  # the same refusals as any prompt
         return list(tokenizer(query, document)["input_ids"])
-    return encode_prompt(tokenizer, rerank_prompt(query, document, instruction))
+    # Encoded in three parts, as the model card does: the template's ends tokenize alone.
+    body = _body(query, document, instruction)
+    return [
+        t
+        for part in (_PREFIX, body, _SUFFIX)
+        for t in encode_prompt(tokenizer, part, add_special_tokens=False)
+    ]
