@@ -85,7 +85,7 @@ class ModelRunner:
         self.state_pool = StatePool.empty()
         self.graphs: DecodeGraphs | None = None
         self.pooler = Pooler()
-        """Pools pooling requests' hidden states; the engine sets a reranker's token ids."""
+        """Pools pooling requests' hidden states; the engine sets the one of its model's kind."""
         self.kernel_choices = (
             KernelChoices()
         )  # this engine's alone (engine/startup/kernel_choices.py)
@@ -203,7 +203,7 @@ class ModelRunner:
         if self.device.type == "cuda":
             apply_memory_cap(self.device)
         measure = measure or (measure_cuda if self.device.type == "cuda" else None)
-        if measure is None:
+        if measure is None or self.model_config.encoder is not None:  # an encoder: no KV pool
             return None
         with self.timer.phase("memory_check"):
             return self._check_memory(predicted, workload, measure)
