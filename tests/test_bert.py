@@ -46,3 +46,15 @@ def test_cross_encoder_scores_equal_transformers(tmp_path):
     info = EngineInfo.of(llm.engine)  # what the front end learns of it
     assert (info.kind, info.is_encoder, info.embedding_size) == ("rerank", True, None)
     assert len(set(round(s, 6) for s in want)) == 3  # the scores tell the documents apart
+
+
+def test_encoder_prompts_run_whole_under_a_short_budget(tmp_path):
+    """With a step budget shorter than the inputs together, each input still runs whole (one
+    step), and one longer than the budget is refused, saying why."""
+    folder = make_tiny_bert_embedder(tmp_path / "bert", "mean")
+    llm = LLM(str(folder), device="cpu", dtype="float32", max_num_batched_tokens=16)
+    want = reference_bert_embeddings(folder, TEXTS, "mean")
+    for got, w in zip(llm.embed(TEXTS), want):
+        torch.testing.assert_close(torch.tensor(got), w, atol=1e-5, rtol=0)
+    with pytest.raises(ValueError, match="max_num_batched_tokens=16"):
+        llm.embed([" ".join(["paris"] * 20)])

@@ -97,3 +97,13 @@ def test_a_headless_qwen3_model_embeds(tmp_path):
     want = reference_embeddings(tmp_path, [llm.engine.encode(t) for t in TEXTS])
     for got, w in zip(llm.embed(TEXTS), want):
         torch.testing.assert_close(torch.tensor(got), w, atol=1e-5, rtol=0)
+
+
+def test_a_prompt_prefilled_in_chunks_pools_its_last_token(embedder):
+    folder, _ = embedder
+    llm = LLM(str(folder), device="cpu", dtype="float32", max_num_batched_tokens=16)
+    text = "a prompt much longer than one step's budget of sixteen tokens, run in chunks"
+    got = llm.generate([text], SamplingParams(max_tokens=1, pooling="embed"))[0]
+    assert got.metrics.num_prefill_chunks > 1
+    want = reference_embeddings(folder, [llm.engine.encode(text)])[0]
+    torch.testing.assert_close(torch.tensor(got.pooled), want, atol=1e-5, rtol=0)
