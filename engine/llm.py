@@ -9,6 +9,7 @@ from pathlib import Path
 from engine.llm_engine import LLMEngine
 from engine.sampling_params import SamplingParams
 from engine.scheduling.request import RequestOutput
+from engine.text.rerank_prompt import rerank_token_ids
 
 
 class LLM:
@@ -50,6 +51,11 @@ class LLM:
             params = [params] * len(prompts)
         if len(params) != len(prompts):
             raise ValueError(f"got {len(prompts)} prompts but {len(params)} SamplingParams")
+        if self.engine.kind.kind != "generate" and any(p.pooling is None for p in params):
+            raise ValueError(
+                f"{self.engine.model_name} is a {self.engine.kind.kind} model: it does not "
+                "generate text (use LLM.embed or LLM.score)"
+            )
         encoded = [self.engine.encode(p) if isinstance(p, str) else list(p) for p in prompts]
         for token_ids, p in zip(encoded, params):
             self.engine.validate(token_ids, p)  # all or nothing: raise before queueing any
@@ -58,6 +64,26 @@ class LLM:
         for request_id, token_ids, p in zip(ids, encoded, params):
             self.engine.add_request(request_id, token_ids, p)
         return self._run(ids)
+
+    def embed(self, prompts: str | Sequence[str] | Sequence[Sequence[int]]) -> list[list[float]]:
+        """The L2-normalised embedding of each prompt (text or token ids), in prompt order."""
+        if self.engine.kind.kind != "embed":
+            raise ValueError(f"{self.engine.model_name} is not an embedding model")
+        outputs = self.generate(prompts, SamplingParams(max_tokens=1, pooling="embed"))
+        return [out.pooled for out in outputs]
+
+    def score(
+        self, query: str, documents: Sequence[str], instruction: str | None = None
+    ) -> list[float]:
+        """A reranker's relevance of each document to the query, in [0, 1], in document
+        order (engine/text/rerank_prompt.py)."""
+        engine = self.engine
+        prompts = [
+            rerank_token_ids(engine.tokenizer, query, d, instruction, engine.is_encoder)
+            for d in documents
+        ]
+        outputs = self.generate(prompts, SamplingParams(max_tokens=1, pooling="score"))
+        return [out.pooled[0] for out in outputs]
 
     def chat(
         self, conversations: Sequence[list[dict]], params: SamplingParams | None = None

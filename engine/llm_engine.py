@@ -15,10 +15,12 @@ from engine.engine_stats import engine_stats
 from engine.memory.bandwidth import BandwidthMeter
 from engine.memory.memory_check import Measurement, MemoryItems
 from engine.memory.state_pool import SlotAllocator
+from engine.models.model_kind import model_kind
 from engine.planner import Device
 from engine.runner import compile_count
 from engine.runner.model_runner import Forward, ModelRunner, Prepared
 from engine.runner.pending_step import PendingStep, request_rows
+from engine.runner.pooler import pooler_for
 from engine.runner.warmup import WarmUp, run_peak_step
 from engine.sampling_params import SamplingParams
 from engine.scheduling.block_manager import BlockManager
@@ -73,10 +75,15 @@ class LLMEngine:
                 timer,
                 setup.draft,
             )
+        self.is_encoder = self.model_config.encoder is not None
+        self.kind = model_kind(self.folder, self.is_encoder)
+        self.runner.pooler = pooler_for(self.kind, self.runner.model, self.tokenizer)
         self._rng = random.Random(self.config.seed)
         self._requests: dict[str, Request] = {}
         self._detokenizers: dict[str, IncrementalDetokenizer] = {}
         self._aborted: list[Request] = []
+        self._pooled: list[Request] = []
+        """Pooling requests finished by a step's launch, reported at the end of that step."""
         self._pending: PendingStep | None = None
         self._next: tuple[Forward, list] | None = None
         """A forward queued behind a constrained step's sample, to sample next call."""
@@ -120,9 +127,11 @@ class LLMEngine:
         # A model with linear-attention layers keeps a state slot per running sequence and no
         # prefix cache: a cached prefix would skip the tokens its state is built from.
         slots = SlotAllocator(cfg.max_num_seqs) if self.model_config.linear_layer_ids() else None
-        caching = cfg.prefix_caching and slots is None
+        # An encoder's tokens attend both ways: a cached prefix's states depend on what follows.
+        encoder = self.model_config.encoder is not None
+        caching = cfg.prefix_caching and slots is None and not encoder
         self.block_manager = BlockManager(num_blocks, cfg.block_size, caching, extra, slots)
-        self.scheduler = Scheduler(self.config, self.block_manager)
+        self.scheduler = Scheduler(self.config, self.block_manager, whole_prompts=encoder)
 
     def _reset_counters(self) -> None:
         self.num_steps = self.prompt_tokens_total = self.generation_tokens_total = 0
@@ -145,11 +154,15 @@ class LLMEngine:
         serving one), a lone prefill of every token-count class, decodes beside prefill chunks
         (one and several, short and long contexts), a chunk continuing a prompt longer than the
         budget; greedy, seeded and fully featured sampling. Counters are reset afterwards."""
+        if self.is_encoder:  # no KV cache, no sampling: nothing of this applies
+            return
         WarmUp(self).run()
         self._reset_counters()
 
     def run_peak_step(self) -> None:
         """The heaviest steps serving can meet (engine/runner/warmup.py, run_peak_step)."""
+        if self.is_encoder:
+            return
         run_peak_step(self)
         self._run_to_completion()
 
@@ -217,6 +230,17 @@ class LLMEngine:
     def validate(self, token_ids: list[int], params: SamplingParams) -> None:
         """ValueError, saying what to change, for a request this engine cannot take."""
         check_prompt(token_ids, params, self.model_config.vocab_size, self.config.max_model_len)
+        if self.is_encoder:
+            if params.pooling is None:
+                raise ValueError("this encoder model generates no text: send it pooling requests")
+            if len(token_ids) > self.config.max_num_batched_tokens:
+                raise ValueError(
+                    f"an encoder runs each input whole in one step of at most "
+                    f"max_num_batched_tokens={self.config.max_num_batched_tokens} tokens; the "
+                    f"input has {len(token_ids)}: shorten it"
+                )
+        if params.pooling == "score" and not self.runner.pooler.can_score:
+            raise ValueError("this model is not a reranker: it cannot score documents")
         if params.structured is not None:
             self._grammar_pool_or_refuse()
 
@@ -237,6 +261,7 @@ class LLMEngine:
             or bool(self._aborted)
             or self._pending is not None
             or self._next is not None
+            or bool(self._pooled)
             or bool(self.grammars)
         )
 
@@ -292,6 +317,8 @@ class LLMEngine:
         if launched is not None and not self._overlap:
             touched += self._resolve()
         self.compiles.log_new(logger)
+        touched += self._pooled
+        self._pooled = []
         return outputs + self._outputs(touched)
 
     def _outputs(self, touched: list[Request]) -> list[RequestOutput]:
@@ -308,6 +335,8 @@ class LLMEngine:
             touched += self.spec.apply(self.scheduler, fwd.batch, emitted)
         self.spec.clear()
         self.compiles.log_new(logger)
+        touched += self._pooled
+        self._pooled = []
         return [self._output(req) for req in dict.fromkeys(touched)]
 
     def _launch_forward(self, drafting: bool = False) -> tuple[Forward | None, list]:
@@ -348,6 +377,12 @@ class LLMEngine:
         ]
         self.scheduler.advance(prepared.batch)
         self.num_steps += 1
+        for i, vector in fwd.pooled.items():  # prefill done: the vector is the whole answer
+            req = prepared.batch.requests[i]
+            if not req.is_finished:
+                req.pooled = vector
+                self.scheduler.finish(req, RequestStatus.FINISHED_STOPPED)
+                self._pooled.append(req)
         return fwd, constrained
 
     def compiles_after_warmup(self) -> list[str]:
@@ -387,6 +422,7 @@ class LLMEngine:
             logprobs=list(req.logprobs) if req.logprobs is not None else None,
             stop_reason=req.stop_reason,
             trace=list(req.trace) if finished else [],
+            pooled=req.pooled,
         )
 
     def _detokenize(self, req: Request, detok: IncrementalDetokenizer) -> None:

@@ -14,6 +14,10 @@ PRIORITIES = ("interactive", "batch")
 waiting queue)."""
 
 
+POOLING_TASKS = ("embed", "score")
+"""What a pooling request returns (SamplingParams.pooling)."""
+
+
 @dataclass
 class SamplingParams:
     """Per-request sampling and stopping settings (OpenAI/vLLM names)."""
@@ -59,12 +63,17 @@ class SamplingParams:
     cache_salt: str | None = None
     """Prefix-cache namespace: the request only hits blocks cached by requests with the same
     salt (None: the shared one). Keeps one team's prompts from being probed by another's."""
+    pooling: str | None = None
+    """None: generate. One of POOLING_TASKS: run the prompt's prefill only and return a vector
+    (engine/runner/pooler.py): "embed" the embedding, "score" the reranker's relevance."""
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
             self.stop = [self.stop]
         self.stop = list(self.stop)
         self.stop_token_ids = list(self.stop_token_ids)
+        if self.pooling is not None and self.pooling not in POOLING_TASKS:
+            raise ValueError(f"pooling must be one of {', '.join(POOLING_TASKS)}")
         if not isinstance(self.max_tokens, int) or self.max_tokens <= 0:
             raise ValueError(f"max_tokens must be a positive integer, got {self.max_tokens!r}")
         if self.temperature < 0:

@@ -35,6 +35,7 @@ from appliance.server.app_keys import (
     TRACKER,
 )
 from appliance.server.auth import make_auth_middleware
+from appliance.server.embedding_routes import routes as embedding_routes
 from appliance.server.errors import error_middleware
 from appliance.server.key_stats import KeyCollector
 from appliance.server.limits import Limiter
@@ -191,6 +192,7 @@ def create_app(
     app[METRICS].registry.register(KeyCollector(app[TRACKER].keys))
     app[EXECUTOR] = ThreadPoolExecutor(max_workers=2, thread_name_prefix="tokenize")
     app.router.add_routes(openai_routes)
+    app.router.add_routes(embedding_routes)
     app.router.add_routes(admin_routes)
     app.router.add_routes(model_routes)
     setup_responses(app)

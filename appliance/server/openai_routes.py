@@ -193,6 +193,17 @@ async def _generate(
     tracker, metrics, limiter = app[TRACKER], app[METRICS], app[LIMITER]
     key_name = request.get(KEY_NAME)
     limits = limiter.limits(key_name or ANONYMOUS)
+    if getattr(state.engine, "kind", "generate") != "generate":
+        what, route = {"embed": ("an embedding", "/v1/embeddings")}.get(
+            state.engine.kind, ("a reranking", "/v1/rerank")
+        )
+        raise APIError(
+            400,
+            f"{state.model_name} is {what} model, not a text generator: send its requests to "
+            f"{route}, or serve a chat model for this route",
+            param="model",
+            code="wrong_model_kind",
+        )
     try:  # a key already past its limits is refused before its prompt costs any work
         limiter.check(key_name or ANONYMOUS, tracker.mean_e2e())
     except Refusal as refusal:

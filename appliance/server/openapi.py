@@ -13,6 +13,12 @@ from pydantic.json_schema import GenerateJsonSchema, models_json_schema
 from appliance.server.anthropic_api.schema import CountTokensRequest, MessagesRequest
 from appliance.server.responses_api.schema import ResponsesRequest
 from appliance.server.schema.base import RequestModel
+from appliance.server.schema.pooling import (
+    EmbeddingsRequest,
+    EmbeddingsResponse,
+    RerankRequest,
+    RerankResponse,
+)
 from appliance.server.schema.requests import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -62,6 +68,16 @@ ROUTES: dict[tuple[str, str], Route] = {
         ChatCompletionRequest,
         ChatCompletionResponse,
         stream=ChatCompletionChunk,
+    ),
+    ("/v1/embeddings", "post"): Route(
+        "Embeddings of texts or token ids (OpenAI); served by embedding models",
+        EmbeddingsRequest,
+        EmbeddingsResponse,
+    ),
+    ("/v1/rerank", "post"): Route(
+        "Documents scored for relevance to a query (vLLM, Jina, Cohere); served by rerankers",
+        RerankRequest,
+        RerankResponse,
     ),
     ("/v1/responses", "post"): Route(
         'Create a response (OpenAI Responses API); with "stream": true, its Server-Sent Events '

@@ -33,10 +33,18 @@ class EngineInfo:
     """Every token id that ends generation (structured outputs allow them at a grammar's end)."""
     logits_size: int | None = None
     """The model's logits width (config vocab_size; it may pad past the tokenizer's)."""
+    kind: str = "generate"
+    """What the model serves, one of engine.models.model_kind.KINDS: "generate" (text),
+    "embed" (/v1/embeddings) or "rerank" (/v1/rerank)."""
+    is_encoder: bool = False
+    """A BERT-like encoder: a reranker's inputs are the tokenizer's (query, document) pairs."""
+    embedding_size: int | None = None
+    """The length of an embedding model's vectors (its hidden size); None for other kinds."""
 
     @classmethod
     def of(cls, engine: Any) -> EngineInfo:
         report = getattr(engine, "plan_report", None)
+        kind = engine.kind.kind if hasattr(engine, "kind") else "generate"
         model_config = getattr(engine, "model_config", None)
         if engine.tokenizer is not None:
             vocab_size = len(engine.tokenizer)
@@ -53,6 +61,9 @@ class EngineInfo:
             stats={**engine.stats(), "num_unfinished": 0, "last_step_s": 0.0},
             eos_token_ids=frozenset(getattr(engine, "eos_token_ids", ())),
             logits_size=getattr(model_config, "vocab_size", None),
+            kind=kind,
+            is_encoder=bool(getattr(engine, "is_encoder", False)),
+            embedding_size=getattr(model_config, "hidden_size", None) if kind == "embed" else None,
         )
 
     def plan_report(self) -> dict | None:

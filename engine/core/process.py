@@ -219,7 +219,9 @@ def _warm_up(engine: Any) -> None:
     """One short greedy request through the loop the core will run, so nothing the first
     client meets is built for it (LLMEngine warms every shape already; this covers stand-ins
     and the path around the step)."""
-    params = SamplingParams(max_tokens=2, temperature=0.0)
+    kind = getattr(getattr(engine, "kind", None), "kind", "generate")
+    pooling = {"embed": "embed", "rerank": "score"}.get(kind)  # what the model serves
+    params = SamplingParams(max_tokens=2, temperature=0.0, pooling=pooling)
     engine.add_request("__core-warmup", [1, 1, 1], params)
     deadline = time.monotonic() + WARMUP_LIMIT_S
     while engine.has_unfinished():

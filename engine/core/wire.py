@@ -12,6 +12,7 @@ Core -> front end, one frame per front end per step:
      "s": stats dict or absent,
      "kv": {request_id: kv blocks} or absent}
 
+A pooling request's vector (RequestOutput.pooled) crosses once, in its finished delta.
 Outputs cross as deltas: the token ids, text and logprobs new since the last frame, so a frame
 costs what the step produced, not the length of every answer so far. `text_start` says where the
 new text goes: the front end keeps text[:text_start] and appends; an engine's text only grows,
@@ -84,6 +85,7 @@ def output_delta(output: RequestOutput, sent: SentState) -> list:
         [getattr(m, name) for name in _METRIC_FIELDS],
         logprobs,
         trace,
+        output.pooled if output.finished else None,
     ]
 
 
@@ -100,7 +102,9 @@ class Assembled:
     def apply(self, delta: list) -> RequestOutput:
         """Take in one delta; returns the cumulative output as of it (lists copied, so an
         output handed to a consumer never changes under it)."""
-        _, tokens, start, text, finished, reason, stop_reason, metrics, logprobs, trace = delta
+        _, tokens, start, text, finished, reason, stop_reason, metrics, logprobs, trace, pooled = (
+            delta
+        )
         self.token_ids.extend(tokens)
         self.text = self.text[:start] + text if start < len(self.text) else self.text + text
         if logprobs is not None:
@@ -118,4 +122,5 @@ class Assembled:
             logprobs=list(self.logprobs) if self.logprobs is not None else None,
             stop_reason=stop_reason,
             trace=[TraceEvent(t, e, d) for t, e, d in trace] if trace else [],
+            pooled=pooled,
         )

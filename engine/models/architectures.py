@@ -39,9 +39,13 @@ ARCHITECTURES: dict[str, Architecture] = {
         Architecture("MistralForCausalLM", "engine.models.llama:LlamaForCausalLM"),
         Architecture("Qwen2ForCausalLM", "engine.models.llama:LlamaForCausalLM"),
         Architecture("Qwen3ForCausalLM", "engine.models.llama:LlamaForCausalLM"),
+        # a Qwen3 saved without its LM head (an embedding model): the tied embeddings stand in
+        Architecture("Qwen3Model", "engine.models.llama:LlamaForCausalLM"),
         *(Architecture(name, _GEMMA3, ("gelu_pytorch_tanh",)) for name in GEMMA3_NAMES),
         *(Architecture(name, _GEMMA4, ("gelu_pytorch_tanh",)) for name in GEMMA4_NAMES),
         Architecture("Qwen3MoeForCausalLM", "engine.models.qwen3_moe:Qwen3MoeForCausalLM"),
+        Architecture("BertModel", "engine.models.bert:BertModel", ("gelu",)),
+        Architecture("BertForSequenceClassification", "engine.models.bert:BertModel", ("gelu",)),
         Architecture("GptOssForCausalLM", "engine.models.gpt_oss:GptOssForCausalLM"),
         *(Architecture(n, "engine.models.qwen3_5:Qwen3_5ForCausalLM") for n in QWEN3_5_NAMES),
         *(

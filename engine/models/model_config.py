@@ -116,6 +116,9 @@ class ModelConfig:
     """Per-layer inputs (Gemma 4's PLE, engine/models/gemma4.py): each layer's slice width of
     a table of vocab_size_per_layer_input rows; 0: none."""
     vocab_size_per_layer_input: int = 0
+    encoder: dict | None = None
+    """A BERT encoder's own fields (type_vocab_size, num_labels: 0 for an embedding model);
+    None for a decoder."""
     use_double_wide_mlp: bool = False
     """The layers that read another's K/V have dense MLPs of 2 x intermediate_size (Gemma 4)."""
     moe_beside_mlp: bool = False
@@ -303,7 +306,7 @@ class ModelConfig:
             qkv_bias=is_qwen2 or attention_bias,
             o_bias=attention_bias and not is_qwen2,
             mlp_bias=bool(raw.get("mlp_bias", False)),
-            qk_norm=arch in ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM"),
+            qk_norm=arch in ("Qwen3ForCausalLM", "Qwen3Model", "Qwen3MoeForCausalLM"),
             sliding_window=sliding,
             layer_types=layer_types,
             torch_dtype=raw.get("torch_dtype") or raw.get("dtype"),
@@ -320,6 +323,12 @@ class ModelConfig:
             from engine.models.moe_config import gpt_oss_fields
 
             family = gpt_oss_fields(raw)
+        elif raw.get("model_type") == "bert":
+            labels = len(raw.get("id2label") or {}) if arch.endswith("Classification") else 0
+            family = dict(
+                rms_norm_eps=float(raw.get("layer_norm_eps", 1e-12)),  # LayerNorm's eps
+                encoder={"type_vocab_size": raw.get("type_vocab_size", 2), "num_labels": labels},
+            )
         return cls(**{**fields, **family})
 
     @classmethod

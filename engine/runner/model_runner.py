@@ -14,7 +14,7 @@ from __future__ import annotations
 import gc
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -39,6 +39,7 @@ from engine.runner.cuda_graphs import DecodeGraphs, graph_batch_sizes
 from engine.runner.forward_context import AttentionMetadata, forward_context
 from engine.runner.input_prep import PendingFill, prepare_inputs, prepare_sampling
 from engine.runner.pending_step import PendingStep
+from engine.runner.pooler import Pooler
 from engine.runner.sampler import SamplingTensors, sample
 from engine.scheduling.scheduler import ScheduledBatch
 from engine.spec.draft_model import DraftModel
@@ -83,6 +84,8 @@ class ModelRunner:
         self.kv_pool = KVPool.empty()
         self.state_pool = StatePool.empty()
         self.graphs: DecodeGraphs | None = None
+        self.pooler = Pooler()
+        """Pools pooling requests' hidden states; the engine sets the one of its model's kind."""
         self.kernel_choices = (
             KernelChoices()
         )  # this engine's alone (engine/startup/kernel_choices.py)
@@ -91,6 +94,9 @@ class ModelRunner:
     def allocate_kv_cache(self, num_blocks: int, kv_dtype: torch.dtype) -> None:
         """Allocate the paged pool and bind each attention layer's K/V views."""
         backend = select_backend(self.device)
+        self.backend = backend
+        if self.model_config.encoder is not None:  # bidirectional, whole prompts: no KV cache
+            return
         layers = self.model.attention_layers()
         self.kv_pool = KVPool.allocate(
             self.model_config, layers, num_blocks, self.block_size, kv_dtype, self.device
@@ -140,6 +146,7 @@ class ModelRunner:
             self.device.type == "cuda"
             and not self.config.enforce_eager
             and self.backend.name == "triton"
+            and self.model_config.encoder is None  # an encoder has no decode step to capture
         )
 
     def choose_kernels(self) -> None:
@@ -196,7 +203,7 @@ class ModelRunner:
         if self.device.type == "cuda":
             apply_memory_cap(self.device)
         measure = measure or (measure_cuda if self.device.type == "cuda" else None)
-        if measure is None:
+        if measure is None or self.model_config.encoder is not None:  # an encoder: no KV pool
             return None
         with self.timer.phase("memory_check"):
             return self._check_memory(predicted, workload, measure)
@@ -261,9 +268,10 @@ class ModelRunner:
         else:
             with forward_context(meta):
                 hidden = self.model(input_ids, positions)  # [num_tokens, hidden]
+        pooled = self._pool(batch, hidden, prep.meta.query_start_loc_cpu)
         rows = batch.sampling_indices
         if not rows:
-            return Forward(batch, rows, None, None, prev)
+            return Forward(batch, rows, None, None, prev, pooled)
         # [num_sampling + drafted tokens, vocab]: one row per sampling request, plus one per
         # drafted token of a speculative step (engine/spec/step.py)
         logits = self.model.compute_logits(hidden[prep.logits_rows])
@@ -271,7 +279,19 @@ class ModelRunner:
         # token index seeds its random draw).
         reqs = [batch.requests[i] for i in rows]
         tensors = prepare_sampling(reqs, self.model_config.vocab_size, self.device)
-        return Forward(batch, rows, logits, tensors, prev)
+        return Forward(batch, rows, logits, tensors, prev, pooled)
+
+    def _pool(
+        self, batch: ScheduledBatch, hidden: torch.Tensor, query_start_loc: list[int]
+    ) -> dict[int, list[float]]:
+        """Batch index -> vector of each pooling request whose prefill ends this step (read
+        back now: a step with pooling requests does not overlap the next)."""
+        indices = batch.pooling_indices
+        if not indices:
+            return {}
+        spans = [(query_start_loc[i], query_start_loc[i + 1]) for i in indices]
+        tasks = [batch.requests[i].params.pooling for i in indices]
+        return dict(zip(indices, self.pooler.pool(self.model, hidden, spans, tasks)))
 
     @torch.inference_mode()
     def sample(self, fwd: Forward, bitmask: torch.Tensor | None = None) -> PendingStep:
@@ -308,6 +328,8 @@ class Forward:
     sampling: SamplingTensors | None
     prev: PendingStep | None
     """The step before, kept alive: this forward reads its tokens on the device."""
+    pooled: dict[int, list[float]] = field(default_factory=dict)
+    """Batch index -> vector of each pooling request that finished its prefill."""
 
     @property
     def sampling_requests(self) -> list:

@@ -28,6 +28,13 @@ def check_prompt(
     bad = [t for t in token_ids if not (isinstance(t, int) and 0 <= t < vocab_size)]
     if bad:
         raise ValueError(f"prompt token ids must be integers in [0, {vocab_size}); got {bad[:5]}")
+    if params.pooling is not None:
+        if len(token_ids) > max_model_len:
+            raise ValueError(
+                f"This model's maximum context length is {max_model_len} tokens; the input has "
+                f"{len(token_ids)}. Shorten it."
+            )
+        return
     total = len(token_ids) + params.max_tokens
     if total > max_model_len:
         raise ValueError(
@@ -110,6 +117,8 @@ class RequestOutput:
     logprobs: list[Logprob] | None = None
     stop_reason: str | int | None = None
     trace: list[TraceEvent] = field(default_factory=list)
+    pooled: list[float] | None = None
+    """A pooling request's vector (SamplingParams.pooling): the embedding, or [score]."""
 
     @property
     def num_prompt_tokens(self) -> int:
@@ -163,6 +172,8 @@ class Request:
         self.spec_tokens: list[int] = []
         """Drafted tokens to verify this step after the last token (engine/spec/step.py); the
         scheduler trims them to the step's budget and the free KV blocks."""
+        self.pooled: list[float] | None = None
+        """A pooling request's vector, set when its prefill ends (it then finishes)."""
         self.grammar = None
         """The request's GrammarState (engine.structured) once compiled; None = unconstrained."""
         now = time.time() if arrival_time is None else arrival_time

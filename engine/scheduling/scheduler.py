@@ -47,6 +47,17 @@ class ScheduledBatch:
     def sampling_indices(self) -> list[int]:
         """Requests that reach their last known token this step, and so sample one. Read after
         scheduling and before advance (it depends on num_computed_tokens)."""
+        return [i for i in self._last_token_indices if self.requests[i].params.pooling is None]
+
+    @cached_property
+    def pooling_indices(self) -> list[int]:
+        """Pooling requests (SamplingParams.pooling) whose prefill ends this step: they sample
+        nothing; the runner pools their hidden states and they finish. Read like
+        sampling_indices."""
+        return [i for i in self._last_token_indices if self.requests[i].params.pooling is not None]
+
+    @cached_property
+    def _last_token_indices(self) -> list[int]:
         return [
             i
             for i, (req, num_new) in enumerate(zip(self.requests, self.num_new_tokens))
@@ -60,8 +71,12 @@ class Scheduler:
         config: EngineConfig,
         block_manager: BlockManager,
         clock: Callable[[], float] = time.time,
+        whole_prompts: bool = False,
     ) -> None:
+        """whole_prompts: each prompt runs in one step, never in chunks (an encoder's tokens
+        attend both ways); the budget is then always max_num_batched_tokens."""
         self.config = config
+        self.whole_prompts = whole_prompts
         self.block_manager = block_manager
         self.policy = SchedulingPolicy(config, clock)
         self.waiting: deque[Request] = deque()
@@ -99,7 +114,7 @@ class Scheduler:
         requests wait: small steps keep running requests' token latency low when the queue is
         short, large ones drain a long queue."""
         cfg = self.config
-        if not cfg.adaptive_batching:
+        if not cfg.adaptive_batching or self.whole_prompts:
             return cfg.max_num_batched_tokens
         low = min(cfg.min_num_batched_tokens, cfg.max_num_batched_tokens)
         fill = min(1.0, len(self.waiting) / cfg.max_num_seqs)
@@ -149,10 +164,13 @@ class Scheduler:
     ) -> tuple[int, bool]:
         """Tokens req may compute with budget left of step_budget, and whether they count
         against long_left (None: long prompts are not limited this step)."""
-        num_new = min(req.num_tokens - req.num_computed_tokens + len(req.spec_tokens), budget)
-        if long_left is None or not self.policy.is_long(req, step_budget):
-            return num_new, False
-        return min(num_new, long_left), True
+        num_left = req.num_tokens - req.num_computed_tokens + len(req.spec_tokens)
+        num_new, is_long = min(num_left, budget), False
+        if long_left is not None and self.policy.is_long(req, step_budget):
+            num_new, is_long = min(num_new, long_left), True
+        if self.whole_prompts and num_new < num_left:
+            return 0, False  # waits for a step with room for all of it
+        return num_new, is_long
 
     def _admit_waiting(
         self, batch: ScheduledBatch, budget: int, step_budget: int, long_left: int | None
