@@ -11,6 +11,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from appliance.model_memory import expected_bytes, planned_bytes
@@ -19,6 +20,7 @@ from appliance.server.errors import APIError
 from appliance.server.model_names import alias_target
 from appliance.server.state import Phase, ServerState
 from appliance.settings import ServeSettings
+from engine.models.model_kind import model_kind
 
 logger = logging.getLogger("appliance.server")
 GIB = 1024**3
@@ -55,8 +57,18 @@ class ModelEntry:
 
     @property
     def kind(self) -> str:
+        """What the loaded engine reports; before a load, what the folder says (a .gguf file
+        or a preset generates)."""
         info = self.state.engine if self.state is not None else None
-        return getattr(info, "kind", "generate") if info is not None else "generate"
+        if info is not None:
+            return info.kind
+        folder = Path(self.spec.path)
+        if not (folder / "config.json").is_file():
+            return "generate"
+        try:
+            return model_kind(folder).kind
+        except (OSError, ValueError):  # an unreadable config: the load will say why
+            return "generate"
 
     @property
     def is_loaded(self) -> bool:
