@@ -186,6 +186,11 @@ class Request:
         return len(self.prompt_token_ids)
 
     @property
+    def is_pooling(self) -> bool:
+        """An embedding or scoring request (SamplingParams.pooling): it samples nothing."""
+        return self.params.pooling is not None
+
+    @property
     def num_tokens(self) -> int:
         return len(self.token_ids)
 

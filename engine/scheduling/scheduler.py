@@ -47,14 +47,14 @@ class ScheduledBatch:
     def sampling_indices(self) -> list[int]:
         """Requests that reach their last known token this step, and so sample one. Read after
         scheduling and before advance (it depends on num_computed_tokens)."""
-        return [i for i in self._last_token_indices if self.requests[i].params.pooling is None]
+        return [i for i in self._last_token_indices if not self.requests[i].is_pooling]
 
     @cached_property
     def pooling_indices(self) -> list[int]:
         """Pooling requests (SamplingParams.pooling) whose prefill ends this step: they sample
         nothing; the runner pools their hidden states and they finish. Read like
         sampling_indices."""
-        return [i for i in self._last_token_indices if self.requests[i].params.pooling is not None]
+        return [i for i in self._last_token_indices if self.requests[i].is_pooling]
 
     @cached_property
     def _last_token_indices(self) -> list[int]:

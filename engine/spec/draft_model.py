@@ -135,6 +135,7 @@ class _View:
     spec_tokens: list[int] = field(default_factory=list)
     num_pending: int = 0
     state_slot: None = None
+    is_pooling: bool = False
 
     @property
     def num_tokens(self) -> int:
