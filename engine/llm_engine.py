@@ -128,10 +128,9 @@ class LLMEngine:
         # prefix cache: a cached prefix would skip the tokens its state is built from.
         slots = SlotAllocator(cfg.max_num_seqs) if self.model_config.linear_layer_ids() else None
         # An encoder's tokens attend both ways: a cached prefix's states depend on what follows.
-        encoder = self.model_config.encoder is not None
-        caching = cfg.prefix_caching and slots is None and not encoder
+        caching = cfg.prefix_caching and slots is None and not self.is_encoder
         self.block_manager = BlockManager(num_blocks, cfg.block_size, caching, extra, slots)
-        self.scheduler = Scheduler(self.config, self.block_manager, whole_prompts=encoder)
+        self.scheduler = Scheduler(self.config, self.block_manager, whole_prompts=self.is_encoder)
 
     def _reset_counters(self) -> None:
         self.num_steps = self.prompt_tokens_total = self.generation_tokens_total = 0
@@ -337,7 +336,7 @@ class LLMEngine:
         self.compiles.log_new(logger)
         touched += self._pooled
         self._pooled = []
-        return [self._output(req) for req in dict.fromkeys(touched)]
+        return self._outputs(touched)
 
     def _launch_forward(self, drafting: bool = False) -> tuple[Forward | None, list]:
         """Schedule a batch, queue its forward (reading the pending step's tokens on the
