@@ -15,7 +15,7 @@ from appliance.server.body import read_json
 from appliance.server.errors import APIError
 from appliance.server.generation import Choice, Generation
 from appliance.server.limits import Refusal
-from appliance.server.model_route import model_state
+from appliance.server.model_route import model_state, require_kind
 from appliance.server.openai_routes import admit, count_rejected, offload, refused
 from appliance.server.pooling_inputs import (
     check_dimensions,
@@ -30,22 +30,6 @@ from engine.sampling_params import SamplingParams
 from engine.text.rerank_prompt import rerank_token_ids
 
 routes = web.RouteTableDef()
-
-WRONG_KIND = {
-    "generate": "{model} generates text: it serves /v1/chat/completions and /v1/completions, "
-    "not {route}; serve an embedding or reranking model for {route}",
-    "embed": "{model} is an embedding model: it serves /v1/embeddings, not {route}",
-    "rerank": "{model} is a reranking model: it serves /v1/rerank, not {route}",
-}
-"""What a request for another kind of model is told, by the served model's kind."""
-
-
-def require_kind(state, kind: str, route: str) -> None:
-    """A 400 saying which route the served model answers when it is not of `kind`."""
-    served = getattr(state.engine, "kind", "generate")
-    if served != kind:
-        message = WRONG_KIND[served].format(model=state.model_name, route=route)
-        raise APIError(400, message, param="model", code="wrong_model_kind")
 
 
 @routes.post("/v1/embeddings")

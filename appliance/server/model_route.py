@@ -153,3 +153,20 @@ def require_admin(request: web.Request) -> None:
             "loading and unloading models needs an admin key (--admin-key)",
             code="admin_key_required",
         )
+
+
+WRONG_KIND = {
+    "generate": "{model} generates text: it serves /v1/chat/completions and /v1/completions, "
+    "not {route}; serve an embedding or reranking model for {route}",
+    "embed": "{model} is an embedding model: it serves /v1/embeddings, not {route}",
+    "rerank": "{model} is a reranking model: it serves /v1/rerank, not {route}",
+}
+"""What a request for another kind of model is told, by the served model's kind."""
+
+
+def require_kind(state: ServerState, kind: str, route: str) -> None:
+    """A 400 saying which route the served model answers when it is not of `kind`."""
+    served = state.engine.kind
+    if served != kind:
+        message = WRONG_KIND[served].format(model=state.model_name, route=route)
+        raise APIError(400, message, param="model", code="wrong_model_kind")

@@ -16,7 +16,7 @@ from appliance.server.chat_output import ChatOutput
 from appliance.server.errors import APIError, bad_request
 from appliance.server.generation import Choice, Generation
 from appliance.server.limits import Refusal, capped_max_tokens
-from appliance.server.model_route import model_state, request_state
+from appliance.server.model_route import model_state, request_state, require_kind
 from appliance.server.protocol import (
     GenerateRequest,
     apply_defaults,
@@ -193,17 +193,7 @@ async def _generate(
     tracker, metrics, limiter = app[TRACKER], app[METRICS], app[LIMITER]
     key_name = request.get(KEY_NAME)
     limits = limiter.limits(key_name or ANONYMOUS)
-    if getattr(state.engine, "kind", "generate") != "generate":
-        what, route = {"embed": ("an embedding", "/v1/embeddings")}.get(
-            state.engine.kind, ("a reranking", "/v1/rerank")
-        )
-        raise APIError(
-            400,
-            f"{state.model_name} is {what} model, not a text generator: send its requests to "
-            f"{route}, or serve a chat model for this route",
-            param="model",
-            code="wrong_model_kind",
-        )
+    require_kind(state, "generate", request.path)
     try:  # a key already past its limits is refused before its prompt costs any work
         limiter.check(key_name or ANONYMOUS, tracker.mean_e2e())
     except Refusal as refusal:
