@@ -1,0 +1,68 @@
+"""Images in a prompt: the boundary type that carries one image from the front end to the
+engine core (ImageInput), and the helpers the scheduler, the block manager and the runner share.
+
+The front end (engine/multimodal/processing.py, called by the API adapters and LLM) renders
+the prompt through the model's transformers processor, which expands each image into a run of
+placeholder tokens; it cuts the processor's tensors into one ImageInput per run. The core keys
+prefix-cache blocks by the hashes of the images they overlap, runs the model's vision encoder
+for the runs a prefill chunk covers (engine/runner/vision_step.py) and writes the encoder's
+rows over the placeholders' embeddings.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+
+import torch
+
+
+@dataclass
+class ImageInput:
+    """One image (or one crop of one) in a prompt: its encoder inputs and where its
+    embeddings go."""
+
+    offset: int
+    """Index in the prompt's token ids of the first placeholder this image's embeddings
+    replace."""
+    length: int
+    """How many placeholders (consecutive from `offset`) it fills: the encoder's output rows."""
+    data: dict[str, torch.Tensor]
+    """The processor's tensors for this image alone (pixel_values, image_grid_thw,
+    image_position_ids...), on the CPU, as the family's vision encoder takes them."""
+    hash: bytes = field(default=b"")
+    """16 bytes identifying the pixels (BLAKE2b of `data`): the prefix-cache and encoder-cache
+    key. Filled from `data` when empty."""
+
+    def __post_init__(self) -> None:
+        if self.length <= 0 or self.offset < 0:
+            raise ValueError(f"an image needs offset >= 0 and length > 0; got {self}")
+        if not self.hash:
+            self.hash = hash_tensors(self.data)
+
+    @property
+    def end(self) -> int:
+        """One past the last placeholder it fills."""
+        return self.offset + self.length
+
+    def overlaps(self, start: int, end: int) -> bool:
+        """Whether its placeholders meet token positions [start, end)."""
+        return self.offset < end and start < self.end
+
+
+def hash_tensors(data: dict[str, torch.Tensor]) -> bytes:
+    """BLAKE2b-128 over the names, dtypes, shapes and bytes of `data`, in name order."""
+    digest = hashlib.blake2b(digest_size=16)
+    for name in sorted(data):
+        t = data[name].detach().cpu().contiguous()
+        digest.update(f"{name}|{t.dtype}|{tuple(t.shape)}|".encode())
+        digest.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+    return digest.digest()
+
+
+def images_key(images: list[ImageInput], start: int, end: int) -> bytes:
+    """The hashes of the images whose placeholders meet [start, end), with their offsets: the
+    part of a prefix-cache block's key that tells two images with the same placeholders apart
+    (b"" for a block of text alone)."""
+    parts = [i.hash + i.offset.to_bytes(8, "little") for i in images if i.overlaps(start, end)]
+    return b"img|" + b"".join(parts) if parts else b""
