@@ -96,6 +96,9 @@ class EngineConfig:
     load_format: str = "auto"
     """auto = the checkpoint's weights; random = random weights in the config's shapes
     (benchmarks: only config.json is needed, prompts are token ids)."""
+    max_encoder_tokens: int = 2048
+    """Image placeholders one step may send to the vision encoder (a step's first image always
+    goes): bounds the time an image's encoding adds to the decodes sharing its step."""
 
     def __post_init__(self) -> None:
         def positive(name: str, value: int | None) -> None:
@@ -111,6 +114,7 @@ class EngineConfig:
         positive("quant_block_size", self.quant_block_size)
         positive("long_prompt_tokens", self.long_prompt_tokens)
         positive("num_speculative_tokens", self.num_speculative_tokens)
+        positive("max_encoder_tokens", self.max_encoder_tokens)
         if not 0.0 < self.long_prompt_share <= 1.0:
             raise ValueError(f"long_prompt_share must be in (0, 1], got {self.long_prompt_share}")
         for name in ("queue_aging_s", "fair_share_window_s"):

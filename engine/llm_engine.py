@@ -16,6 +16,8 @@ from engine.memory.bandwidth import BandwidthMeter
 from engine.memory.memory_check import Measurement, MemoryItems
 from engine.memory.state_pool import SlotAllocator
 from engine.models.model_kind import model_kind
+from engine.models.vision import image_token_id
+from engine.multimodal import ImageInput, check_images
 from engine.planner import Device
 from engine.runner import compile_count
 from engine.runner.model_runner import Forward, ModelRunner, Prepared
@@ -130,7 +132,18 @@ class LLMEngine:
         # An encoder's tokens attend both ways: a cached prefix's states depend on what follows.
         caching = cfg.prefix_caching and slots is None and not self.is_encoder
         self.block_manager = BlockManager(num_blocks, cfg.block_size, caching, extra, slots)
-        self.scheduler = Scheduler(self.config, self.block_manager, whole_prompts=self.is_encoder)
+        vision = self.runner.vision_step
+        self.scheduler = Scheduler(
+            self.config,
+            self.block_manager,
+            whole_prompts=self.is_encoder,
+            whole_images=vision is not None and vision.both_ways,
+        )
+        self.image_limits = (None, None)
+        """check_images' (image token id, most tokens of one image) for this model."""
+        if vision is not None:
+            whole = self.config.max_num_batched_tokens if vision.both_ways else None
+            self.image_limits = (image_token_id(self.model_config.vision), whole)
 
     def _reset_counters(self) -> None:
         self.num_steps = self.prompt_tokens_total = self.generation_tokens_total = 0
@@ -193,14 +206,18 @@ class LLMEngine:
         prompt: str | list[int],
         params: SamplingParams,
         arrival_time: float | None = None,
+        images: list[ImageInput] | None = None,
     ) -> None:
-        """Queue a request; raises ValueError (saying what to change) for bad input."""
+        """Queue a request; raises ValueError (saying what to change) for bad input. `images`:
+        the prompt's images (engine.multimodal), their placeholders already in the prompt."""
         if request_id in self._requests:
             raise ValueError(f"request id {request_id!r} is already in use")
         token_ids = self.encode(prompt) if isinstance(prompt, str) else list(prompt)
         self.validate(token_ids, params)
+        if images:
+            check_images(token_ids, images, *self.image_limits)
         seed = params.seed if params.seed is not None else self._rng.getrandbits(63)
-        req = Request(request_id, token_ids, params, seed, self.eos_token_ids, arrival_time)
+        req = Request(request_id, token_ids, params, seed, self.eos_token_ids, arrival_time, images)
         self._requests[request_id] = req
         if self.tokenizer is not None:
             self._detokenizers[request_id] = IncrementalDetokenizer(
@@ -410,6 +427,7 @@ class LLMEngine:
             self._detokenizers.pop(req.request_id, None)
             if self.spec is not None:
                 self.spec.release(req.request_id)
+            self.runner.release(req)
         return RequestOutput(
             request_id=req.request_id,
             prompt_token_ids=req.prompt_token_ids,

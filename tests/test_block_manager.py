@@ -103,6 +103,7 @@ class CachedSeq(Seq):
         self.token_ids = list(token_ids)
         self.block_keys: list[bytes] = []
         self.root_key = ROOT_KEY
+        self.images = []
         self.num_pending = 0
         self.num_computed_tokens = 0
 

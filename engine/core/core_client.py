@@ -20,6 +20,7 @@ from zmq.utils.monitor import recv_monitor_message
 
 from engine.core import wire
 from engine.core.stream import EngineDeadError, RequestStream
+from engine.multimodal import ImageInput
 from engine.sampling_params import SamplingParams
 from engine.scheduling.request import RequestOutput
 
@@ -90,9 +91,11 @@ class CoreClient:
         prompt: str | list[int],
         params: SamplingParams,
         arrival_time: float | None = None,
+        images: list[ImageInput] | None = None,
     ) -> RequestStream:
         """Submit a request and wait until the core accepted it. The engine's ValueError (bad
-        prompt, too long, duplicate id) is raised here, before any output."""
+        prompt, too long, duplicate id, images it cannot take) is raised here, before any
+        output. `images`: the prompt's images (engine.multimodal)."""
         if not self.is_running:
             raise EngineDeadError(f"the engine is not running ({self.dead or 'not started'})")
         if request_id in self._streams:
@@ -105,6 +108,8 @@ class CoreClient:
         self._assembled[request_id] = wire.Assembled(request_id, prompt_ids)
         params_wire = wire.params_to_wire(params)
         frame = [wire.ADD, self._tag + request_id, prompt, params_wire, arrival_time]
+        if images:
+            frame.append(wire.images_to_wire(images))
         self._sock.send(wire.pack(frame))
         try:
             await accepted

@@ -76,10 +76,13 @@ class CoreLoop:
                 self._stopping = True
                 self._abort_all()
 
-    def _add(self, peer: bytes, request_id: str, prompt, params: dict, arrival: float) -> list:
+    def _add(
+        self, peer: bytes, request_id: str, prompt, params: dict, arrival: float, images=None
+    ) -> list:
         try:
             sampling = wire.params_from_wire(params)
-            self.engine.add_request(request_id, prompt, sampling, arrival)
+            extra = {"images": wire.images_from_wire(images)} if images else {}
+            self.engine.add_request(request_id, prompt, sampling, arrival, **extra)
         except (ValueError, TypeError) as exc:
             return [request_id, str(exc), None]
         self.owner[request_id] = peer

@@ -1,7 +1,8 @@
 """What crosses between the HTTP front end and the engine core process, as msgpack frames.
 
 Front end -> core, one command per frame:
-    [ADD, request_id, prompt (str or token ids), sampling params (dict), arrival_time]
+    [ADD, request_id, prompt (str or token ids), sampling params (dict), arrival_time,
+     images (list of images_to_wire entries, or absent)]
     [ABORT, request_id]
     [HELLO]             a front end announces itself (so it gets stats before any request)
     [SHUTDOWN]          abort everything and exit
@@ -26,6 +27,7 @@ from dataclasses import dataclass, field
 
 import msgpack
 
+from engine.multimodal import ImageInput
 from engine.sampling_params import SamplingParams
 from engine.scheduling.request import Logprob, RequestMetrics, RequestOutput, TraceEvent
 
@@ -51,6 +53,40 @@ def params_to_wire(params: SamplingParams) -> dict:
 
 def params_from_wire(data: dict) -> SamplingParams:
     return SamplingParams(**data)
+
+
+def images_to_wire(images: list[ImageInput]) -> list:
+    """Each image as [offset, length, hash, {name: [dtype, shape, row-major bytes]}]."""
+    import torch  # imported only where images cross (the front end runs without it)
+
+    def raw(t: torch.Tensor) -> bytes:
+        return t.detach().cpu().contiguous().view(-1).view(torch.uint8).numpy().tobytes()
+
+    return [
+        [
+            image.offset,
+            image.length,
+            image.hash,
+            {
+                name: [str(t.dtype).removeprefix("torch."), list(t.shape), raw(t)]
+                for name, t in image.data.items()
+            },
+        ]
+        for image in images
+    ]
+
+
+def images_from_wire(data: list) -> list[ImageInput]:
+    import torch
+
+    images = []
+    for offset, length, digest, tensors in data:
+        arrays = {
+            name: torch.frombuffer(bytearray(raw), dtype=getattr(torch, dtype)).reshape(shape)
+            for name, (dtype, shape, raw) in tensors.items()
+        }
+        images.append(ImageInput(offset, length, arrays, digest))
+    return images
 
 
 @dataclass

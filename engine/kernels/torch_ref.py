@@ -183,6 +183,30 @@ def prefill_attention_ref(
     return out
 
 
+def image_attention_ref(
+    q: torch.Tensor,  # [q_len, num_heads, head_dim]: the queries of one image's placeholders
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_table: torch.Tensor,  # [max_blocks] int32: the sequence's blocks
+    first_position: int,
+    key_end: int,
+    scale: float,
+    k_scales: torch.Tensor | None = None,
+    v_scales: torch.Tensor | None = None,
+    *,
+    window: int | None = None,
+    softcap: float | None = None,
+    sinks: torch.Tensor | None = None,
+) -> torch.Tensor:  # [q_len, num_heads, head_dim]
+    """Queries at positions first_position.. of an image whose placeholders end at `key_end`
+    (their K/V cached): each sees every key before key_end (the whole image both ways, and all
+    before it), within `window`."""
+    ks = _values(k_cache, k_scales, q.dtype, _gather, block_table, key_end)
+    vs = _values(v_cache, v_scales, q.dtype, _gather, block_table, key_end)
+    q_pos = torch.arange(first_position, first_position + q.shape[0], device=q.device)
+    return _attend_variant(q, ks, vs, q_pos, scale, window, softcap, sinks, key_end)
+
+
 def _attend_variant(
     q: torch.Tensor,  # [q_len, num_heads, head_dim]
     k: torch.Tensor,  # [seq_len, num_kv_heads, head_dim]
@@ -192,8 +216,10 @@ def _attend_variant(
     window: int | None,
     softcap: float | None,
     sinks: torch.Tensor | None,
+    key_end: int | None = None,
 ) -> torch.Tensor:  # [q_len, num_heads, head_dim]
-    """Attention with a window, a soft-cap and sinks, spelled out in fp32."""
+    """Attention with a window, a soft-cap and sinks, spelled out in fp32. `key_end`: every
+    key before it is seen (within the window), not only the causal ones."""
     group = q.shape[1] // k.shape[1]
     kf = k.float().repeat_interleave(group, dim=1).transpose(0, 1)  # [heads, seq_len, dim]
     vf = v.float().repeat_interleave(group, dim=1).transpose(0, 1)
@@ -202,6 +228,8 @@ def _attend_variant(
         logits = softcap * torch.tanh(logits / softcap)
     k_pos = torch.arange(k.shape[0], device=q.device)
     mask = k_pos[None, :] <= q_pos[:, None]
+    if key_end is not None:
+        mask |= k_pos[None, :] < key_end
     if window is not None:
         mask &= k_pos[None, :] > q_pos[:, None] - window
     logits = logits.masked_fill(~mask, float("-inf"))

@@ -1,5 +1,7 @@
-"""Our Gemma 3 text model: Gemma3ForCausalLM, and the text part of a
-Gemma3ForConditionalGeneration checkpoint (its vision tower is not loaded).
+"""Our Gemma 3 model: Gemma3ForCausalLM, and Gemma3ForConditionalGeneration (the same text
+model with its vision encoder, engine/models/vision/gemma3_vision.py, as `vision`: an image's
+encoder rows replace its placeholders' scaled embeddings, and the tokens of one image attend
+to each other both ways on every layer, engine/models/layers.py's PagedAttention).
 
 What differs from the Llama family (engine/models/llama.py): embeddings scaled by
 sqrt(hidden_size), rounded to the activation dtype; four RMSNorms per layer (before and after
@@ -24,6 +26,7 @@ from engine.models.layers import Linear, PagedAttention, RMSNorm
 from engine.models.llama import Attention
 from engine.models.model_config import FULL, SLIDING, ModelConfig
 from engine.models.rope_tables import RotaryEmbedding
+from engine.models.vision import MultimodalEmbeds, build_vision, load_with_vision, merge_images
 from engine.models.weights import QKV_GATE_UP, fused_name, load_fused
 
 logger = logging.getLogger(__name__)
@@ -37,7 +40,8 @@ VISION_PREFIXES = (
     "vision_tower.",
     "multi_modal_projector.",
 )
-"""A multimodal checkpoint's image encoder and projector: skipped (text generation only)."""
+"""A multimodal checkpoint's image encoder and projector, where its config has none (a
+text-only config saved with them): skipped."""
 
 
 @cache
@@ -113,15 +117,25 @@ class Gemma3ForCausalLM(nn.Module):
         self.lm_head = Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
+        self.vision = build_vision(cfg.vision)
+        for layer in self.layers if self.vision is not None else ():
+            layer.self_attn.attn.images_both_ways = True
 
     def init_buffers(self, device: torch.device) -> None:
         """Build the buffers that were made on meta (the RoPE tables) on `device`, in fp32."""
         for rope in self.ropes.values():
             rope.init_buffers(device)
+        if self.vision is not None:
+            self.vision.init_buffers(device)
 
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        images: MultimodalEmbeds | None = None,
+    ) -> torch.Tensor:
         x = self.embed_tokens(input_ids)  # [num_tokens, hidden]
-        x = x * _rounded(self.config.hidden_size**0.5, x.dtype)
+        x = merge_images(x * _rounded(self.config.hidden_size**0.5, x.dtype), images)
         residual = None
         for layer in self.layers:
             x, residual = layer(positions, x, residual)
@@ -153,18 +167,24 @@ class Gemma3ForCausalLM(nn.Module):
         at every call, so in bfloat16 the two differ by that one rounding (equal in fp32)."""
         cfg = self.config
         q, kv = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
-        load_fused(
-            self,
+        load_with_vision(
+            self.vision,
             weights,
             copy,
-            {"qkv_proj": [q, kv, kv], "gate_up_proj": [cfg.intermediate_size] * 2},
-            lambda name: fused_name(name, QKV_GATE_UP),
-            family="Gemma 3",
-            prefixes=TEXT_PREFIXES,
-            skipped=VISION_PREFIXES,
-            skipped_what="vision tower weights",
-            logger=logger,
-            transform=_one_plus_norm,
+            lambda text, elsewhere: load_fused(
+                self,
+                text,
+                copy,
+                {"qkv_proj": [q, kv, kv], "gate_up_proj": [cfg.intermediate_size] * 2},
+                lambda name: fused_name(name, QKV_GATE_UP),
+                family="Gemma 3",
+                prefixes=TEXT_PREFIXES,
+                skipped=VISION_PREFIXES,
+                skipped_what="vision tower weights",
+                logger=logger,
+                transform=_one_plus_norm,
+                loaded_elsewhere=elsewhere,
+            ),
         )
 
 

@@ -16,6 +16,7 @@ from torch import nn
 
 from engine.env import env_flag
 from engine.kernels import fused_kernels_enabled
+from engine.kernels.torch_ref import image_attention_ref
 from engine.runner.attention_backends import AttentionBackend
 from engine.runner.forward_context import get_context
 
@@ -139,6 +140,10 @@ class PagedAttention(nn.Module):
         self.k_scales: torch.Tensor | None = None  # int8 KV cache only
         self.v_scales: torch.Tensor | None = None
         self.backend: AttentionBackend | None = None
+        self.images_both_ways = False
+        """An image's placeholder tokens attend to each other both ways (Gemma 3 and 4's
+        multimodal models): meta.image_spans' rows are attended again with the image's later
+        keys in sight."""
         self.fuse_rope_store = False
         """Set by start-up timing (engine/startup/kernel_choices.py) where the fused kernel proved
         equal to the two and faster on this device."""
@@ -162,9 +167,21 @@ class PagedAttention(nn.Module):
         scales = (self.k_scales, self.v_scales)
         caches = (self.k_cache, self.v_cache)
         if self.window is None and self.softcap is None and self.sinks is None:
-            return self.backend.attention(q, *caches, meta, self.scale, *scales)
-        variant = {"window": self.window, "softcap": self.softcap, "sinks": self.sinks}
-        return self.backend.attention(q, *caches, meta, self.scale, *scales, **variant)
+            out = self.backend.attention(q, *caches, meta, self.scale, *scales)
+            variant = {}
+        else:
+            variant = {"window": self.window, "softcap": self.softcap, "sinks": self.sinks}
+            out = self.backend.attention(q, *caches, meta, self.scale, *scales, **variant)
+        if self.images_both_ways and meta.image_spans:
+            # [span rows, num_heads, head_dim], over the span's sequence's blocks
+            for span in meta.image_spans:
+                rows = slice(span.row_start, span.row_end)
+                table = meta.block_tables[span.seq]
+                out[rows] = image_attention_ref(
+                    q[rows], *caches, table, span.first_position, span.key_end, self.scale,
+                    *scales, **variant,
+                )  # fmt: skip
+        return out
 
     def rope_and_store(
         self, rope: RotaryEmbedding, positions: torch.Tensor, q, k, v

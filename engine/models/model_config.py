@@ -132,6 +132,9 @@ class ModelConfig:
     attn_output_gate: bool = False
     """Attention's output is multiplied by sigmoid of a gate the q projection also computes
     (Qwen3.5's full layers)."""
+    vision: dict | None = None
+    """A multimodal checkpoint's whole config.json (vision_config, image_token_id, ...): the
+    model builds its vision encoder from it (engine/models/vision); None for text-only."""
 
     def layer_type(self, i: int) -> str:
         if self.layer_types is not None:
@@ -244,6 +247,9 @@ class ModelConfig:
                 f"supported: {supported_names()}"
             )
         family: dict = {}
+        vision = (
+            raw if raw.get("vision_config") and arch.endswith("ForConditionalGeneration") else None
+        )
         if arch in GEMMA3_NAMES:
             from engine.models import gemma3_config
 
@@ -329,7 +335,7 @@ class ModelConfig:
                 rms_norm_eps=float(raw.get("layer_norm_eps", 1e-12)),  # LayerNorm's eps
                 encoder={"type_vocab_size": raw.get("type_vocab_size", 2), "num_labels": labels},
             )
-        return cls(**{**fields, **family})
+        return cls(**{**fields, **family, "vision": vision})
 
     @classmethod
     def from_folder(cls, folder: str | Path) -> ModelConfig:

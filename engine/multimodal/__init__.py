@@ -13,8 +13,10 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:  # torch-free to import: the block manager keys blocks with images_key
+    import torch
 
 
 @dataclass
@@ -66,3 +68,35 @@ def images_key(images: list[ImageInput], start: int, end: int) -> bytes:
     (b"" for a block of text alone)."""
     parts = [i.hash + i.offset.to_bytes(8, "little") for i in images if i.overlaps(start, end)]
     return b"img|" + b"".join(parts) if parts else b""
+
+
+def check_images(
+    token_ids: list[int],
+    images: list[ImageInput],
+    image_token_id: int | None,
+    max_image_tokens: int | None = None,
+) -> None:
+    """ValueError, saying what is wrong, unless every image's run lies inside the prompt, holds
+    only the model's image token, and meets no other image's. image_token_id None: the model
+    takes text only. max_image_tokens: the most placeholders one image may have (a model whose
+    images run whole in one step: the step's token budget)."""
+    if image_token_id is None:
+        raise ValueError("this model takes text only: send the request without images")
+    previous_end = 0
+    for n, image in enumerate(sorted(images, key=lambda i: i.offset)):
+        if image.offset < previous_end or image.end > len(token_ids):
+            raise ValueError(
+                f"image {n}: placeholders [{image.offset}, {image.end}) overlap another image or "
+                f"pass the prompt's end ({len(token_ids)} tokens)"
+            )
+        if any(token_ids[p] != image_token_id for p in range(image.offset, image.end)):
+            raise ValueError(
+                f"image {n}: the prompt's tokens [{image.offset}, {image.end}) must all be the "
+                f"image token {image_token_id}"
+            )
+        if max_image_tokens is not None and image.length > max_image_tokens:
+            raise ValueError(
+                f"image {n} takes {image.length} tokens and runs whole in one step of at most "
+                f"max_num_batched_tokens={max_image_tokens}: raise max_num_batched_tokens"
+            )
+        previous_end = image.end

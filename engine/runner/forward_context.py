@@ -9,9 +9,22 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
+
+
+@dataclass(frozen=True)
+class ImageSpan:
+    """Rows [row_start, row_end) of the packed batch are placeholders of one image in the
+    sequence `seq` (its index in the batch), at positions first_position..; the image's
+    placeholders end at position key_end, within this step."""
+
+    seq: int
+    row_start: int
+    row_end: int
+    first_position: int
+    key_end: int
 
 
 @dataclass
@@ -38,6 +51,9 @@ class AttentionMetadata:
     state_fresh: torch.Tensor | None = None
     """[num_seqs] bool: the sequence starts from a zero state (its first prefill chunk)
     instead of its slot's."""
+    image_spans: list[ImageSpan] = field(default_factory=list)
+    """The query rows of image placeholders this step, for models whose image tokens attend
+    to each other both ways (engine/runner/vision_step.py)."""
 
     @property
     def num_seqs(self) -> int:

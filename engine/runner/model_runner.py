@@ -41,6 +41,7 @@ from engine.runner.input_prep import PendingFill, prepare_inputs, prepare_sampli
 from engine.runner.pending_step import PendingStep
 from engine.runner.pooler import Pooler
 from engine.runner.sampler import SamplingTensors, sample
+from engine.runner.vision_step import VisionStep, both_ways
 from engine.scheduling.scheduler import ScheduledBatch
 from engine.spec.draft_model import DraftModel
 from engine.startup.kernel_choices import KernelChoices, choose_kernels
@@ -80,6 +81,11 @@ class ModelRunner:
             quant=resolve_weight_quant(config, model_config),
         )
         self.draft = None if draft is None else DraftModel(*draft, config, device, dtype)
+        vision = getattr(self.model, "vision", None)
+        self.vision_step = (
+            None if vision is None else VisionStep(vision, device, both_ways(self.model))
+        )
+        """Images: the encoder's rows and cache (None for a text-only model)."""
         self.block_size = config.block_size
         self.kv_pool = KVPool.empty()
         self.state_pool = StatePool.empty()
@@ -266,8 +272,12 @@ class ModelRunner:
         ):
             hidden = self.graphs.run(input_ids, positions, meta)
         else:
+            images = None
+            if self.vision_step is not None:
+                images, meta.image_spans = self.vision_step.prepare(batch, meta.query_start_loc_cpu)
+            extra = () if images is None else (images,)
             with forward_context(meta):
-                hidden = self.model(input_ids, positions)  # [num_tokens, hidden]
+                hidden = self.model(input_ids, positions, *extra)  # [num_tokens, hidden]
         pooled = self._pool(batch, hidden, prep.meta.query_start_loc_cpu)
         rows = batch.sampling_indices
         if not rows:
@@ -280,6 +290,11 @@ class ModelRunner:
         reqs = [batch.requests[i] for i in rows]
         tensors = prepare_sampling(reqs, self.model_config.vocab_size, self.device)
         return Forward(batch, rows, logits, tensors, prev, pooled)
+
+    def release(self, req) -> None:
+        """A request left the engine: drop its hold on cached encoder rows."""
+        if self.vision_step is not None and req.images:
+            self.vision_step.release(req)
 
     def _pool(
         self, batch: ScheduledBatch, hidden: torch.Tensor, query_start_loc: list[int]

@@ -30,6 +30,8 @@ from array import array
 from collections import OrderedDict
 from typing import TYPE_CHECKING, Protocol
 
+from engine.multimodal import images_key
+
 if TYPE_CHECKING:
     from engine.memory.state_pool import SlotAllocator
 
@@ -48,6 +50,9 @@ class CachedSeq(HasBlockTable, Protocol):
     """The keys of the first len(block_keys) blocks of block_table (cached or looked up)."""
     root_key: bytes
     """The first block's parent key (ROOT_KEY, or salted_root of a cache salt)."""
+    images: list
+    """The prompt's images (engine.multimodal.ImageInput): a block's key holds the hashes of
+    those whose placeholders it holds."""
 
 
 def salted_root(salt: str | None) -> bytes:
@@ -167,7 +172,7 @@ class BlockManager:
         size, ids = self.block_size, seq.token_ids
         blocks, keys, parent = [], [], seq.root_key
         for start in range(0, max_tokens - size + 1, size):
-            key = block_key(parent, ids[start : start + size], self.extra_key)
+            key = block_key(parent, ids[start : start + size], self._extra(seq, start))
             block = self._block_of.get(key)
             if block is None:
                 break
@@ -207,12 +212,18 @@ class BlockManager:
         while (len(keys) + 1) * size <= known and len(keys) < len(seq.block_table):
             start = len(keys) * size
             parent = keys[-1] if keys else seq.root_key
-            key = block_key(parent, seq.token_ids[start : start + size], self.extra_key)
+            key = block_key(parent, seq.token_ids[start : start + size], self._extra(seq, start))
             block = seq.block_table[len(keys)]
             if key not in self._block_of and block not in self._key_of:
                 self._block_of[key] = block
                 self._key_of[block] = key
             keys.append(key)
+
+    def _extra(self, seq: CachedSeq, start: int) -> bytes:
+        """The key's extra bytes for `seq`'s block starting at token `start`."""
+        if not seq.images:
+            return self.extra_key
+        return self.extra_key + images_key(seq.images, start, start + self.block_size)
 
     def set_caching(self, enabled: bool) -> None:
         """Turn the prefix cache on or off, dropping every key (what was cached is forgotten;

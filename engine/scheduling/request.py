@@ -10,6 +10,7 @@ import enum
 import time
 from dataclasses import dataclass, field
 
+from engine.multimodal import ImageInput
 from engine.sampling_params import SamplingParams
 from engine.scheduling.block_manager import salted_root
 from engine.structured.grammar_state import Verdict
@@ -141,6 +142,7 @@ class Request:
         seed: int,
         eos_token_ids: frozenset[int] = frozenset(),
         arrival_time: float | None = None,
+        images: list[ImageInput] | None = None,
     ) -> None:
         self.request_id = request_id
         self.prompt_token_ids = list(prompt_token_ids)
@@ -159,6 +161,11 @@ class Request:
         (engine.scheduling.block_manager)."""
         self.root_key = salted_root(params.cache_salt)
         """The parent key of the first block: the request's prefix-cache namespace."""
+        self.images: list[ImageInput] = sorted(images or [], key=lambda i: i.offset)
+        """The prompt's images, in prompt order (engine.multimodal)."""
+        self.images_encoded: set[bytes] = set()
+        """Hashes of its images whose encoder rows are computed (or scheduled to be): the
+        runner keeps them while the request lives, preempted or not."""
         self.num_computed_tokens = 0
         """Tokens whose K/V is in the cache."""
         self.state_slot: int | None = None

@@ -72,11 +72,17 @@ class Scheduler:
         block_manager: BlockManager,
         clock: Callable[[], float] = time.time,
         whole_prompts: bool = False,
+        whole_images: bool = False,
     ) -> None:
         """whole_prompts: each prompt runs in one step, never in chunks (an encoder's tokens
-        attend both ways); the budget is then always max_num_batched_tokens."""
+        attend both ways); the budget is then always max_num_batched_tokens. whole_images: a
+        chunk never ends inside an image's placeholders (they attend to each other both ways,
+        Gemma 3 and 4)."""
         self.config = config
         self.whole_prompts = whole_prompts
+        self.whole_images = whole_images
+        self.encoder_left = config.max_encoder_tokens
+        """Image placeholders this step may still send to the vision encoder."""
         self.block_manager = block_manager
         self.policy = SchedulingPolicy(config, clock)
         self.waiting: deque[Request] = deque()
@@ -123,6 +129,7 @@ class Scheduler:
     def schedule(self) -> ScheduledBatch:
         batch = ScheduledBatch()
         budget = step_budget = self.token_budget()
+        self.encoder_left = self.config.max_encoder_tokens
         long_left = None  # a short request waiting for a seat gains nothing from the cap
         if len(self.running) < self.config.max_num_seqs:
             long_left = self.policy.long_allowance(step_budget, self.waiting)
@@ -142,9 +149,9 @@ class Scheduler:
             num_new, is_long = self._chunk(req, budget, step_budget, long_left)
             if num_new and self._allocate_or_preempt(req, num_new, batch):
                 self._add_to_batch(batch, req, num_new)
-                budget -= num_new
+                budget = max(0, budget - num_new)  # a whole image may pass the adaptive budget
                 if is_long:
-                    long_left -= num_new
+                    long_left = max(0, long_left - num_new)
         if not batch.preempted:
             self._admit_waiting(batch, budget, step_budget, long_left)
         return batch
@@ -170,7 +177,36 @@ class Scheduler:
             num_new, is_long = min(num_new, long_left), True
         if self.whole_prompts and num_new < num_left:
             return 0, False  # waits for a step with room for all of it
+        if req.images and num_new:
+            room = budget + max(0, self.config.max_num_batched_tokens - step_budget)
+            num_new = self._fit_images(req, num_new, room)
         return num_new, is_long
+
+    def _fit_images(self, req: Request, num_new: int, room: int) -> int:
+        """num_new cut (or, up to `room` tokens, grown) so that the chunk encodes no more image
+        placeholders than the step's encoder budget has left (the first image of a step always
+        goes) and, with whole_images, ends outside every image."""
+        start = req.num_computed_tokens
+        end = start + num_new
+        encoder_left = self.encoder_left
+        for image in req.images:
+            if image.end <= start:
+                continue
+            if image.offset >= end:
+                break
+            if image.hash not in req.images_encoded:
+                if image.length > encoder_left and encoder_left < self.config.max_encoder_tokens:
+                    end = image.offset  # the encoder budget is spent: the image waits
+                    break
+                encoder_left -= image.length
+            if self.whole_images and end < image.end:
+                if image.offset > start:
+                    end = image.offset
+                    break
+                if image.end - start > room:
+                    return 0  # waits for a step with room for the whole image
+                end = image.end
+        return max(0, end - start)
 
     def _admit_waiting(
         self, batch: ScheduledBatch, budget: int, step_budget: int, long_left: int | None
@@ -198,17 +234,22 @@ class Scheduler:
                     break
                 smallest_failed = num_new
                 continue
-            # a cached prefix may leave fewer tokens to compute
+            # a cached prefix may leave fewer tokens to compute, and start inside an image
             num_new = min(req.num_tokens - req.num_computed_tokens, num_new)
+            if req.images:
+                room = budget + max(0, self.config.max_num_batched_tokens - step_budget)
+                num_new = self._fit_images(req, num_new, room)
             if is_aged:
                 req.record("aged", waited_s=round(now - req.metrics.arrival_time, 3))
             self.waiting.remove(req)
             req.status = RequestStatus.RUNNING
             self.running.append(req)
+            if num_new == 0:  # admitted; its image starts in a later step
+                continue
             self._add_to_batch(batch, req, num_new)
-            budget -= num_new
+            budget = max(0, budget - num_new)
             if is_long:
-                long_left -= num_new
+                long_left = max(0, long_left - num_new)
 
     def _admit(self, req: Request, max_new: int) -> bool:
         """Give a waiting request its blocks: the longest cached prefix of its known tokens
@@ -263,6 +304,11 @@ class Scheduler:
 
     def _add_to_batch(self, batch: ScheduledBatch, req: Request, num_new: int) -> None:
         self.policy.charge(req, num_new)
+        start = req.num_computed_tokens
+        for image in req.images:
+            if image.overlaps(start, start + num_new) and image.hash not in req.images_encoded:
+                req.images_encoded.add(image.hash)
+                self.encoder_left -= image.length
         bm = self.block_manager
         if bm.caching and (req.num_computed_tokens + num_new) // bm.block_size > len(
             req.block_keys
