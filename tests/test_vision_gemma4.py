@@ -259,3 +259,17 @@ def test_missing_extra_or_misshapen_weight_raises(tiny):
     misshapen = {**weights, table: weights[table][:, :10]}
     with pytest.raises(ValueError, match="position_embedding_table.*shape"):
         build(config, misshapen.items())
+
+
+def test_defaults_match_transformers():
+    """A config.json that leaves the vision fields to their defaults (published ones do) gives
+    transformers' default tower: the same names and shapes."""
+    from transformers import Gemma4VisionConfig, Gemma4VisionModel
+
+    with torch.device("meta"):
+        vision = Gemma4Vision({"vision_config": {"model_type": "gemma4_vision"}})
+        theirs = Gemma4VisionModel(Gemma4VisionConfig())
+    ours = {k: v.shape for k, v in vision.state_dict().items() if k.startswith("vision_tower.")}
+    expected = {f"vision_tower.{k}": v.shape for k, v in theirs.state_dict().items()}
+    assert ours == expected
+    assert vision.embed_vision.embedding_projection.weight.shape == (2304, 768)
