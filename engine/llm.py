@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from engine.llm_engine import LLMEngine
+from engine.multimodal import ImageInput, check_images
 from engine.sampling_params import SamplingParams
 from engine.scheduling.request import RequestOutput
 from engine.text.rerank_prompt import rerank_token_ids
@@ -40,8 +41,10 @@ class LLM:
         self,
         prompts: str | Sequence[str] | Sequence[Sequence[int]],
         params: SamplingParams | Sequence[SamplingParams] | None = None,
+        images: Sequence[list[ImageInput] | None] | None = None,
     ) -> list[RequestOutput]:
-        """Run every prompt (text or token ids) to completion; outputs in prompt order."""
+        """Run every prompt (text or token ids) to completion; outputs in prompt order.
+        `images`: each prompt's images (engine.multimodal), their placeholders in its ids."""
         if isinstance(prompts, str):
             prompts = [prompts]
         prompts = list(prompts)
@@ -57,12 +60,17 @@ class LLM:
                 "generate text (use LLM.embed or LLM.score)"
             )
         encoded = [self.engine.encode(p) if isinstance(p, str) else list(p) for p in prompts]
-        for token_ids, p in zip(encoded, params):
+        images = list(images) if images is not None else [None] * len(prompts)
+        if len(images) != len(prompts):
+            raise ValueError(f"got {len(prompts)} prompts but {len(images)} image lists")
+        for token_ids, p, pictures in zip(encoded, params, images):
             self.engine.validate(token_ids, p)  # all or nothing: raise before queueing any
             self.engine.check_structured(p)
+            if pictures:
+                check_images(token_ids, pictures, *self.engine.image_limits)
         ids = [f"offline-{next(self._ids)}" for _ in prompts]
-        for request_id, token_ids, p in zip(ids, encoded, params):
-            self.engine.add_request(request_id, token_ids, p)
+        for request_id, token_ids, p, pictures in zip(ids, encoded, params, images):
+            self.engine.add_request(request_id, token_ids, p, images=pictures)
         return self._run(ids)
 
     def embed(self, prompts: str | Sequence[str] | Sequence[Sequence[int]]) -> list[list[float]]:

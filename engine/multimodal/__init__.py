@@ -54,6 +54,8 @@ class ImageInput:
 
 def hash_tensors(data: dict[str, torch.Tensor]) -> bytes:
     """BLAKE2b-128 over the names, dtypes, shapes and bytes of `data`, in name order."""
+    import torch
+
     digest = hashlib.blake2b(digest_size=16)
     for name in sorted(data):
         t = data[name].detach().cpu().contiguous()

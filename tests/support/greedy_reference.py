@@ -25,19 +25,22 @@ def assert_greedy_agrees(
     outputs: list[RequestOutput],
     logprob_atol: float | None = None,
     min_clear: float = 0.9,
+    inputs=None,
 ) -> None:
     """At every generated position, our token's reference logit is within CLEAR_MARGIN of the
     reference's top logit: where the top two are further apart, our token is its top token.
     With logprob_atol, the logprob we reported equals the reference's within it. At least
     min_clear of all positions must have a clear top token, so that a model whose logits are
-    all near-ties cannot pass."""
+    all near-ties cannot pass. `inputs(i, ids)`: the reference's other inputs for prompt i
+    teacher-forced with ids [1, n] (a multimodal model's pixels)."""
     device = next(reference.parameters()).device
     num_clear = num_positions = 0
-    for prompt, out in zip(prompts, outputs, strict=True):
+    for i, (prompt, out) in enumerate(zip(prompts, outputs, strict=True)):
         tokens = torch.tensor(out.token_ids, device=device)
         with torch.no_grad():
             ids = torch.tensor([prompt + out.token_ids], device=device)
-            logits = reference(ids).logits[0, len(prompt) - 1 : -1].float()  # [n, vocab]
+            extra = {} if inputs is None else inputs(i, ids)
+            logits = reference(ids, **extra).logits[0, len(prompt) - 1 : -1].float()  # [n, vocab]
         top2 = logits.topk(2, dim=-1).values  # [n, 2]
         behind = top2[:, 0] - logits.gather(1, tokens[:, None])[:, 0]  # [n]
         wrong = (behind > CLEAR_MARGIN).nonzero().flatten().tolist()

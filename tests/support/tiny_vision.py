@@ -1,0 +1,106 @@
+"""Tiny random multimodal checkpoints (saved with save_pretrained) and prompts holding their
+image placeholders, for the engine's exactness tests against transformers with images."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from transformers import (
+    Gemma3Config,
+    Gemma3ForConditionalGeneration,
+    Gemma3TextConfig,
+    SiglipVisionConfig,
+)
+
+from engine.multimodal import ImageInput
+
+GEMMA3_IMAGE_TOKEN = 299
+GEMMA3_IMAGE_SIZE = 32
+GEMMA3_TOKENS = 16
+"""Placeholders per Gemma 3 image: a 4 x 4 pool of the 8 x 8 patch grid."""
+
+
+def _randomise_vision(model: torch.nn.Module, names: tuple[str, ...]) -> None:
+    """Draw the vision weights wide enough that images steer the text (transformers starts the
+    projector at zeros); LayerNorm scales near 1."""
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if any(n in name for n in names):
+                p.normal_(0.0, 0.2)
+                if "norm" in name and name.endswith("weight"):
+                    p.add_(1.0)
+
+
+def tiny_gemma3_vision(folder: Path, sliding_window: int = 16) -> torch.nn.Module:
+    """A Gemma3ForConditionalGeneration of two text layers (one sliding, one full) with a
+    2-layer SigLIP tower, saved in `folder`; returns transformers' model (fp32, eval)."""
+    vision = SiglipVisionConfig(
+        image_size=GEMMA3_IMAGE_SIZE,
+        patch_size=4,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        vision_use_head=False,
+    )
+    text = Gemma3TextConfig(
+        vocab_size=300,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        sliding_window=sliding_window,
+        layer_types=["sliding_attention", "full_attention"],
+        max_position_embeddings=1024,
+    )
+    config = Gemma3Config(
+        text_config=text,
+        vision_config=vision,
+        mm_tokens_per_image=GEMMA3_TOKENS,
+        image_token_id=GEMMA3_IMAGE_TOKEN,
+        boi_token_index=297,
+        eoi_token_index=298,
+        eos_token_id=1,
+    )
+    config.architectures = ["Gemma3ForConditionalGeneration"]
+    torch.manual_seed(0)
+    model = Gemma3ForConditionalGeneration(config).eval()
+    _randomise_vision(model, ("vision_tower", "multi_modal_projector"))
+    model.save_pretrained(folder)
+    return model
+
+
+def gemma3_pixels(seed: int) -> torch.Tensor:
+    """[1, 3, S, S] pixel values of a random image, in the processor's [-1, 1] range."""
+    g = torch.Generator().manual_seed(seed)
+    return torch.rand(1, 3, GEMMA3_IMAGE_SIZE, GEMMA3_IMAGE_SIZE, generator=g) * 2 - 1
+
+
+def gemma3_prompt(
+    texts: list[list[int]], pixels: list[torch.Tensor]
+) -> tuple[list[int], list[ImageInput]]:
+    """Token ids of texts[0], image 0, texts[1], image 1, ..., texts[-1] (one more text than
+    images), each image as <start_of_image> placeholders <end_of_image>, and its ImageInputs."""
+    ids: list[int] = list(texts[0])
+    images = []
+    for text, pixel_values in zip(texts[1:], pixels, strict=True):
+        ids.append(297)
+        images.append(ImageInput(len(ids), GEMMA3_TOKENS, {"pixel_values": pixel_values}))
+        ids += [GEMMA3_IMAGE_TOKEN] * GEMMA3_TOKENS + [298] + list(text)
+    return ids, images
+
+
+def gemma3_reference_inputs(pixels: list[torch.Tensor]):
+    """The reference's extra inputs for a prompt with `pixels`: the images and the token types
+    that make transformers attend within each image both ways."""
+
+    def inputs(ids: torch.Tensor) -> dict:
+        extra = {"token_type_ids": (ids == GEMMA3_IMAGE_TOKEN).long()}
+        if pixels:
+            extra["pixel_values"] = torch.cat(pixels)
+        return extra
+
+    return inputs
