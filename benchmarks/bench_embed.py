@@ -182,7 +182,8 @@ def measure(
         llm = LLM(
             str(folder), device=device, dtype=dtype, prefix_caching=False, load_format=load_format
         )
-        step_tokens = min(llm.engine.config.max_num_batched_tokens, num * length)
+        # the engine's prefill step: its planned token budget, at most every input's tokens
+        step_tokens = min(llm.engine.config.max_num_batched_tokens or num * length, num * length)
         llm.embed(inputs[: max(4, step_tokens // length)])  # first call: one full step, unmeasured
         start = time.perf_counter()
         got = llm.embed(inputs)
