@@ -50,18 +50,20 @@ GOAL = 0.80
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
-def qwen3_embedding_0_6b() -> Qwen3Config:
-    """Qwen3-Embedding-0.6B's config: Qwen3-0.6B's layers (the preset) with its own vocabulary
-    and context length."""
+def qwen3_embedding_0_6b() -> dict:
+    """Qwen3-Embedding-0.6B's config values: Qwen3-0.6B's layers (the preset) with its own
+    vocabulary and context length."""
     preset = model_presets.load_preset("qwen3-0.6b")
-    return Qwen3Config(**{**preset, "vocab_size": 151669, "max_position_embeddings": 32768})
+    return {**preset, "vocab_size": 151669, "max_position_embeddings": 32768}
 
 
 @dataclass(frozen=True)
 class Arch:
     """One benchmarked shape."""
 
-    config: Callable[[], PretrainedConfig]
+    config_class: type[PretrainedConfig]
+    dims: Callable[[], dict]
+    """The config's values."""
     pooling: str
     """1_Pooling/config.json's key."""
     causal: bool
@@ -72,7 +74,8 @@ class Arch:
 
 ARCHS = {
     "bert": Arch(  # all-MiniLM-L6-v2's shape
-        lambda: BertConfig(
+        BertConfig,
+        lambda: dict(
             vocab_size=VOCAB,
             hidden_size=384,
             num_hidden_layers=6,
@@ -85,7 +88,8 @@ ARCHS = {
         saved=True,
     ),
     "qwen3": Arch(
-        lambda: Qwen3Config(
+        Qwen3Config,
+        lambda: dict(
             vocab_size=VOCAB,
             hidden_size=512,
             num_hidden_layers=6,
@@ -100,17 +104,19 @@ ARCHS = {
         causal=True,
         saved=True,
     ),
-    "qwen3-0.6b": Arch(qwen3_embedding_0_6b, "pooling_mode_lasttoken", causal=True, saved=False),
+    "qwen3-0.6b": Arch(
+        Qwen3Config, qwen3_embedding_0_6b, "pooling_mode_lasttoken", causal=True, saved=False
+    ),
 }
 
 
 def arch_config(arch: str, tiny: bool = False) -> PretrainedConfig:
     """ARCHS[arch]'s config; `tiny`: with TINY_DIMS' layers (its own vocabulary kept: the saved
     shapes' tokenizer has VOCAB words)."""
-    cfg = ARCHS[arch].config()
+    dims = ARCHS[arch].dims()
     if tiny:
-        cfg.update({k: v for k, v in TINY_DIMS.items() if k != "vocab_size"})
-    return cfg
+        dims.update({k: v for k, v in TINY_DIMS.items() if k != "vocab_size"})
+    return ARCHS[arch].config_class(**dims)
 
 
 def build(arch: str, cfg: PretrainedConfig, folder: Path) -> None:
