@@ -10,6 +10,8 @@ import pytest
 
 from benchmarks import bench_embed, embed_floor
 from benchmarks.floor import ModelShape
+from engine.models.model_config import ModelConfig
+from engine.models.model_kind import ModelKind, model_kind
 
 SHAPE = ModelShape(num_params=1000, num_layers=2, num_heads=4, num_kv_heads=2, head_dim=16)
 
@@ -39,6 +41,15 @@ def test_qwen3_embedding_shape_and_its_non_embedding_params():
     assert (shape.num_layers, shape.num_heads, shape.head_dim) == (28, 16, 128)
 
 
+def test_the_engine_reads_the_full_shape_from_config_json_alone(tmp_path):
+    folder = tmp_path / "model"
+    bench_embed.build("qwen3-0.6b", bench_embed.arch_config("qwen3-0.6b"), folder)
+    assert sorted(p.name for p in folder.iterdir()) == ["1_Pooling", "config.json"]
+    cfg = ModelConfig.from_folder(folder)
+    assert cfg.num_params == 440_467_456 + 151669 * 1024  # tied: one embedding table
+    assert model_kind(folder, is_encoder=False) == ModelKind("embed", "lasttoken")
+
+
 def test_tiny_dims_replace_the_shape():
     cfg = bench_embed.arch_config("qwen3-0.6b", tiny=True)
     assert (cfg.hidden_size, cfg.num_hidden_layers, cfg.vocab_size) == (64, 2, 151669)
@@ -62,8 +73,9 @@ def test_random_weight_shape_reports_engine_floor_and_ratio(capsys):
     assert "goal >= 0.80" in ratio
 
 
-def test_saved_shape_still_matches_transformers(capsys):
-    bench_embed.main(["--arch", "bert", "--tiny", "--num", "8", "--len", "16", "--batch", "4"])
+@pytest.mark.parametrize("arch", ["bert", "qwen3"])
+def test_saved_shapes_still_match_transformers(arch, capsys):
+    bench_embed.main(["--arch", arch, "--tiny", "--num", "8", "--len", "16", "--batch", "4"])
     out = capsys.readouterr().out
     diff = re.search(r"max \|difference\| (\S+)", out).group(1)
     assert float(diff) < 1e-4
