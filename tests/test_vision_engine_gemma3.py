@@ -6,6 +6,8 @@ its tokens attend to each other both ways), and preemption under a tight KV pool
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 
@@ -99,7 +101,7 @@ def test_preemption_recomputes_with_the_cached_encoder_rows(gemma3):
         images.append(imgs)
         pixels.append([gemma3_pixels(k)])
     llm = LLM(
-        str(folder), device="cpu", max_model_len=128, num_kv_blocks=7, max_num_seqs=4,
+        str(folder), device="cpu", max_model_len=112, num_kv_blocks=7, max_num_seqs=4,
         max_num_batched_tokens=40,
     )  # fmt: skip
     outs = llm.generate(prompts, PARAMS, images=images)
@@ -121,3 +123,19 @@ def test_images_the_engine_cannot_take_are_refused(gemma3):
     small = LLM(str(folder), device="cpu", max_model_len=256, max_num_batched_tokens=8)
     with pytest.raises(ValueError, match="max_num_batched_tokens"):
         small.generate([ids], PARAMS, images=[images])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("eager", [True, False], ids=["eager", "graphs"])
+def test_gpu_images_agree_under_small_steps(gemma3, eager):
+    """The Triton backend with the image rows attended both ways (fp32), chunked."""
+    folder, hf = gemma3
+    (one, two), pixels = _cases()
+    llm = LLM(
+        str(folder), device="cuda", dtype="float32", enforce_eager=eager, max_model_len=256,
+        max_num_batched_tokens=GEMMA3_TOKENS + 4,
+    )  # fmt: skip
+    assert llm.engine.runner.backend.name == "triton"
+    outs = llm.generate([one[0], two[0]], PARAMS, images=[one[1], two[1]])
+    assert min(o.metrics.num_prefill_chunks for o in outs) >= 2
+    _check(copy.deepcopy(hf).cuda(), [one[0], two[0]], outs, pixels)

@@ -100,7 +100,7 @@ def gemma3_reference_inputs(pixels: list[torch.Tensor]):
     def inputs(ids: torch.Tensor) -> dict:
         extra = {"token_type_ids": (ids == GEMMA3_IMAGE_TOKEN).long()}
         if pixels:
-            extra["pixel_values"] = torch.cat(pixels)
+            extra["pixel_values"] = torch.cat(pixels).to(ids.device)
         return extra
 
     return inputs
