@@ -214,10 +214,11 @@ class LLMEngine:
             raise ValueError(f"request id {request_id!r} is already in use")
         token_ids = self.encode(prompt) if isinstance(prompt, str) else list(prompt)
         self.validate(token_ids, params)
-        if images:
-            check_images(token_ids, images, *self.image_limits)
         seed = params.seed if params.seed is not None else self._rng.getrandbits(63)
         req = Request(request_id, token_ids, params, seed, self.eos_token_ids, arrival_time, images)
+        if images:
+            check_images(token_ids, images, *self.image_limits)
+            req.mrope = self.runner.rope_positions(token_ids, req.images)
         self._requests[request_id] = req
         if self.tokenizer is not None:
             self._detokenizers[request_id] = IncrementalDetokenizer(

@@ -15,6 +15,7 @@ from torch import nn
 from engine.models.layers import Linear, PagedAttention, RMSNorm, silu_and_mul
 from engine.models.model_config import ModelConfig
 from engine.models.rope_tables import RotaryEmbedding
+from engine.models.vision import MultimodalEmbeds, merge_images
 from engine.models.weights import QKV_GATE_UP, fused_name, load_fused
 
 
@@ -167,8 +168,13 @@ class LlamaForCausalLM(nn.Module):
         """Build the buffers that were made on meta (the RoPE tables) on `device`, in fp32."""
         self.rope.init_buffers(device)
 
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        x = self.embed_tokens(input_ids)  # [num_tokens, hidden]
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        images: MultimodalEmbeds | None = None,
+    ) -> torch.Tensor:
+        x = merge_images(self.embed_tokens(input_ids), images)  # [num_tokens, hidden]
         residual = None
         for layer in self.layers:
             x, residual = layer(positions, x, residual)

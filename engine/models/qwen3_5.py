@@ -5,8 +5,10 @@ RMSNorm, partial RoPE and the sigmoid output gate), each followed by a SwiGLU ML
 Qwen3.5's RMSNorms (the layer norms, q/k norms, the final norm) compute x * (1 + w): the 1 is
 added at load, once, so our RMSNorm (x * weight) serves them as it is; the Gated DeltaNet's
 gated norm uses w as it is. Checkpoints: Qwen3_5ForCausalLM's (`model.`) or the text part of
-Qwen3_5ForConditionalGeneration's (`model.language_model.`); its vision tower (`model.visual.`)
-and the multi-token-prediction head (`mtp.`) are skipped with one log line.
+Qwen3_5ForConditionalGeneration's (`model.language_model.`) with its vision tower
+(`model.visual.`, engine/models/vision/qwen3_5_vision.py): an image's rows replace its
+placeholders' embeddings and its tokens take 3-D multimodal RoPE positions
+(engine/models/vision/mrope.py). The multi-token-prediction head (`mtp.`) is skipped.
 """
 
 from __future__ import annotations
@@ -23,7 +25,10 @@ from engine.models.linear_attention import LINEAR
 from engine.models.llama import MLP, Attention, LlamaForCausalLM
 from engine.models.model_config import ModelConfig
 from engine.models.rope_tables import RotaryEmbedding
+from engine.models.vision import build_vision, load_with_vision
+from engine.models.vision.mrope import mrope_positions
 from engine.models.weights import load_fused
+from engine.multimodal import ImageInput
 
 logger = logging.getLogger(__name__)
 
@@ -31,7 +36,9 @@ TEXT_PREFIXES = ("model.language_model.", "model.")
 """Checkpoint prefixes of the text model's weights, tried in order: a multimodal checkpoint, a
 text-only one."""
 SKIPPED_PREFIXES = ("model.visual.", "visual.", "mtp.")
-"""The vision tower and the multi-token-prediction head: not used for text generation."""
+"""The multi-token-prediction head, and the vision tower where the config has none: unused."""
+MROPE_SECTION = (11, 11, 10)
+"""transformers' default mrope_section: frequencies per axis (temporal, height, width)."""
 
 FUSED = {
     "self_attn.q_proj": ("self_attn.qkv_proj", 0),
@@ -91,6 +98,23 @@ class Qwen3_5ForCausalLM(LlamaForCausalLM):
         if cfg.linear_attention is None or not cfg.attn_output_gate:
             raise ValueError("a Qwen3.5 config needs linear_attention and attn_output_gate")
         super().__init__(cfg, max_positions)
+        self.vision = build_vision(cfg.vision)
+        if self.vision is not None:
+            rope = (cfg.vision.get("text_config") or {}).get("rope_parameters") or {}
+            section = rope.get("mrope_section") or list(MROPE_SECTION)
+            self.rope.mrope = (list(section), bool(rope.get("mrope_interleaved", True)))
+
+    def init_buffers(self, device: torch.device) -> None:
+        super().init_buffers(device)
+        if self.vision is not None:
+            self.vision.init_buffers(device)
+
+    def rope_positions(
+        self, token_ids: list[int], images: list[ImageInput]
+    ) -> tuple[torch.Tensor, int]:
+        """The prompt's [3, len] multimodal positions and the delta of later tokens' positions
+        (engine/models/vision/mrope.py)."""
+        return mrope_positions(token_ids, images, self.vision.cfg.spatial_merge_size)
 
     def make_layer(self, layer: int, mlp: nn.Module) -> nn.Module:
         return Qwen3_5DecoderLayer(self.config, self.rope, layer, mlp)
@@ -124,19 +148,24 @@ class Qwen3_5ForCausalLM(LlamaForCausalLM):
         and none is unknown. `copy(dst, src)` does each copy (as in llama.py). The RMSNorm
         weights w become 1 + w (computed in fp32, rounded once to the model's dtype).
         `loaded_elsewhere`: our parameter names the caller fills (a subclass's experts)."""
-        load_fused(
-            self,
+        load_with_vision(
+            self.vision,
             weights,
             copy,
-            self._shard_sizes(),
-            _our_name,
-            family="Qwen3.5",
-            prefixes=TEXT_PREFIXES,
-            skipped=SKIPPED_PREFIXES,
-            skipped_what="vision tower and multi-token-prediction weights",
-            logger=logger,
-            transform=_as_stored_here,
-            loaded_elsewhere=loaded_elsewhere,
+            lambda text, vision: load_fused(
+                self,
+                text,
+                copy,
+                self._shard_sizes(),
+                _our_name,
+                family="Qwen3.5",
+                prefixes=TEXT_PREFIXES,
+                skipped=SKIPPED_PREFIXES,
+                skipped_what="vision tower and multi-token-prediction weights",
+                logger=logger,
+                transform=_as_stored_here,
+                loaded_elsewhere={*loaded_elsewhere, *vision},
+            ),
         )
 
 

@@ -22,6 +22,7 @@ from torch import nn
 
 from engine.kernels import fused_kernels_enabled
 from engine.models.config_fields import ROPE_TYPES
+from engine.models.vision.mrope import mrope_tables
 
 
 def rotary_dim(head_dim: int, partial_rotary_factor: float) -> int:
@@ -170,6 +171,9 @@ class RotaryEmbedding(nn.Module):
         cos, sin = rope_tables(self.rotary_dim, max_positions, theta, scaling)
         self.register_buffer("cos", cos, persistent=False)
         self.register_buffer("sin", sin, persistent=False)
+        self.mrope: tuple[list[int], bool] | None = None
+        """(mrope_section, interleaved) of a model whose positions may come as [3, num_tokens]
+        (temporal, height, width: Qwen3.5 with images, engine/models/vision/mrope.py)."""
 
     @classmethod
     def for_layer(cls, att, max_positions: int) -> RotaryEmbedding:
@@ -194,19 +198,26 @@ class RotaryEmbedding(nn.Module):
         self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
         # q: [num_tokens, num_heads, head_dim], k: [num_tokens, num_kv_heads, head_dim]
-        if q.is_cuda and not self.is_partial and fused_kernels_enabled():
+        # positions: [num_tokens], or [3, num_tokens] with mrope
+        if q.is_cuda and not self.is_partial and positions.dim() == 1 and fused_kernels_enabled():
             from engine.kernels.rope import apply_rope
 
             return apply_rope(q, k, positions, self.cos, self.sin)  # in place
-        cos = self.cos[positions].to(q.dtype).unsqueeze(1)  # [num_tokens, 1, rotary_dim]
-        sin = self.sin[positions].to(q.dtype).unsqueeze(1)
+        cos, sin = self._tables(positions, q.dtype)
         return rotate(q, cos, sin), rotate(k, cos, sin)
 
     def rotate_q(self, positions: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
         """RoPE on q alone ([num_tokens, num_heads, head_dim]), in PyTorch: a layer reading
         another's K/V rotates no keys."""
-        cos = self.cos[positions].to(q.dtype).unsqueeze(1)  # [num_tokens, 1, rotary_dim]
-        return rotate(q, cos, self.sin[positions].to(q.dtype).unsqueeze(1))
+        return rotate(q, *self._tables(positions, q.dtype))
+
+    def _tables(self, positions: torch.Tensor, dtype: torch.dtype):
+        """(cos, sin) [num_tokens, 1, rotary_dim] of the tokens at `positions`."""
+        if positions.dim() == 2:
+            cos, sin = mrope_tables(self.cos, self.sin, positions, *self.mrope)
+        else:
+            cos, sin = self.cos[positions], self.sin[positions]
+        return cos.to(dtype).unsqueeze(1), sin.to(dtype).unsqueeze(1)
 
 
 def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

@@ -82,6 +82,8 @@ def prepare_inputs(
             )
         query_start_loc.append(query_start_loc[-1] + num_new)
         seq_lens.append(end)
+    if any(r.mrope is not None for r in batch.requests):
+        positions = _multimodal_positions(batch, positions)
     logits_indices = [  # a decode with d drafts: its last d + 1 rows
         row
         for i in batch.sampling_indices
@@ -103,6 +105,8 @@ def prepare_inputs(
         torch.int64,
         device,
     )
+    if len(pos) != len(ids):  # [3, num_tokens]: multimodal RoPE positions
+        pos = pos.view(3, len(ids))
     meta = AttentionMetadata(
         slot_mapping=slot_mapping,
         query_start_loc=qsl.to(torch.int32),
@@ -117,6 +121,32 @@ def prepare_inputs(
     if state:
         meta.state_slots, meta.state_fresh = state[0], state[1].bool()
     return ids, pos, meta, logits_rows, PendingFill(dst, src) if fill_dst else None
+
+
+def _multimodal_positions(batch: ScheduledBatch, positions: list[int]) -> list[int]:
+    """The batch's positions where some request has multimodal RoPE positions (Request.mrope):
+    its generated tokens' index + delta; and, where a row of such a request lies in its
+    prompt, the three axes' lists [temporal..., height..., width...] for the whole batch."""
+    positions = list(positions)
+    prompt_rows: list[tuple[int, int, torch.Tensor]] = []  # (row, prompt index, [3, n] table)
+    row = 0
+    for req, num_new in zip(batch.requests, batch.num_new_tokens):
+        if req.mrope is not None:
+            table, delta = req.mrope
+            start, num_prompt = req.num_computed_tokens, req.num_prompt_tokens
+            for k in range(num_new):
+                if start + k < num_prompt:
+                    prompt_rows.append((row + k, start + k, table))
+                else:
+                    positions[row + k] = start + k + delta
+        row += num_new
+    if not prompt_rows:
+        return positions
+    axes = [list(positions), list(positions), list(positions)]
+    for r, index, table in prompt_rows:
+        for axis in range(3):
+            axes[axis][r] = int(table[axis, index])
+    return axes[0] + axes[1] + axes[2]
 
 
 def _state_lists(batch: ScheduledBatch) -> list[list[int]]:

@@ -291,6 +291,12 @@ class ModelRunner:
         tensors = prepare_sampling(reqs, self.model_config.vocab_size, self.device)
         return Forward(batch, rows, logits, tensors, prev, pooled)
 
+    def rope_positions(self, token_ids: list[int], images: list) -> tuple | None:
+        """A prompt's multimodal RoPE positions and delta (Request.mrope), for a model that
+        has them (Qwen3.5 with images); None for the others."""
+        method = getattr(self.model, "rope_positions", None)
+        return None if method is None else method(token_ids, images)
+
     def release(self, req) -> None:
         """A request left the engine: drop its hold on cached encoder rows."""
         if self.vision_step is not None and req.images:

@@ -163,6 +163,10 @@ class Request:
         """The parent key of the first block: the request's prefix-cache namespace."""
         self.images: list[ImageInput] = sorted(images or [], key=lambda i: i.offset)
         """The prompt's images, in prompt order (engine.multimodal)."""
+        self.mrope = None
+        """(positions [3, prompt length] int64, delta) of a model with multimodal RoPE given
+        images (Qwen3.5): a prompt token's (temporal, height, width) positions, and the offset
+        a later token at index i takes (position i + delta); None: positions are indices."""
         self.images_encoded: set[bytes] = set()
         """Hashes of its images whose encoder rows are computed (or scheduled to be): the
         runner keeps them while the request lives, preempted or not."""

@@ -104,3 +104,94 @@ def gemma3_reference_inputs(pixels: list[torch.Tensor]):
         return extra
 
     return inputs
+
+
+QWEN_IMAGE_TOKEN, QWEN_VISION_START, QWEN_VISION_END = 100, 102, 103
+QWEN_PATCH, QWEN_MERGE, QWEN_TEMPORAL = 4, 2, 2
+
+
+def tiny_qwen3_5_vision(folder: Path) -> torch.nn.Module:
+    """A Qwen3_5ForConditionalGeneration (one Gated DeltaNet layer, one full-attention layer)
+    with a 2-block vision tower, saved in `folder`; returns transformers' model (fp32, eval)."""
+    from transformers import Qwen3_5Config, Qwen3_5ForConditionalGeneration
+
+    config = Qwen3_5Config(
+        text_config=dict(
+            vocab_size=128,
+            hidden_size=64,
+            intermediate_size=96,
+            num_hidden_layers=2,
+            layer_types=["linear_attention", "full_attention"],
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=16,
+            linear_key_head_dim=8,
+            linear_value_head_dim=8,
+            linear_num_key_heads=2,
+            linear_num_value_heads=4,
+            max_position_embeddings=1024,
+            eos_token_id=127,
+        ),
+        vision_config=dict(
+            depth=2,
+            hidden_size=32,
+            intermediate_size=48,
+            num_heads=2,
+            patch_size=QWEN_PATCH,
+            spatial_merge_size=QWEN_MERGE,
+            temporal_patch_size=QWEN_TEMPORAL,
+            out_hidden_size=64,
+            num_position_embeddings=16,
+        ),
+        image_token_id=QWEN_IMAGE_TOKEN,
+        video_token_id=101,
+        vision_start_token_id=QWEN_VISION_START,
+        vision_end_token_id=QWEN_VISION_END,
+    )
+    config.architectures = ["Qwen3_5ForConditionalGeneration"]
+    torch.manual_seed(0)
+    model = Qwen3_5ForConditionalGeneration(config).eval()
+    _randomise_vision(model, ("visual",))
+    model.save_pretrained(folder)
+    return model
+
+
+def qwen_image(seed: int, grid: tuple[int, int, int]) -> dict[str, torch.Tensor]:
+    """The processor's tensors of one random image of `grid` (t, h, w) patches."""
+    g = torch.Generator().manual_seed(seed)
+    t, h, w = grid
+    dim = 3 * QWEN_TEMPORAL * QWEN_PATCH * QWEN_PATCH
+    return {
+        "pixel_values": torch.randn(t * h * w, dim, generator=g),
+        "image_grid_thw": torch.tensor([grid]),
+    }
+
+
+def qwen_prompt(
+    texts: list[list[int]], images: list[dict[str, torch.Tensor]]
+) -> tuple[list[int], list[ImageInput]]:
+    """Token ids of texts[0], image 0, texts[1], ..., texts[-1], each image as
+    <|vision_start|> placeholders <|vision_end|>, and its ImageInputs."""
+    ids: list[int] = list(texts[0])
+    inputs = []
+    for text, data in zip(texts[1:], images, strict=True):
+        ids.append(QWEN_VISION_START)
+        length = int(data["image_grid_thw"].prod()) // QWEN_MERGE**2
+        inputs.append(ImageInput(len(ids), length, data))
+        ids += [QWEN_IMAGE_TOKEN] * length + [QWEN_VISION_END] + list(text)
+    return ids, inputs
+
+
+def qwen_reference_inputs(images: list[dict[str, torch.Tensor]]):
+    """transformers' extra inputs for a prompt with `images` (its M-RoPE needs the types)."""
+
+    def inputs(ids: torch.Tensor) -> dict:
+        extra = {"mm_token_type_ids": (ids == QWEN_IMAGE_TOKEN).int()}
+        if images:
+            extra["pixel_values"] = torch.cat([d["pixel_values"] for d in images]).to(ids.device)
+            extra["image_grid_thw"] = torch.cat([d["image_grid_thw"] for d in images]).to(
+                ids.device
+            )
+        return extra
+
+    return inputs
