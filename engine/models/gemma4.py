@@ -26,6 +26,7 @@ from engine.models.layers import Linear, PagedAttention, RMSNorm
 from engine.models.llama import Attention
 from engine.models.model_config import FULL, SLIDING, ModelConfig
 from engine.models.rope_tables import RotaryEmbedding
+from engine.models.vision import MultimodalEmbeds, build_vision, load_with_vision, merge_images
 
 
 class WeightlessRMSNorm(nn.Module):
@@ -115,11 +116,28 @@ class Gemma4ForCausalLM(nn.Module):
             self.embed_tokens_per_layer = nn.Embedding(cfg.vocab_size_per_layer_input, width)
             self.per_layer_model_projection = Linear(cfg.hidden_size, width, bias=False)
             self.per_layer_projection_norm = RMSNorm(p, cfg.rms_norm_eps)
+        self.vision = build_vision(cfg.vision)
+        text = (cfg.vision or {}).get("text_config") or {}
+        self.pad_token_id = int(text.get("pad_token_id") or 0)
+        """The id a media placeholder's embeddings are read at (transformers' choice)."""
+        self.media_token_ids = tuple(
+            int(cfg.vision[key])
+            for key in ("image_token_id", "video_token_id", "audio_token_id")
+            if self.vision is not None and cfg.vision.get(key) is not None
+        )
+        """Placeholder ids of images, videos and audio: embedded as the pad token (an image's
+        rows are then written over; a video or audio placeholder stays the pad token's)."""
+        if self.vision is not None and text.get("use_bidirectional_attention") == "vision":
+            for kind, layer in zip(kinds, self.layers):  # the sliding layers only
+                layer.self_attn.attn.images_both_ways = kind == SLIDING
 
     def init_buffers(self, device: torch.device) -> None:
         """Build the buffers that were made on meta (the RoPE tables) on `device`, in fp32."""
         for rope in self.ropes.values():
             rope.init_buffers(device)
+        if self.vision is not None:
+            self.vision.init_buffers(device)
+        self._media_ids = torch.tensor(self.media_token_ids, dtype=torch.int64, device=device)
 
     def per_layer_inputs(self, input_ids: torch.Tensor, embeds: torch.Tensor) -> torch.Tensor:
         """[num_tokens, layers, hidden_size_per_layer_input]: the token's row of the per-layer
@@ -133,9 +151,18 @@ class Gemma4ForCausalLM(nn.Module):
         projected = self.per_layer_projection_norm(projected.view(shape))
         return (projected + rows.view(shape)) * 2**-0.5
 
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        images: MultimodalEmbeds | None = None,
+    ) -> torch.Tensor:
+        if self.media_token_ids:  # placeholders read the pad token's rows
+            media = torch.isin(input_ids, self._media_ids)
+            input_ids = input_ids.masked_fill(media, self.pad_token_id)
         x = self.embed_tokens(input_ids)  # [num_tokens, hidden]
         x = x * _rounded(self.config.hidden_size**0.5, x.dtype)
+        x = merge_images(x, images)
         per_layer = None
         if self.config.hidden_size_per_layer_input:
             per_layer = self.per_layer_inputs(input_ids, x)  # [num_tokens, layers, width]
@@ -158,4 +185,9 @@ class Gemma4ForCausalLM(nn.Module):
     def load_weights(self, weights, copy=torch.Tensor.copy_) -> None:
         """Copy Hugging Face-named tensors into our (fused) parameters; check none is missing
         and none is left over (engine/models/gemma4_weights.py)."""
-        load_gemma4_weights(self, weights, copy)
+        load_with_vision(
+            self.vision,
+            weights,
+            copy,
+            lambda text, vision: load_gemma4_weights(self, text, copy, vision),
+        )

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Collection, Iterable
 
 import torch
 from torch import nn
@@ -23,8 +23,8 @@ SKIPPED_PREFIXES = tuple(
     for root in ("model.", "")
     for tower in ("vision_tower.", "audio_tower.", "embed_vision.", "embed_audio.")
 )
-"""A multimodal checkpoint's image and audio encoders and their projections into the text
-model: skipped (text generation only)."""
+"""A multimodal checkpoint's audio encoder, and its image encoder where the config has none,
+with their projections into the text model: skipped."""
 
 _LAYER_NAME = re.compile(r"layers\.(\d+)\.(.+)")
 _SHARED_LAYER_KV = ("self_attn.k_proj.", "self_attn.v_proj.", "self_attn.k_norm.")
@@ -52,10 +52,12 @@ def load_gemma4_weights(
     model: nn.Module,
     weights: Iterable[tuple[str, torch.Tensor]],
     copy: Callable[[torch.Tensor, torch.Tensor], object] = torch.Tensor.copy_,
+    loaded_elsewhere: Collection[str] = (),
 ) -> None:
     """Copy each tensor into `model` (a Gemma4ForCausalLM); raise on an unexpected name, a
-    wrong shape, or a parameter left unfilled. `copy(dst, src)` as in llama.py."""
-    loader = WeightLoader(model, copy, "Gemma 4", TEXT_PREFIXES, SKIPPED_PREFIXES)
+    wrong shape, or a parameter left unfilled. `copy(dst, src)` as in llama.py.
+    `loaded_elsewhere`: our parameter names the caller fills (the vision encoder's)."""
+    loader = WeightLoader(model, copy, "Gemma 4", TEXT_PREFIXES, SKIPPED_PREFIXES, loaded_elsewhere)
     num_unused = 0
     for name, tensor in weights:
         name = loader.text_name(name)

@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
+import torch.nn.functional as F
 from transformers import (
     Gemma3Config,
     Gemma3ForConditionalGeneration,
@@ -14,6 +15,7 @@ from transformers import (
 )
 
 from engine.multimodal import ImageInput
+from tests.support.tiny_models import byte_tokenizer
 
 GEMMA3_IMAGE_TOKEN = 299
 GEMMA3_IMAGE_SIZE = 32
@@ -192,6 +194,114 @@ def qwen_reference_inputs(images: list[dict[str, torch.Tensor]]):
             extra["image_grid_thw"] = torch.cat([d["image_grid_thw"] for d in images]).to(
                 ids.device
             )
+        return extra
+
+    return inputs
+
+
+GEMMA4_IMAGE_TOKEN, GEMMA4_BOI, GEMMA4_EOI, GEMMA4_PAD = 300, 301, 302, 258
+GEMMA4_PATCH = 4
+
+
+def tiny_gemma4_vision(folder: Path) -> torch.nn.Module:
+    """A Gemma4ForConditionalGeneration (sliding and full layers, per-layer inputs, images
+    attended both ways on the sliding layers) with a 2-layer vision tower and no audio tower,
+    saved in `folder`; returns transformers' model (fp32, eval)."""
+    from transformers import Gemma4Config, Gemma4ForConditionalGeneration
+
+    rope = {
+        "sliding_attention": {"rope_type": "default", "rope_theta": 1_000.0},
+        "full_attention": {
+            "rope_type": "proportional", "partial_rotary_factor": 0.25, "rope_theta": 50_000.0,
+        },
+    }  # fmt: skip
+    text = dict(
+        vocab_size=320,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=32,
+        global_head_dim=32,
+        sliding_window=16,
+        layer_types=["sliding_attention", "full_attention"] * 2,
+        rope_parameters=rope,
+        final_logit_softcapping=30.0,
+        hidden_size_per_layer_input=16,
+        vocab_size_per_layer_input=320,
+        max_position_embeddings=1024,
+        eos_token_id=256,
+        bos_token_id=257,
+        pad_token_id=GEMMA4_PAD,
+        use_bidirectional_attention="vision",
+    )
+    vision = dict(
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=8,
+        patch_size=GEMMA4_PATCH,
+        pooling_kernel_size=2,
+        position_embedding_size=64,
+    )
+    config = Gemma4Config(
+        text_config=text, vision_config=vision, audio_config=None,
+        image_token_id=GEMMA4_IMAGE_TOKEN, boi_token_id=GEMMA4_BOI, eoi_token_id=GEMMA4_EOI,
+        video_token_id=303, boa_token_id=304, eoa_token_index=305, audio_token_id=306,
+    )  # fmt: skip
+    config.architectures = ["Gemma4ForConditionalGeneration"]
+    torch.manual_seed(0)
+    model = Gemma4ForConditionalGeneration(config).eval()
+    _randomise_vision(model, ("vision_tower", "embed_vision"))
+    model.save_pretrained(folder)
+    byte_tokenizer().save_pretrained(folder)
+    return model
+
+
+def gemma4_image(seed: int, width: int, height: int) -> dict[str, torch.Tensor]:
+    """The processor's tensors of one random image of width x height patches (row-major, no
+    padding): its soft tokens are (width / 2) * (height / 2)."""
+    g = torch.Generator().manual_seed(seed)
+    ys, xs = torch.meshgrid(torch.arange(height), torch.arange(width), indexing="ij")
+    return {
+        "pixel_values": torch.rand(1, width * height, 3 * GEMMA4_PATCH**2, generator=g),
+        "image_position_ids": torch.stack((xs.flatten(), ys.flatten()), -1)[None],
+    }
+
+
+def gemma4_prompt(
+    texts: list[list[int]], images: list[dict[str, torch.Tensor]]
+) -> tuple[list[int], list[ImageInput]]:
+    """Token ids of texts[0], image 0, texts[1], ..., texts[-1], each image as
+    <boi> placeholders <eoi>, and its ImageInputs."""
+    ids: list[int] = list(texts[0])
+    inputs = []
+    for text, data in zip(texts[1:], images, strict=True):
+        ids.append(GEMMA4_BOI)
+        length = data["pixel_values"].shape[1] // 4
+        inputs.append(ImageInput(len(ids), length, data))
+        ids += [GEMMA4_IMAGE_TOKEN] * length + [GEMMA4_EOI] + list(text)
+    return ids, inputs
+
+
+def gemma4_reference_inputs(images: list[dict[str, torch.Tensor]]):
+    """transformers' extra inputs for a prompt with `images`: their patches padded to one
+    count (as the processor pads a batch), and the token types of its both-ways attention."""
+
+    def inputs(ids: torch.Tensor) -> dict:
+        extra = {"mm_token_type_ids": (ids == GEMMA4_IMAGE_TOKEN).int()}
+        if images:
+            most = max(d["pixel_values"].shape[1] for d in images)
+            pixels, where = [], []
+            for d in images:
+                n = most - d["pixel_values"].shape[1]
+                pixels.append(F.pad(d["pixel_values"], (0, 0, 0, n)))
+                where.append(F.pad(d["image_position_ids"], (0, 0, 0, n), value=-1))
+            extra["pixel_values"] = torch.cat(pixels).to(ids.device)
+            extra["image_position_ids"] = torch.cat(where).to(ids.device)
         return extra
 
     return inputs
