@@ -12,9 +12,20 @@ import torch
 from PIL import Image
 
 from engine.multimodal.images import decode_image
-from engine.multimodal.processing import ImageProcessor, model_takes_images, placeholder_runs
+from engine.multimodal.processing import (
+    ImageProcessor,
+    model_takes_images,
+    placeholder_runs,
+    split_images,
+)
 from tests.support.tiny_models import make_tiny_model
-from tests.support.tiny_processors import GEMMA3_TOKENS_PER_IMAGE, gemma3_folder, qwen_vl_folder
+from tests.support.tiny_processors import (
+    GEMMA3_TOKENS_PER_IMAGE,
+    GEMMA4_TOKENS,
+    gemma3_folder,
+    gemma4_folder,
+    qwen_vl_folder,
+)
 
 CHAT = [
     {"role": "system", "content": "be brief"},
@@ -150,6 +161,23 @@ def test_qwen_render_expands_each_image_by_its_grid(qwen):
     assert text.endswith("<|image_pad|><|vision_end|><assistant>")
 
 
+def test_gemma4_render_wraps_each_image_s_soft_tokens(tmp_path):
+    from transformers import AutoImageProcessor
+
+    folder = gemma4_folder(tmp_path)
+    images = pictures()
+    want = AutoImageProcessor.from_pretrained(folder)(images, return_tensors="pt")
+    processor = ImageProcessor.load(folder)
+    ids, inputs = processor.render(CHAT, None, None, images)
+    assert [i.length for i in inputs] == want["num_soft_tokens_per_image"].tolist()
+    names = (GEMMA4_TOKENS["boi_token"], GEMMA4_TOKENS["eoi_token"])
+    boi, eoi = (processor.tokenizer.convert_tokens_to_ids(t) for t in names)
+    for i, image in enumerate(inputs):
+        assert (ids[image.offset - 1], ids[image.end]) == (boi, eoi)
+        assert torch.equal(image.data["pixel_values"], want["pixel_values"][i : i + 1])
+        assert torch.equal(image.data["image_position_ids"], want["image_position_ids"][i : i + 1])
+
+
 def test_text_only_render_and_marker_mismatch(gemma3):
     processor = ImageProcessor.load(gemma3)
     ids, inputs = processor.render([{"role": "user", "content": "hi"}])
@@ -175,3 +203,19 @@ def test_a_text_model_has_no_image_processor(tmp_path, gemma3):
 def test_placeholder_runs():
     assert placeholder_runs([5, 9, 9, 1, 9, 9, 9], 9) == [(1, 2), (4, 3)]
     assert placeholder_runs([9], 9) == [(0, 1)] and placeholder_runs([1, 2], 9) == []
+
+
+def test_gemma4_layout_is_cut_one_row_per_run():
+    """Gemma 4's processor (it needs torchvision here) gives a padded row per image."""
+    out = {
+        "input_ids": torch.zeros(1, 30, dtype=torch.long),
+        "pixel_values": torch.randn(2, 16, 48),  # [num_images, max_patches, patch_pixels]
+        "image_position_ids": torch.randint(0, 4, (2, 16, 2)),
+        "num_soft_tokens_per_image": [5, 3],
+    }
+    first, second = split_images(out, 2)
+    assert set(first) == {"pixel_values", "image_position_ids"}
+    assert torch.equal(second["pixel_values"], out["pixel_values"][1:2])
+    assert torch.equal(second["image_position_ids"], out["image_position_ids"][1:2])
+    with pytest.raises(ValueError, match="pixel_values has 2 rows for 3 placeholder runs"):
+        split_images(out, 3)

@@ -1,7 +1,7 @@
 """Tiny image-reading model folders (config.json, tokenizer, image processor; no weights) for
-the image front end's tests: a Gemma 3 one saved with its whole transformers processor and a
-Qwen2-VL one with its image processor alone (the Qwen processor needs torchvision for its
-video half). Their tokenizers are the byte tokenizer plus each family's image tokens, so every
+the image front end's tests: a Gemma 3 one saved with its whole transformers processor, and
+Qwen2-VL and Gemma 4 ones with their image processors alone (those families' processors need
+torchvision for their video half). Their tokenizers are the byte tokenizer plus each family's image tokens, so every
 id stays below 512 (the fake engine's vocabulary)."""
 
 from __future__ import annotations
@@ -87,6 +87,29 @@ def qwen_vl_folder(folder: Path) -> Path:
         "model_type": "qwen2_vl",
         "image_token_id": tokenizer.convert_tokens_to_ids("<|image_pad|>"),
         "vision_config": {"patch_size": 8, "spatial_merge_size": 2, "temporal_patch_size": 2},
+    }
+    (Path(folder) / "config.json").write_text(json.dumps(config))
+    return Path(folder)
+
+
+GEMMA4_TOKENS = {"boi_token": "<|image>", "eoi_token": "<image|>", "image_token": "<|image|>"}
+
+
+def gemma4_folder(folder: Path) -> Path:
+    """A Gemma 4 image processor (2-pixel patches, at most 70 soft tokens an image) and
+    tokenizer saved in `folder` with a config.json naming its image token."""
+    from transformers.models.gemma4.image_processing_pil_gemma4 import Gemma4ImageProcessorPil
+
+    tokenizer = _byte_tokenizer(extra_special_tokens=GEMMA4_TOKENS)
+    tokenizer.chat_template = chat_template(GEMMA4_TOKENS["image_token"])
+    tokenizer.save_pretrained(folder)
+    Gemma4ImageProcessorPil(
+        patch_size=2, max_soft_tokens=70, pooling_kernel_size=1
+    ).save_pretrained(folder)
+    config = {
+        "model_type": "gemma4",
+        "image_token_id": tokenizer.image_token_id,
+        "vision_config": {"patch_size": 2, "pooling_kernel_size": 1},
     }
     (Path(folder) / "config.json").write_text(json.dumps(config))
     return Path(folder)
