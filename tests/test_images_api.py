@@ -180,16 +180,35 @@ async def test_images_reach_the_engine_and_count_in_usage(vision_folder, monkeyp
         text_only = await api.chat.completions.create(
             model="fake-model", messages=chat_with(), max_tokens=4
         )
+        urls = [part["image_url"]["url"] for part in chat[0]["content"][1:]]
+        parts = [{"type": "input_text", "text": "w20 look"}]
+        parts += [{"type": "input_image", "image_url": url} for url in urls]
+        response = await api.responses.create(
+            model="fake-model", input=[{"role": "user", "content": parts}], max_output_tokens=4
+        )
+        blocks = [{"type": "text", "text": "w20 look"}]
+        for url in urls:
+            media_type, _, data = url.removeprefix("data:").partition(";base64,")
+            source = {"type": "base64", "media_type": media_type, "data": data}
+            blocks.append({"type": "image", "source": source})
+        message = await anthropic_sdk(client).messages.create(
+            model="fake-model", max_tokens=4, messages=[{"role": "user", "content": blocks}]
+        )
     assert with_images.choices[0].message.content
     processor = ImageProcessor.load(vision_folder)
     parts = [{"type": "text", "text": "w20 look"}, {"type": "image"}, {"type": "image"}]
     pictures = [Image.new("RGB", (12, 9)), Image.new("RGB", (30, 20))]
     ids, _ = processor.render([{"role": "user", "content": parts}], None, None, pictures)
     assert with_images.usage.prompt_tokens == len(ids) > text_only.usage.prompt_tokens
+    assert response.usage.input_tokens == len(ids)
+    read = message.usage.cache_read_input_tokens or 0  # the same prompt: its prefix is cached
+    assert message.usage.input_tokens + read == len(ids)
     if not CORE_TAKES_IMAGES:
-        images = handed[with_images.id.removeprefix("chatcmpl-")]
-        assert [(i.length, i.end <= len(ids)) for i in images] == [(4, True), (4, True)]
-        assert list(handed.values())[-1] is None  # text alone passes no images
+        sent = list(handed.values())
+        assert sent[1] is None  # text alone passes no images
+        for images in (sent[0], sent[2], sent[3]):
+            assert [(i.length, i.end <= len(ids)) for i in images] == [(4, True), (4, True)]
+            assert [i.hash for i in images] == [i.hash for i in sent[0]]
 
 
 async def test_generation_hands_each_choice_its_images():
