@@ -174,8 +174,13 @@ async def image_prompt(app: web.Application, state: ServerState, req: GenerateRe
             f"{limit} a request (--max-images-per-request)",
             param=where,
         )
-    fetches = [source_bytes(s, settings.allow_image_urls, settings.max_body_bytes) for s in sources]
-    blobs = await asyncio.gather(*fetches)
+    allow, max_bytes = settings.allow_image_urls, settings.max_body_bytes
+    fetches = [asyncio.ensure_future(source_bytes(s, allow, max_bytes)) for s in sources]
+    try:
+        blobs = await asyncio.gather(*fetches)
+    finally:  # the first refusal answers the request: stop the other fetches
+        for fetch in fetches:
+            fetch.cancel()
     loop, pool = asyncio.get_running_loop(), app[EXECUTOR]
     images = []
     for i, (source, data) in enumerate(zip(sources, blobs, strict=True)):
