@@ -1,8 +1,8 @@
 """Tiny image-reading model folders (config.json, tokenizer, image processor; no weights) for
 the image front end's tests: a Gemma 3 one saved with its whole transformers processor, and
 Qwen2-VL and Gemma 4 ones with their image processors alone (those families' processors need
-torchvision for their video half). Their tokenizers are the byte tokenizer plus each family's image tokens, so every
-id stays below 512 (the fake engine's vocabulary)."""
+torchvision for their video half). Their tokenizers are the byte tokenizer plus each family's
+image tokens, so every id stays below 512 (the fake engine's vocabulary)."""
 
 from __future__ import annotations
 
