@@ -32,6 +32,7 @@ from appliance.options import (
 )
 from appliance.settings_files import read_toml, tuned_values
 from engine.config import EngineConfig
+from engine.multimodal.images import MAX_IMAGE_PIXELS
 from engine.sampling_params import PRIORITIES
 
 if TYPE_CHECKING:
@@ -139,6 +140,14 @@ class ServeSettings(EngineSettings):
     """Largest request body accepted; larger gets 413."""
     max_n: int = 16
     """Largest number of choices (n x prompts) one request may ask for."""
+    allow_image_urls: bool = False
+    """Fetch images that requests send as http(s) URLs (never from private, loopback or
+    link-local addresses; redirects are not followed); off: only data: URLs and base64 images
+    are taken."""
+    max_images_per_request: int = 8
+    """Most images one request may send (to a model that reads images)."""
+    max_image_pixels: int = MAX_IMAGE_PIXELS
+    """Largest image in pixels (width x height), checked before it is decoded; larger gets 400."""
     warmup: bool = True
     """Run a tiny generation before reporting healthy."""
     tool_parser: str | None = field(default=None, metadata={"metavar": "FAMILY"})
@@ -189,7 +198,14 @@ class ServeSettings(EngineSettings):
         ):
             if getattr(self, name) < 0:
                 raise SettingsError(f"{name} must be >= 0 seconds (0 = none)")
-        for name in ("max_queue", "max_body_bytes", "max_n", "api_workers"):
+        for name in (
+            "max_queue",
+            "max_body_bytes",
+            "max_n",
+            "api_workers",
+            "max_images_per_request",
+            "max_image_pixels",
+        ):
             if getattr(self, name) < (0 if name == "max_queue" else 1):
                 raise SettingsError(f"{name} is too small: {getattr(self, name)}")
         if self.tool_parser is not None:

@@ -131,9 +131,9 @@ BAD_BODIES = [
         {
             "model": "fake-model",
             "max_tokens": 5,
-            "messages": [{"role": "user", "content": [{"type": "image", "source": {}}]}],
+            "messages": [{"role": "user", "content": [{"type": "document", "source": {}}]}],
         },
-        "images and documents are not supported",
+        "documents are not supported",
     ),
     (
         {

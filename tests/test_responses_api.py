@@ -181,7 +181,7 @@ BAD = [
     ({"input": [{"role": "robot", "content": "hi"}]}, "input[0].role"),
     (
         {"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]},
-        "input[0].content",
+        "input[0].content[0].image_url",
     ),
     ({"input": [], "instructions": None}, "input"),
     (

@@ -110,7 +110,7 @@ BAD_CHATS = [
         {"messages": [{"role": "user"}]},
         "messages[0].content may be null only in an assistant message with tool_calls",
     ),
-    ({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, "only text parts"),
+    ({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, "image parts"),
     ({"tools": [{"type": "function"}]}, "tools[0].function is required"),
     (
         {"tools": [{"type": "function", "function": {"name": "get weather"}}]},

@@ -19,6 +19,7 @@ from appliance.server.state import InFlight
 from appliance.settings import ServeSettings
 from engine.core.core_client import CoreClient
 from engine.core.stream import EngineDeadError, RequestStream
+from engine.multimodal import ImageInput
 from engine.sampling_params import SamplingParams
 from engine.scheduling.request import RequestOutput
 
@@ -37,6 +38,8 @@ class Choice:
     last_token_at: float | None = None
     chat: ChatStream | None = None
     """Where the chat text is parsed (reasoning, tool calls) and streamed: the parser's state."""
+    images: list[ImageInput] | None = None
+    """The prompt's images (their placeholders are in prompt_ids); None for text alone."""
 
     @property
     def engine_id(self) -> str:
@@ -65,8 +68,14 @@ class Generation:
         """Submit every choice; the engine's ValueError becomes a 400 before any output."""
         try:
             for c in self.choices:
+                # only a prompt with images passes them: text goes as it always went
+                extra = {"images": c.images} if c.images else {}
                 c.stream = await self.engine.add_request(
-                    c.engine_id, c.prompt_ids, c.params, arrival_time=self.record.received_at
+                    c.engine_id,
+                    c.prompt_ids,
+                    c.params,
+                    arrival_time=self.record.received_at,
+                    **extra,
                 )
         except ValueError as exc:
             self.abort_unfinished()

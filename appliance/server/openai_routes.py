@@ -15,6 +15,7 @@ from appliance.server.body import read_json
 from appliance.server.chat_output import ChatOutput
 from appliance.server.errors import APIError, bad_request
 from appliance.server.generation import Choice, Generation
+from appliance.server.image_inputs import image_prompt
 from appliance.server.limits import Refusal, capped_max_tokens
 from appliance.server.model_route import model_state, request_state, require_kind
 from appliance.server.protocol import (
@@ -73,8 +74,13 @@ async def offload(app: web.Application, fn, size: int):
     return await asyncio.get_running_loop().run_in_executor(app[EXECUTOR], fn)
 
 
-async def _prompt_ids(app: web.Application, state: ServerState, req: GenerateRequest) -> list:
+async def prompt_ids(app: web.Application, state: ServerState, req: GenerateRequest) -> list:
+    """The token ids of each prompt of a request: its chat rendered by the model's template (its
+    images through the model's processor, setting req.image_inputs), or its completion
+    prompts."""
     engine = state.engine
+    if req.images:
+        return [await image_prompt(app, state, req)]
     if req.messages is not None:
         size = sum(len(m["content"]) for m in req.messages)
         try:
@@ -200,7 +206,7 @@ async def _generate(
         count_rejected(request)
         raise refused(refusal) from None
     apply_defaults(req, state.defaults)
-    prompts = await _prompt_ids(app, state, req)
+    prompts = await prompt_ids(app, state, req)
     output = chat_output(state, req, prompts[0]) if req.messages is not None else None
     constraint = await constrain(state, req, output)
     if constraint is not None:
@@ -222,7 +228,7 @@ async def _generate(
         engine_id = rid if k == 1 else f"{rid}-{i}"
         rec = ChoiceRecord(i, engine_id, p, len(prompts[p]))
         params = req.params(i, max_tokens[p], limits.priority, key_name, limits.weight)
-        choices.append(Choice(rec, prompts[p], params))
+        choices.append(Choice(rec, prompts[p], params, images=req.image_inputs))
     entry, ticket = admit(request, [c.engine_id for c in choices], sum(map(len, prompts)))
     record = RequestRecord(
         rid,

@@ -17,6 +17,7 @@ from appliance.server.schema.requests import (
     ChatMessage,
     CompletionRequest,
     DetokenizeRequest,
+    ImagePart,
     SamplingRequest,
     TokenizeRequest,
 )
@@ -36,6 +37,16 @@ TOOL_NAME = re.compile(r"^[A-Za-z0-9_.-]+$")
 
 
 @dataclass
+class ImageSource:
+    """One image of a request, as sent (appliance.server.image_inputs reads it)."""
+
+    where: str
+    """The request field it came from (messages[0].content[1].image_url), for error messages."""
+    url: str
+    """A data: URL or an http(s) URL (an Anthropic base64 source is made a data: URL)."""
+
+
+@dataclass
 class GenerateRequest:
     """A validated /v1/completions or /v1/chat/completions request."""
 
@@ -45,7 +56,13 @@ class GenerateRequest:
     prompts: list[str | list[int]] = field(default_factory=list)
     """Completions: each prompt gets n choices."""
     messages: list[dict] | None = None
-    """Chat: normalised to {'role', 'content': str} (+ tool_calls, tool_call_id)."""
+    """Chat: normalised to {'role', 'content': str} (+ tool_calls, tool_call_id); a message
+    with images has a content list of {"type": "text", "text"} and {"type": "image"} parts."""
+    images: list[ImageSource] = field(default_factory=list)
+    """Chat: the images of the messages' {"type": "image"} parts, in order."""
+    image_inputs: list | None = None
+    """The images as the engine takes them (engine.multimodal.ImageInput), once the prompt
+    is rendered."""
     tools: list[dict] | None = None
     """Chat: OpenAI tool definitions, for the template; None when the output is all content."""
     parallel_tool_calls: bool = True
@@ -206,7 +223,7 @@ def parse_chat(data: dict) -> GenerateRequest:
     req = _common(body, "chat")
     req.max_tokens = body.max_completion_tokens or body.max_tokens  # both >= 1 when set
     req.logprobs = (body.top_logprobs or 0) if body.logprobs else None
-    req.messages = chat_messages(body.messages)
+    req.messages = chat_messages(body.messages, req.images)
     for i, tool in enumerate(body.tools or []):
         if not TOOL_NAME.match(tool.function.name):
             raise bad_request(
@@ -255,9 +272,13 @@ def _shown(choice) -> str:
     return json.dumps(choice) if isinstance(choice, str) else "naming a function"
 
 
-def chat_messages(messages: list[ChatMessage]) -> list[dict]:
+def chat_messages(
+    messages: list[ChatMessage], images: list[ImageSource] | None = None
+) -> list[dict]:
     """Messages as chat templates take them: [{'role', 'content': str}], with an assistant's
-    tool_calls and a tool message's tool_call_id where they were sent."""
+    tool_calls and a tool message's tool_call_id where they were sent. A user message with
+    image parts keeps a content list, each image a {"type": "image"} part whose source is
+    appended to `images` (None: images are refused)."""
     out = []
     for i, msg in enumerate(messages):
         content = msg.content
@@ -269,6 +290,8 @@ def chat_messages(messages: list[ChatMessage]) -> list[dict]:
                     param=f"messages[{i}].content",
                 )
             content = ""
+        elif any(isinstance(part, ImagePart) for part in content):
+            content = _image_content(i, msg, images)
         elif not isinstance(content, str):
             content = "".join(part.text for part in content)
         # Chat templates know "system"; OpenAI's newer "developer" role means the same.
@@ -280,6 +303,25 @@ def chat_messages(messages: list[ChatMessage]) -> list[dict]:
             entry["tool_call_id"] = msg.tool_call_id
         out.append(entry)
     return out
+
+
+def _image_content(i: int, msg: ChatMessage, images: list[ImageSource] | None) -> list[dict]:
+    """A user message's parts as multimodal templates take them, its images' sources added to
+    `images`."""
+    first = next(j for j, p in enumerate(msg.content) if isinstance(p, ImagePart))
+    where = f"messages[{i}].content[{first}].image_url"
+    if images is None:
+        raise bad_request(f"{where}: images are not taken here; send text alone", param=where)
+    if msg.role != "user":
+        raise bad_request(f"{where}: images belong in user messages", param=where)
+    parts = []
+    for j, part in enumerate(msg.content):
+        if isinstance(part, ImagePart):
+            images.append(ImageSource(f"messages[{i}].content[{j}].image_url", part.image_url.url))
+            parts.append({"type": "image"})
+        else:
+            parts.append({"type": "text", "text": part.text})
+    return parts
 
 
 def parse_tokenize(data: dict) -> tuple[str | None, list[dict] | None, bool]:

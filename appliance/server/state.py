@@ -67,6 +67,8 @@ class ServerState:
     defaults: GenerationDefaults = field(default_factory=GenerationDefaults)
     """What a request's omitted sampling fields become (the model's, the overrides)."""
     loading: str = PHASE_START
+    image_processor: Any = None
+    """The model's engine.multimodal ImageProcessor, loaded at the first request with images."""
     """While loading: the start-up phase the core reported last
     (engine.startup.phases.PHASE_WORDS)."""
 

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from engine.config import EngineConfig
+from engine.multimodal.processing import model_takes_images
 from engine.text.tokenizer import (  # transformers: imported lazily
     apply_chat_template,
     encode_prompt,
@@ -40,12 +41,18 @@ class EngineInfo:
     """A BERT-like encoder: a reranker's inputs are the tokenizer's (query, document) pairs."""
     embedding_size: int | None = None
     """The length of an embedding model's vectors (its hidden size); None for other kinds."""
+    folder: str | None = None
+    """The model's folder (None for a .gguf-only or generated model): the front end loads the
+    image processor from it."""
+    takes_images: bool = False
+    """The model reads images (config.json has a vision_config and an image token id)."""
 
     @classmethod
     def of(cls, engine: Any) -> EngineInfo:
         report = getattr(engine, "plan_report", None)
         kind = engine.kind.kind if hasattr(engine, "kind") else "generate"
         model_config = getattr(engine, "model_config", None)
+        folder = getattr(engine, "folder", None)
         if engine.tokenizer is not None:
             vocab_size = len(engine.tokenizer)
         else:
@@ -64,6 +71,8 @@ class EngineInfo:
             kind=kind,
             is_encoder=bool(getattr(engine, "is_encoder", False)),
             embedding_size=getattr(model_config, "hidden_size", None) if kind == "embed" else None,
+            folder=None if folder is None else str(folder),
+            takes_images=model_takes_images(folder),
         )
 
     def plan_report(self) -> dict | None:

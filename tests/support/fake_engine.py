@@ -102,6 +102,7 @@ class FakeEngine:
         reports_kv: bool = True,
         script: str | None = None,
         chat_template: str | None = None,
+        folder: str | None = None,
         **config,
     ) -> None:
         defaults = dict(
@@ -120,6 +121,10 @@ class FakeEngine:
         self.script = script
         """Every request's output text, when set: SCRIPT_CHARS characters a token, then EOS."""
         self.model_name = "fake-model"
+        self.folder = folder
+        """A model folder whose config.json and processor the front end reads (images)."""
+        self.images: dict[str, list] = {}
+        """The images each request brought (request id -> list of ImageInput)."""
         self.device = torch.device("cpu")
         self.step_time = step_time
         self.markers = markers
@@ -151,9 +156,12 @@ class FakeEngine:
     ) -> list[int]:
         return apply_chat_template(self.tokenizer, messages, tools, template_kwargs)
 
-    def add_request(self, request_id, prompt, params, arrival_time=None) -> None:
+    def add_request(self, request_id, prompt, params, arrival_time=None, images=None) -> None:
         if request_id in self._reqs:
             raise ValueError(f"request id {request_id!r} is already in use")
+        for image in images or []:
+            if image.end > len(prompt):
+                raise ValueError(f"an image's placeholders end past the prompt: {image}")
         ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
         if not ids:
             raise ValueError("the prompt is empty: send at least one token")
@@ -165,6 +173,8 @@ class FakeEngine:
         seed = params.seed if params.seed is not None else self._rng.getrandbits(63)
         req = _Req(request_id, ids, params, seed, arrival_time or time.time())
         self._reqs[request_id] = req
+        if images:
+            self.images[request_id] = list(images)
         self._waiting.append(req)
 
     def abort(self, request_id: str) -> None:

@@ -9,7 +9,9 @@ import re
 
 from appliance.generation_defaults import DEFAULTED
 from appliance.server.anthropic_api.schema import (
+    Base64Source,
     CountTokensRequest,
+    ImageBlock,
     MessagesRequest,
     TextBlock,
     ThinkingBlock,
@@ -20,7 +22,7 @@ from appliance.server.anthropic_api.schema import (
     ToolUseBlock,
 )
 from appliance.server.errors import bad_request
-from appliance.server.protocol import SAMPLING_FIELDS, GenerateRequest
+from appliance.server.protocol import SAMPLING_FIELDS, GenerateRequest, ImageSource
 from appliance.server.schema.requests import SamplingRequest
 from engine.structured import StructuredOutput
 
@@ -34,7 +36,7 @@ BLOCK_SEPARATOR = "\n\n"
 def generate_request(body: CountTokensRequest) -> GenerateRequest:
     """The generation request of a validated Messages (or count_tokens) body."""
     req = GenerateRequest(endpoint="messages", model=body.model)
-    req.messages = chat_messages(body)
+    req.messages = chat_messages(body, req.images)
     thinking = body.thinking is not None and body.thinking.type != "disabled"
     req.template_kwargs = {"enable_thinking": thinking}
     fmt = body.output_config.format if body.output_config is not None else None
@@ -115,11 +117,13 @@ def _tools(body: CountTokensRequest, req: GenerateRequest) -> None:
         ]
 
 
-def chat_messages(body: CountTokensRequest) -> list[dict]:
+def chat_messages(body: CountTokensRequest, images: list[ImageSource]) -> list[dict]:
     """The conversation as chat templates take it (the OpenAI shape): the system prompt, a
     user's text, each tool_result as a "tool" message, an assistant's text with its tool_use
     blocks as tool_calls and its thinking as reasoning_content (which reasoning templates read).
-    A redacted_thinking block is left out. The conversation must end with a user turn."""
+    A redacted_thinking block is left out. The conversation must end with a user turn. A user
+    turn with images is a content list of text and {"type": "image"} parts; each image's source
+    is appended to `images`."""
     out: list[dict] = []
     if body.system:
         out.append({"role": "system", "content": _text(body.system)})
@@ -129,17 +133,24 @@ def chat_messages(body: CountTokensRequest) -> list[dict]:
         if isinstance(blocks, str):
             blocks = [TextBlock(type="text", text=blocks)]
         if msg.role == "assistant":
+            for j, block in enumerate(blocks):
+                if isinstance(block, ImageBlock):
+                    where = f"messages[{i}].content[{j}]"
+                    raise bad_request(f"{where}: images belong in user messages", param=where)
             out.append(_assistant(blocks, names))
             continue
-        texts: list[str] = []
+        texts: list[str | dict] = []
         for j, block in enumerate(blocks):
             if isinstance(block, ToolResultBlock):
                 if texts:
-                    out.append({"role": "user", "content": BLOCK_SEPARATOR.join(texts)})
+                    out.append({"role": "user", "content": _user_content(texts)})
                     texts = []
                 out.append(_tool_message(block, names, f"messages[{i}].content[{j}]"))
             elif isinstance(block, TextBlock):
                 texts.append(block.text)
+            elif isinstance(block, ImageBlock):
+                images.append(_image_source(block, f"messages[{i}].content[{j}].source"))
+                texts.append({"type": "image"})
             elif isinstance(block, ToolUseBlock | ThinkingBlock):
                 raise bad_request(
                     f"messages[{i}].content[{j}]: a {block.type} block belongs in an assistant "
@@ -147,7 +158,7 @@ def chat_messages(body: CountTokensRequest) -> list[dict]:
                     param=f"messages[{i}].content[{j}]",
                 )
         if texts or not any(isinstance(b, ToolResultBlock) for b in blocks):
-            out.append({"role": "user", "content": BLOCK_SEPARATOR.join(texts)})
+            out.append({"role": "user", "content": _user_content(texts)})
     if body.messages[-1].role == "assistant":
         raise bad_request(
             "the last message is the assistant's: continuing a partial answer (prefill) is not "
@@ -155,6 +166,21 @@ def chat_messages(body: CountTokensRequest) -> list[dict]:
             param=f"messages[{len(body.messages) - 1}]",
         )
     return out
+
+
+def _user_content(parts: list[str | dict]) -> str | list[dict]:
+    """A user turn's text blocks joined; with images, the parts as multimodal templates take
+    them (each text block its own part)."""
+    if all(isinstance(p, str) for p in parts):
+        return BLOCK_SEPARATOR.join(parts)
+    return [{"type": "text", "text": p} if isinstance(p, str) else p for p in parts]
+
+
+def _image_source(block: ImageBlock, where: str) -> ImageSource:
+    source = block.source
+    if isinstance(source, Base64Source):
+        return ImageSource(where, f"data:{source.media_type};base64,{source.data}")
+    return ImageSource(where, source.url)
 
 
 def _assistant(blocks: list, names: dict[str, str]) -> dict:

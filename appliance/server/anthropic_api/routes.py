@@ -7,7 +7,6 @@ headers are accepted and ignored."""
 from __future__ import annotations
 
 from contextlib import aclosing
-from functools import partial
 
 from aiohttp import web
 
@@ -16,10 +15,10 @@ from appliance.server.anthropic_api.events import Event, MessageEvents, stop_rea
 from appliance.server.anthropic_api.schema import CountTokensRequest, MessagesRequest
 from appliance.server.body import read_json
 from appliance.server.chat_output import ChatOutput
-from appliance.server.errors import STATUS_TYPES, APIError, answers_errors_in, bad_request
+from appliance.server.errors import STATUS_TYPES, APIError, answers_errors_in
 from appliance.server.generation import Choice, Generation
 from appliance.server.model_route import ensure_ready, model_state
-from appliance.server.openai_routes import SSE_HEADERS, offload, serve_generation
+from appliance.server.openai_routes import SSE_HEADERS, prompt_ids, serve_generation
 from appliance.server.protocol import GenerateRequest
 from appliance.server.request_keys import CLIENT_GONE
 from appliance.server.responses import dumps
@@ -52,14 +51,7 @@ async def count_tokens(request: web.Request) -> web.Response:
     ensure_ready(request)
     body = validate(CountTokensRequest, await read_json(request))
     async with model_state(request, body.model) as state:
-        req = generate_request(body)
-        template = state.engine.apply_chat_template
-        render = partial(template, req.messages, req.tools, req.template_kwargs)
-        size = sum(len(m["content"]) for m in req.messages)
-        try:
-            ids = await offload(request.app, render, size)
-        except ValueError as exc:
-            raise bad_request(f"cannot apply the chat template: {exc}", "messages") from None
+        (ids,) = await prompt_ids(request.app, state, generate_request(body))
     return web.json_response({"input_tokens": len(ids)})
 
 

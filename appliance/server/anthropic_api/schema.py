@@ -22,6 +22,28 @@ class TextBlock(Part):
     text: str
 
 
+class Base64Source(Part):
+    type: Literal["base64"]
+    media_type: Literal["image/jpeg", "image/png", "image/gif", "image/webp"]
+    data: str = Field(description="The image's bytes, base64-encoded.")
+
+
+class URLSource(Part):
+    type: Literal["url"]
+    url: NonEmptyStr = Field(description="Fetched only where the server runs --allow-image-urls.")
+
+
+class ImageBlock(Part):
+    type: Literal["image"]
+    source: Annotated[
+        Base64Source | URLSource,
+        Allowed(
+            '{"type": "base64", "media_type": "image/jpeg", "image/png", "image/gif" or '
+            '"image/webp", "data": ...} or {"type": "url", "url": ...}'
+        ),
+    ]
+
+
 class ToolUseBlock(Part):
     type: Literal["tool_use"]
     id: NonEmptyStr
@@ -47,12 +69,14 @@ class RedactedThinkingBlock(Part):
     data: str = Field("", description="Ignored: the block does not reach the model.")
 
 
-Block = TextBlock | ToolUseBlock | ToolResultBlock | ThinkingBlock | RedactedThinkingBlock
+Block = (
+    TextBlock | ImageBlock | ToolUseBlock | ToolResultBlock | ThinkingBlock | RedactedThinkingBlock
+)
 Content = Annotated[
     str | list[Block],
     Allowed(
-        "a string or a list of text, tool_use, tool_result, thinking or redacted_thinking "
-        "blocks (images and documents are not supported)"
+        "a string or a list of text, image, tool_use, tool_result, thinking or "
+        "redacted_thinking blocks (documents are not supported)"
     ),
 ]
 

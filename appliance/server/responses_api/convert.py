@@ -21,6 +21,7 @@ from appliance.server.responses_api.schema import (
     FunctionCallItem,
     FunctionCallOutputItem,
     FunctionTool,
+    ImagePart,
     MessageItem,
     NamedFunction,
     ReasoningItem,
@@ -81,6 +82,8 @@ def parse_responses(data: dict, history: Callable[[str], list[dict]]) -> Parsed:
         req = parse_chat(chat)
     except APIError as err:
         raise renamed(err) from None
+    for source, where in zip(req.images, _image_fields(items, offset), strict=True):
+        source.where = where  # named as this API names it
     for message, text in zip(req.messages, reasoning):
         if text:
             message["reasoning_content"] = text  # Qwen3-style templates read it
@@ -150,7 +153,7 @@ def chat_messages(items: list, offset: int = 0) -> list[dict]:
             reasoning.append("\n".join(p.text for p in parts))
             continue
         if isinstance(item, MessageItem):
-            message = {"role": item.role, "content": _text(item.content)}
+            message = {"role": item.role, "content": _message_content(item, where)}
         elif isinstance(item, FunctionCallItem):
             call = {"id": item.call_id, "type": "function"}
             call["function"] = {"name": item.name, "arguments": item.arguments}
@@ -168,6 +171,45 @@ def chat_messages(items: list, offset: int = 0) -> list[dict]:
             reasoning = []
         out.append(message)
     return out
+
+
+def _message_content(item: MessageItem, where: str) -> str | list[dict]:
+    """A message's content as the chat route takes it: its text, or with images a list of
+    chat parts ({"type": "text"} and {"type": "image_url"})."""
+    content = item.content
+    if isinstance(content, str) or not any(isinstance(p, ImagePart) for p in content):
+        return _text(content)
+    parts = []
+    for j, part in enumerate(content):
+        if not isinstance(part, ImagePart):
+            parts.append({"type": "text", "text": _text([part])})
+            continue
+        field = f"{where}.content[{j}]"
+        if item.role != "user":
+            raise bad_request(f"{field}: images belong in user messages", param=field)
+        if part.image_url is None:
+            what = "file_id is not supported (this server keeps no files)" if part.file_id else ""
+            raise bad_request(
+                f"{field}: {what or 'image_url is required'}; send the image as image_url, a "
+                "data URL (data:image/png;base64,...)",
+                param=f"{field}.{'file_id' if part.file_id else 'image_url'}",
+            )
+        parts.append({"type": "image_url", "image_url": {"url": part.image_url}})
+    return parts
+
+
+def _image_fields(items: list, offset: int) -> list[str]:
+    """The Responses field of each input_image part of the items, in order."""
+    fields = []
+    for i, raw in enumerate(items):
+        content = raw.get("content") if isinstance(raw, dict) else None
+        if raw.get("type", "message") != "message" or not isinstance(content, list):
+            continue
+        where = f"input[{i - offset}]" if i >= offset else "previous_response_id"
+        for j, part in enumerate(content):
+            if isinstance(part, dict) and part.get("type") == "input_image":
+                fields.append(f"{where}.content[{j}].image_url")
+    return fields
 
 
 def _tool(i: int, raw: dict) -> dict:

@@ -34,6 +34,18 @@ class RefusalPart(Part):
     refusal: str
 
 
+class ImagePart(Part):
+    """An image of a user message: image_url is a data: URL (an http(s) URL under
+    --allow-image-urls); file_id is refused (this server keeps no files)."""
+
+    type: Literal["input_image"]
+    image_url: str | None = None
+    file_id: str | None = None
+    detail: Literal["auto", "low", "high"] | None = Field(
+        None, description="Accepted; the model's processor decides the resolution."
+    )
+
+
 Content = Annotated[
     str | list[TextPart | RefusalPart],
     Allowed(
@@ -41,12 +53,20 @@ Content = Annotated[
         "...}); only text parts are supported"
     ),
 ]
+MessageContent = Annotated[
+    str | list[TextPart | RefusalPart | ImagePart],
+    Allowed(
+        'a string or a list of text parts ({"type": "input_text" or "output_text", "text": '
+        '...}) and, in a user message, image parts ({"type": "input_image", "image_url": '
+        '"data:..."})'
+    ),
+]
 
 
 class MessageItem(Part):
     type: Literal["message"] = "message"
     role: Literal["user", "assistant", "system", "developer"]
-    content: Content
+    content: MessageContent
 
 
 class FunctionCallItem(Part):

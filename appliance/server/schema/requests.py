@@ -43,6 +43,21 @@ class TextPart(Part):
     text: str
 
 
+class ImageURL(Part):
+    url: NonEmptyStr = Field(
+        description="A data: URL (data:image/png;base64,...); an http(s) URL where the server "
+        "runs with --allow-image-urls."
+    )
+    detail: Literal["auto", "low", "high"] | None = Field(
+        None, description="Accepted; the model's processor decides the resolution."
+    )
+
+
+class ImagePart(Part):
+    type: Literal["image_url"]
+    image_url: ImageURL
+
+
 class FunctionCall(Part):
     name: NonEmptyStr
     arguments: str = Field(description="The arguments, a JSON object as text.")
@@ -57,12 +72,16 @@ class ToolCallPart(Part):
 class ChatMessage(Part):
     role: Role = Field(description='"developer" is read as "system".')
     content: Annotated[
-        str | list[TextPart] | None,
+        str | list[TextPart | ImagePart] | None,
         Allowed(
-            'a string or a list of text parts ({"type": "text", "text": "..."}); '
-            "only text parts are supported"
+            'a string or a list of text parts ({"type": "text", "text": "..."}) and, in a user '
+            'message, image parts ({"type": "image_url", "image_url": {"url": "data:..."}})'
         ),
-    ] = Field(None, description="May be null only in an assistant message with tool_calls.")
+    ] = Field(
+        None,
+        description="May be null only in an assistant message with tool_calls. Image parts "
+        "reach a model that reads images.",
+    )
     name: str | None = None
     tool_calls: list[ToolCallPart] | None = Field(
         None, description="An assistant message's calls, as the server returned them."
