@@ -34,9 +34,16 @@ def _randomise_vision(model: torch.nn.Module, names: tuple[str, ...]) -> None:
                     p.add_(1.0)
 
 
-def tiny_gemma3_vision(folder: Path, sliding_window: int = 16) -> torch.nn.Module:
+def tiny_gemma3_vision(
+    folder: Path,
+    sliding_window: int = 16,
+    tokens: int = GEMMA3_TOKENS,
+    ids: tuple[int, int, int] = (GEMMA3_IMAGE_TOKEN, 297, 298),
+    eos: int = 1,
+) -> torch.nn.Module:
     """A Gemma3ForConditionalGeneration of two text layers (one sliding, one full) with a
-    2-layer SigLIP tower, saved in `folder`; returns transformers' model (fp32, eval)."""
+    2-layer SigLIP tower, `tokens` placeholders per image, ids (image, start of image, end of
+    image), saved in `folder`; returns transformers' model (fp32, eval)."""
     vision = SiglipVisionConfig(
         image_size=GEMMA3_IMAGE_SIZE,
         patch_size=4,
@@ -61,11 +68,11 @@ def tiny_gemma3_vision(folder: Path, sliding_window: int = 16) -> torch.nn.Modul
     config = Gemma3Config(
         text_config=text,
         vision_config=vision,
-        mm_tokens_per_image=GEMMA3_TOKENS,
-        image_token_id=GEMMA3_IMAGE_TOKEN,
-        boi_token_index=297,
-        eoi_token_index=298,
-        eos_token_id=1,
+        mm_tokens_per_image=tokens,
+        image_token_id=ids[0],
+        boi_token_index=ids[1],
+        eoi_token_index=ids[2],
+        eos_token_id=eos,
     )
     config.architectures = ["Gemma3ForConditionalGeneration"]
     torch.manual_seed(0)
@@ -305,3 +312,18 @@ def gemma4_reference_inputs(images: list[dict[str, torch.Tensor]]):
         return extra
 
     return inputs
+
+
+def tiny_gemma3_served(folder: Path) -> torch.nn.Module:
+    """A folder `appliance serve` takes with images: tests/support/tiny_processors.py's Gemma 3
+    processor (byte tokenizer, a chat template, 32 x 32 images of 4 placeholders) and a tiny
+    random Gemma3ForConditionalGeneration whose ids match its tokenizer's."""
+    from transformers import AutoTokenizer
+
+    from tests.support.tiny_processors import GEMMA3_IMAGE, GEMMA3_TOKENS, gemma3_folder
+
+    gemma3_folder(folder, size=GEMMA3_IMAGE_SIZE)
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    names = (GEMMA3_IMAGE, GEMMA3_TOKENS["boi_token"], GEMMA3_TOKENS["eoi_token"])
+    ids = tuple(tokenizer.convert_tokens_to_ids(n) for n in names)
+    return tiny_gemma3_vision(folder, tokens=4, ids=ids, eos=tokenizer.eos_token_id)
