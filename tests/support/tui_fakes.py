@@ -245,6 +245,7 @@ def make_doc(step: int = 0, gpu: bool = True, spec: bool = False) -> dict:
         "gpu": dict(GPU) if gpu else dict.fromkeys(GPU),
         "requests_in_flight": 4,
         "models": None,  # one model; with several, each one's status, memory and requests
+        "by_model": None,  # with several, each loaded model's engine sections (tui_model_fakes)
         "counters": {
             "requests_total": 60,
             "finished_total": 50,
