@@ -17,6 +17,7 @@ from appliance.server.state import Phase
 from appliance.settings import ServeSettings
 from engine.models.embedded import default_model_path
 from tests.support.fake_engine import FakeEngine
+from tests.support.tui_model_fakes import make_models_doc
 from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
@@ -105,3 +106,12 @@ async def test_every_metrics_series_names_its_model(client):
     assert key_models == {"x", "y"}
     for name in ("vllm:generation_tokens_total", "vllm:e2e_request_latency_seconds_count"):
         assert {s.labels["model_name"] for s in samples if s.name == name} == {"x", "y"}
+
+
+async def test_the_dashboards_fake_has_the_servers_shape(client):
+    """tests/support/tui_model_fakes.py's rows and sections carry the real ones' keys."""
+    real, fake = await stats(client), make_models_doc()
+    assert {frozenset(m) for m in real["models"]} == {frozenset(m) for m in fake["models"]}
+    for sections in (*real["by_model"].values(), *fake["by_model"].values()):
+        assert tuple(sections) == ENGINE_SECTIONS
+    assert set(real) == set(fake)

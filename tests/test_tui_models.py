@@ -8,9 +8,10 @@ from __future__ import annotations
 from textual.widgets import DataTable
 
 from appliance.server.model_stats import ENGINE_SECTIONS
-from tests.support.tui_fakes import T0, ReplaySource, make_doc
+from tests.support.tui_fakes import T0, make_doc
 from tests.support.tui_model_fakes import BROKEN, LLAMA, QWEN, SMOL, make_models_doc, never_used
 from tests.support.tui_screen import screen_text, wait_for
+from tests.support.tui_sources import ReplaySource
 from tui import DashboardApp, models
 
 SIZE = (120, 44)
