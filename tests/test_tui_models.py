@@ -148,3 +148,19 @@ async def test_a_one_model_server_has_no_models_table_or_key():
         app.ingest(make_models_doc(0))  # the same dashboard, now on a server of several
         await pilot.pause()
         assert app.main.query_one("#models").display and "m Model" in screen_text(app)
+
+
+async def test_switching_while_paused_shows_the_paused_document():
+    app = dashboard([make_models_doc(0)])
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_for(pilot, lambda: uptime_is(app, 3723.0), what="first document")
+        await pilot.press("p")
+        app.ingest(make_models_doc(1))
+        await pilot.press("m")
+        await wait_for(pilot, lambda: shown(app) == QWEN, what="qwen shown")
+        await pilot.pause()
+        text = screen_text(app)
+        assert "PAUSED" in text and "700/1024 blocks" in text  # as of the paused document
+        await pilot.press("p")
+        await pilot.pause()
+        assert "710/1024 blocks" in screen_text(app) and shown(app) == QWEN
