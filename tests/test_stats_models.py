@@ -16,7 +16,7 @@ from appliance.server.model_stats import ENGINE_SECTIONS
 from appliance.server.state import Phase
 from appliance.settings import ServeSettings
 from engine.models.embedded import default_model_path
-from tests.support.fake_engine import FakeEngine
+from tests.support.fake_engine import FakeEngine, fake_client
 from tests.support.tui_model_fakes import make_models_doc
 from tests.support.waiting import wait_until
 
@@ -115,3 +115,16 @@ async def test_the_dashboards_fake_has_the_servers_shape(client):
     for sections in (*real["by_model"].values(), *fake["by_model"].values()):
         assert tuple(sections) == ENGINE_SECTIONS
     assert set(real) == set(fake)
+
+
+async def test_a_one_model_server_labels_every_series_too():
+    async with fake_client(api_key=["alice:sk-alice-key"]) as one:
+        auth = {"Authorization": "Bearer sk-alice-key"}
+        resp = await one.post("/v1/completions", json=PROMPT, headers=auth)
+        assert resp.status == 200
+        text = await (await one.get("/metrics", headers=auth)).text()
+        doc = await (await one.get("/v1/stats", headers=auth)).json()
+    samples = [s for f in text_string_to_metric_families(text) for s in f.samples]
+    assert {s.labels.get("model_name") for s in samples} == {"fake-model"}
+    assert any(s.name == "appliance:key_requests_total" for s in samples)
+    assert doc["models"] is None and doc["by_model"] is None
