@@ -126,7 +126,8 @@ async def test_key_over_its_concurrency_limit_gets_429_while_another_key_is_serv
         ("appliance:key_generation_tokens_total", "chat"): 4,
     }
     assert metric(after, "appliance:key_requests_running", "batch") == 0
-    assert 'appliance:key_queue_seconds_total{key="chat",priority="interactive"}' in after
+    labels = '{key="chat",model_name="fake-model",priority="interactive"}'
+    assert f"appliance:key_queue_seconds_total{labels}" in after
 
     lines = [json.loads(line) for line in log.read_text().splitlines()]
     assert sorted(line["key_name"] for line in lines) == ["batch", "batch", "chat"]

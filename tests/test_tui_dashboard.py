@@ -7,8 +7,10 @@ from __future__ import annotations
 import pytest
 from textual.widgets import DataTable
 
-from tests.support.tui_fakes import T0, FakeStatsServer, make_doc, make_trace
+from tests.support.tui_fakes import T0, make_doc
 from tests.support.tui_screen import screen_text, wait_for
+from tests.support.tui_sources import FakeStatsServer
+from tests.support.tui_trace_fakes import make_trace
 from tui import create_app
 from tui.screens.help import HelpScreen
 from tui.screens.plan import PlanScreen

@@ -1,12 +1,14 @@
-"""The dashboard's fakes (tests/support/tui_fakes.py) against the real server: the fake
-/v1/stats documents and traces carry the keys the server's have, at the same places."""
+"""The dashboard's fakes (tests/support/tui_fakes.py, tui_trace_fakes.py) against the real
+server: the fake /v1/stats documents and traces carry the keys the server's have, at the same
+places."""
 
 from __future__ import annotations
 
 import asyncio
 
 from tests.support.fake_engine import FakeEngine, fake_client
-from tests.support.tui_fakes import CONFIG, make_doc, make_trace
+from tests.support.tui_fakes import CONFIG, make_doc
+from tests.support.tui_trace_fakes import make_trace
 
 
 def _shape(node: object) -> object:

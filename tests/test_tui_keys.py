@@ -10,8 +10,9 @@ import copy
 import pytest
 from textual.widgets import DataTable
 
-from tests.support.tui_fakes import T0, FakeStatsServer, make_doc
+from tests.support.tui_fakes import T0, make_doc
 from tests.support.tui_screen import screen_text, wait_for
+from tests.support.tui_sources import FakeStatsServer
 from tui import create_app
 from tui import format as fmt
 from tui.keys import key_rows, select_keys

@@ -14,8 +14,9 @@ import pytest
 import textual
 
 from engine.env import env_flag
-from tests.support.tui_fakes import T0, ReplaySource, make_doc
+from tests.support.tui_fakes import T0, make_doc
 from tests.support.tui_screen import screen_text, wait_for
+from tests.support.tui_sources import ReplaySource
 from tui import DashboardApp
 from tui.screens.trace import TraceScreen
 

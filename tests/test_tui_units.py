@@ -16,8 +16,9 @@ from appliance.serve import serve_tui
 from appliance.server.records import STRUCTURED_KINDS
 from appliance.settings import ServeSettings
 from tests.support.fake_engine import FakeEngine
-from tests.support.tui_fakes import make_doc, make_trace
+from tests.support.tui_fakes import make_doc
 from tests.support.tui_screen import screen_text, wait_for
+from tests.support.tui_trace_fakes import make_trace
 from tui import format as fmt
 from tui import model
 from tui.screens.trace import grammar_line, spec_line, summary

@@ -56,6 +56,7 @@ class History:
     _series: dict[str, deque[float]] = field(default_factory=dict)
 
     def push(self, doc: dict) -> View:
+        """Take in a document's figures; the View of it with the histories so far."""
         view = View(doc)
         samples = {
             "kv_perc": view.get("engine", "kv_usage_perc"),
@@ -70,6 +71,10 @@ class History:
             ring.append(fmt.num(value) or 0.0)
             series[name] = tuple(ring)
         return View(doc, **series)
+
+    def view(self, doc: dict) -> View:
+        """The View of `doc` with the histories as they stand, taking nothing in."""
+        return View(doc, **{name: tuple(ring) for name, ring in self._series.items()})
 
 
 @dataclass(frozen=True)

@@ -189,7 +189,7 @@ def create_app(
     for name, key_limits in limits.items():
         app[TRACKER].keys.declare(name, key_limits.priority)
     app[TRACKER].on_finish.append(app[TRACKER].keys.closed)
-    app[METRICS].registry.register(KeyCollector(app[TRACKER].keys))
+    app[METRICS].registry.register(KeyCollector(app[TRACKER].keys, lambda: state.model_name))
     app[EXECUTOR] = ThreadPoolExecutor(max_workers=2, thread_name_prefix="tokenize")
     app.router.add_routes(openai_routes)
     app.router.add_routes(embedding_routes)
@@ -339,9 +339,9 @@ async def _load(state: ServerState, source: Any, progress: Progress) -> None:
 async def _sampler_ctx(app: web.Application):
     async def sample() -> None:
         while True:
-            state = app[STATE]
-            if state.core is not None:
-                app[TRACKER].sample_engine(state.core.stats())
+            for state in app[STATE].serving_states():  # each loaded model's engine
+                if state.core is not None:
+                    app[TRACKER].sample_engine(state.core.stats(), model=state.model_name)
             await asyncio.sleep(SAMPLE_INTERVAL_S)
 
     task = asyncio.create_task(sample())

@@ -145,7 +145,7 @@ async def run_pooling(
     record.choices = [c.record for c in choices]
     record.events.append({"time": record.received_at, "event": "received"})
     tracker.add(record)
-    tracker.keys.admitted(key_name)
+    tracker.keys.admitted(key_name, record.model)
     gen = Generation(state.core, state.settings, record, entry, choices)
     outcome = ["error", 500, None]
     final = {}

@@ -1,4 +1,5 @@
-"""Prometheus metrics under vLLM's names (so existing vLLM dashboards work), one registry per app.
+"""Prometheus metrics under vLLM's names (so existing vLLM dashboards work), one registry per app;
+every series carries the model_name label (with several models, one series per model).
 
 Engine gauges and counters are read from the engine core's last stats at scrape time; request
 histograms are observed when a request closes; structured requests are counted when the route
@@ -176,8 +177,11 @@ class _EngineCollector:
                 "the steps that wait on it).",
                 lambda st: st.get("compiles_after_warmup"),
             )
-        g = GaugeMetricFamily("appliance:requests_in_flight", "HTTP requests admitted.")
-        g.add_metric([], sum(len(s.inflight) for s in state.serving_states()))
+        g = GaugeMetricFamily(
+            "appliance:requests_in_flight", "HTTP requests admitted.", labels=labels
+        )
+        for s in state.serving_states():
+            g.add_metric([s.model_name], len(s.inflight))
         yield g
 
 
@@ -226,9 +230,12 @@ class Metrics:
             COMPILE_BUCKETS,
         )
 
-    def observe_structured(self, kind: str, compile_s: float | None) -> None:
+    def observe_structured(
+        self, kind: str, compile_s: float | None, model: str | None = None
+    ) -> None:
         """Count one structured request of `kind` (one of STRUCTURED_KINDS; "tool_call" for a
-        forced tool call) and observe its grammar compile time (None: none was measured).
+        forced tool call) for `model` (None: the server's) and observe its grammar compile time
+        (None: none was measured).
 
         Counted at call time, not at close: whatever becomes of the request afterwards (an
         error, a timeout, a cancel), it is counted once. Call it once per request, after its
@@ -238,14 +245,15 @@ class Metrics:
             raise ValueError(
                 f"structured kind {kind!r} is not one of {', '.join(STRUCTURED_KINDS)}"
             )
-        model = self.state.model_name
+        model = model or self.state.model_name
         self.structured.labels(model, kind).inc()
         if compile_s is not None:
             self.grammar_compile.labels(model).observe(compile_s)
 
-    def observe_itl(self, seconds: float, count: int = 1) -> None:
-        """`count` tokens that arrived `seconds` apart each (one call per delivery)."""
-        model = self.state.model_name
+    def observe_itl(self, seconds: float, count: int = 1, model: str | None = None) -> None:
+        """`count` tokens of `model` (None: the server's) that arrived `seconds` apart each
+        (one call per delivery)."""
+        model = model or self.state.model_name
         if self._itl_child is None or self._itl_child[0] != model:
             self._itl_child = (model, self.itl.labels(model))  # labels() costs ~7 us a call
         observe = self._itl_child[1].observe

@@ -60,10 +60,13 @@ class RegistryFront(ServerState):
         return [e.state for e in entries if e.state is not None and e.state.core is not None]
 
     def models_summary(self) -> list[dict] | None:
+        """Each model's name, status (/v1/models' statuses, or "failed" after a failed load,
+        with its error), planned memory, pin and requests running now."""
         return [
             {
                 "name": e.name,
-                "status": e.public_status,
+                "status": "failed" if e.status == "failed" else e.public_status,
+                "error": e.error if e.status == "failed" else None,
                 "memory_bytes": e.memory_bytes,
                 "pinned": e.spec.pinned,
                 "requests": e.holds,

@@ -210,7 +210,7 @@ async def _generate(
     output = chat_output(state, req, prompts[0]) if req.messages is not None else None
     constraint = await constrain(state, req, output)
     if constraint is not None:
-        metrics.observe_structured(*constraint)
+        metrics.observe_structured(*constraint, state.model_name)
     limit = state.engine.config.max_model_len
     max_tokens = [resolve_max_tokens(req, len(ids), limit, limits) for ids in prompts]
     k = len(prompts) * req.n
@@ -246,11 +246,11 @@ async def _generate(
     record.events.append({"time": record.received_at, "event": "received"})
     record.event("admitted", num_choices=k)
     tracker.add(record)
-    tracker.keys.admitted(key_name)
+    tracker.keys.admitted(key_name, record.model)
 
     def on_itl(seconds: float, count: int) -> None:
         tracker.observe_itl(seconds, count)
-        metrics.observe_itl(seconds, count)
+        metrics.observe_itl(seconds, count, state.model_name)
 
     gen = Generation(state.core, state.settings, record, entry, choices, on_itl)
     outcome = ["error", 500, None]
@@ -333,9 +333,10 @@ def admit(request: web.Request, engine_ids: list[str], prompt_tokens: int):
 def count_rejected(request: web.Request) -> None:
     """Count a 429 for the server, its key and /metrics."""
     app = request.app
-    app[TRACKER].rejected()
-    app[TRACKER].keys.rejected(request.get(KEY_NAME))
-    app[METRICS].rejected.labels(request_state(request).model_name).inc()
+    model = request_state(request).model_name
+    app[TRACKER].rejected(model)
+    app[TRACKER].keys.rejected(request.get(KEY_NAME), model)
+    app[METRICS].rejected.labels(model).inc()
 
 
 def _err(err: APIError) -> str:

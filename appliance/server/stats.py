@@ -1,27 +1,26 @@
 """StatsTracker: recent request records, latency percentiles, throughput, GPU readings, and the
-/v1/stats document (also streamed as SSE for the dashboard)."""
+/v1/stats document (also streamed as SSE for the dashboard); with several models, each model's
+row and each loaded model's engine sections ("by_model")."""
 
 from __future__ import annotations
 
 import dataclasses
-import logging
 import os
 import time
 from collections import OrderedDict, deque
 from collections.abc import Callable
 
+from appliance.server.gpu_reading import GpuReader
 from appliance.server.key_stats import KeyStats
+from appliance.server.model_stats import ModelCounts, record_latency
 from appliance.server.records import RequestRecord
 from appliance.server.state import ServerState
-from engine.planner import nvml
 
-logger = logging.getLogger("appliance.server")
 MAX_RECORDS = 1000
 LATENCY_WINDOW = 1000
 THROUGHPUT_WINDOW_S = 10.0
 PREFIX_CACHE_WINDOW_S = 60.0
 """The window of /v1/stats' prefix-cache hit rate: the last minute."""
-GPU_READ_INTERVAL_S = 0.5
 NUM_TOP_KV = 3
 
 
@@ -61,12 +60,11 @@ class StatsTracker:
             "cancelled_total": 0,
             "timeouts_total": {"ttft_timeout": 0, "request_timeout": 0, "stall_timeout": 0},
         }
-        self._tokens = CounterWindow(
-            THROUGHPUT_WINDOW_S, ("prompt_tokens_total", "generation_tokens_total")
-        )
-        self._prefix_cache = CounterWindow(
-            PREFIX_CACHE_WINDOW_S, ("prefix_cache_queries_total", "prefix_cache_hits_total")
-        )
+        self._tokens: dict[str | None, CounterWindow] = {}
+        """Each model's token counters (None: samples that name no model)."""
+        self._prefix_cache: dict[str | None, CounterWindow] = {}
+        self.models: dict[str, ModelCounts] = {}
+        """Request counts by the records' model name."""
         self.on_finish: list[Callable[[RequestRecord], None]] = []
         """Sinks called with each closed record (metrics, request log)."""
         self.gpu = GpuReader()
@@ -74,13 +72,22 @@ class StatsTracker:
 
     def add(self, record: RequestRecord) -> None:
         self.counters["requests_total"] += 1
+        counts = self._model(record.model)
+        counts.requests_total += 1
+        counts.last_request_at = record.received_at
         self.records[record.request_id] = record
         self.records.move_to_end(record.request_id)
         while len(self.records) > MAX_RECORDS:
             self.records.popitem(last=False)
 
-    def rejected(self) -> None:
+    def rejected(self, model: str | None = None) -> None:
+        """Count a 429 (for `model` too, when named)."""
         self.counters["rejected_total"] += 1
+        if model is not None:
+            self._model(model).rejected_total += 1
+
+    def _model(self, name: str) -> ModelCounts:
+        return self.models.setdefault(name, ModelCounts())
 
     def observe_itl(self, seconds: float, count: int = 1) -> None:
         self.latency["itl_s"].extend([seconds] * count)
@@ -89,6 +96,7 @@ class StatsTracker:
         """Count a closed record and feed its latencies to the windows and the sinks."""
         if record.status == "finished":
             self.counters["finished_total"] += 1
+            self._model(record.model).finished_total += 1
             for key in ("ttft_s", "e2e_s"):
                 value = getattr(record, key)
                 if value is not None:
@@ -102,6 +110,7 @@ class StatsTracker:
             code = (record.error or "").split(":", 1)[0]
             if code in self.counters["timeouts_total"]:
                 self.counters["timeouts_total"][code] += 1
+            self._model(record.model).timed_out_total += 1
         elif record.status == "cancelled":
             self.counters["cancelled_total"] += 1
         else:
@@ -109,14 +118,22 @@ class StatsTracker:
         for sink in self.on_finish:
             sink(record)
 
-    def sample_engine(self, stats: dict, now: float | None = None) -> None:
-        """Remember engine counters over time for the throughput and hit-rate figures."""
+    def sample_engine(
+        self, stats: dict, now: float | None = None, model: str | None = None
+    ) -> None:
+        """Remember `model`'s engine counters over time for its throughput and hit rate."""
         now = time.time() if now is None else now
-        self._tokens.add(now, stats)
-        self._prefix_cache.add(now, stats)
+        if model not in self._tokens:
+            keys = ("prompt_tokens_total", "generation_tokens_total")
+            self._tokens[model] = CounterWindow(THROUGHPUT_WINDOW_S, keys)
+            keys = ("prefix_cache_queries_total", "prefix_cache_hits_total")
+            self._prefix_cache[model] = CounterWindow(PREFIX_CACHE_WINDOW_S, keys)
+        self._tokens[model].add(now, stats)
+        self._prefix_cache[model].add(now, stats)
 
-    def throughput(self) -> dict:
-        dt, (prompt, generation) = self._tokens.deltas()
+    def throughput(self, model: str | None = None) -> dict:
+        """`model`'s tokens per second over the last THROUGHPUT_WINDOW_S (zeros unsampled)."""
+        dt, (prompt, generation) = _deltas(self._tokens.get(model), 2)
         if dt <= 0:
             return {"prompt_tokens_per_s": 0.0, "generation_tokens_per_s": 0.0, "window_s": 0.0}
         return {
@@ -125,10 +142,10 @@ class StatsTracker:
             "window_s": dt,
         }
 
-    def prefix_cache(self, estats: dict) -> dict:
-        """Whether the engine caches prefixes, and the prompt tokens it looked up and found
-        over the last PREFIX_CACHE_WINDOW_S (hit_rate_perc None when it looked up none)."""
-        dt, (queries, hits) = self._prefix_cache.deltas()
+    def prefix_cache(self, estats: dict, model: str | None = None) -> dict:
+        """Whether `model`'s engine caches prefixes, and the prompt tokens it looked up and
+        found over the last PREFIX_CACHE_WINDOW_S (hit_rate_perc None when it looked up none)."""
+        dt, (queries, hits) = _deltas(self._prefix_cache.get(model), 2)
         return {
             "enabled": estats.get("prefix_caching"),
             "hit_rate_perc": 100.0 * hits / queries if queries > 0 else None,
@@ -142,35 +159,34 @@ class StatsTracker:
         return sum(e2e) / len(e2e) if e2e else 1.0
 
     def snapshot(self, state: ServerState, num_traces: int = 10, num_rows: int = 50) -> dict:
-        """The /v1/stats document."""
+        """The /v1/stats document: the server's figures, the engine sections (ENGINE_SECTIONS)
+        of the model used last, and with several models each one's row ("models") and each
+        loaded one's engine sections by name ("by_model"; an unloaded model has none)."""
         engine = state.engine
-        estats = state.core.stats() if state.core else {}
-        total = estats.get("kv_blocks_total") or 0
-        used = estats.get("kv_blocks_used") or 0
-        records = list(self.records.values())
-        running = [r for r in records if r.finished_at is None]
-        recent = [r for r in reversed(records) if r.finished_at is not None]
         settings = state.settings
-        kv_by_request = _kv_by_request(state.core, running)
-        kv_known = kv_by_request is not None
-        kv_by_request = kv_by_request or {}
-        rows = [
-            {
-                **r.summary(),
-                "kv_blocks": kv_by_request.get(r.request_id, 0) if kv_known else None,
+        records = list(self.records.values())
+        models = state.models_summary()
+        by_model = None
+        if models is not None:
+            for row in models:
+                row.update(self.models.get(row["name"], ModelCounts()).as_dict())
+            by_model = {
+                s.model_name: self._engine_sections(
+                    s,
+                    [r for r in records if r.model == s.model_name],
+                    num_traces,
+                    num_rows,
+                    latency=None,
+                )
+                for s in state.serving_states()
             }
-            for r in (running + recent)[:num_rows]
-        ]
+        latency = {k: percentiles(list(v)) for k, v in self.latency.items()}
         return {
             "object": "appliance.stats",
             "time": time.time(),
             "status": state.phase.value,
-            "model": state.model_name,
-            "model_params": _model_params(engine),
+            **self._engine_sections(state, records, num_traces, num_rows, latency),
             "uptime_s": time.time() - state.started_at,
-            "device": str(engine.device) if engine is not None else None,
-            "config": dataclasses.asdict(engine.config) if engine is not None else None,
-            "plan": _plan(engine),
             "server": {
                 "pid": os.getpid(),
                 "api_workers": settings.api_workers,
@@ -185,28 +201,75 @@ class StatsTracker:
                 },
                 "generation_defaults": state.defaults.as_dict(),
             },
+            "gpu": self.gpu.read(engine.device if engine is not None else None),
+            "requests_in_flight": sum(len(s.inflight) for s in state.serving_states()),
+            "models": models,
+            "by_model": by_model,
+            "counters": self.counters,
+            "keys": self.keys.snapshot(),
+        }
+
+    def _engine_sections(
+        self,
+        state: ServerState,
+        records: list[RequestRecord],
+        num_traces: int,
+        num_rows: int,
+        latency: dict | None,
+    ) -> dict:
+        """ENGINE_SECTIONS of one engine's state; `records` are the requests it lists, `latency`
+        its percentiles (None: over `records`). Queue counts of 429s and timeouts are the
+        server's at the top level, the model's own under by_model."""
+        engine = state.engine
+        estats = state.core.stats() if state.core else {}
+        total = estats.get("kv_blocks_total") or 0
+        used = estats.get("kv_blocks_used") or 0
+        running = [r for r in records if r.finished_at is None]
+        recent = [r for r in reversed(records) if r.finished_at is not None]
+        kv_by_request = _kv_by_request(state.core, running)
+        kv_known = kv_by_request is not None
+        kv_by_request = kv_by_request or {}
+        rows = [
+            {
+                **r.summary(),
+                "kv_blocks": kv_by_request.get(r.request_id, 0) if kv_known else None,
+            }
+            for r in (running + recent)[:num_rows]
+        ]
+        name = state.model_name
+        if latency is None:
+            counts = self.models.get(name, ModelCounts())
+            refused = (counts.rejected_total, counts.timed_out_total)
+        else:
+            refused = (
+                self.counters["rejected_total"],
+                sum(self.counters["timeouts_total"].values()),
+            )
+        sections = {
+            "model": name,
+            "model_params": _model_params(engine),
+            "device": str(engine.device) if engine is not None else None,
+            "config": dataclasses.asdict(engine.config) if engine is not None else None,
+            "plan": _plan(engine),
             "engine": {**estats, "kv_usage_perc": 100.0 * used / total if total else 0.0},
             "kv": {
                 **_kv_section(kv_by_request if kv_known else None, used, total, estats),
                 "blocks_cached": estats.get("kv_blocks_cached"),
-                "prefix_cache": self.prefix_cache(estats),
+                "prefix_cache": self.prefix_cache(estats, name),
             },
             "queue": {
                 "num_waiting": estats.get("num_waiting", 0),
                 "num_running": estats.get("num_running", 0),
-                "rejected_total": self.counters["rejected_total"],
-                "timed_out_total": sum(self.counters["timeouts_total"].values()),
+                "rejected_total": refused[0],
+                "timed_out_total": refused[1],
             },
-            "gpu": self.gpu.read(engine.device if engine is not None else None),
-            "requests_in_flight": sum(len(s.inflight) for s in state.serving_states()),
-            "models": state.models_summary(),
-            "counters": self.counters,
-            "keys": self.keys.snapshot(),
-            "throughput": self.throughput(),
-            "latency": {k: percentiles(list(v)) for k, v in self.latency.items()},
+            "throughput": self.throughput(name),
+            "latency": latency if latency is not None else record_latency(records, percentiles),
+            "requests_in_flight": len(state.inflight),
             "requests": rows,
             "traces": [r.trace() for r in recent[:num_traces]],
         }
+        return sections
 
 
 class CounterWindow:
@@ -229,6 +292,10 @@ class CounterWindow:
         if len(s) < 2 or s[-1][0] <= s[0][0]:
             return 0.0, (0,) * len(self.keys)
         return s[-1][0] - s[0][0], tuple(b - a for a, b in zip(s[0][1:], s[-1][1:], strict=True))
+
+
+def _deltas(window: CounterWindow | None, num_keys: int) -> tuple[float, tuple[float, ...]]:
+    return window.deltas() if window is not None else (0.0, (0,) * num_keys)
 
 
 def _kv_by_request(core, running: list[RequestRecord]) -> dict[str, int] | None:
@@ -264,80 +331,6 @@ def _kv_section(by_request: dict[str, int] | None, used: int, total: int, estats
         if by_request is None
         else (100.0 * sum(b for b, _ in top) / base if base else 0.0),
     }
-
-
-class GpuReader:
-    """GPU readings through NVML (engine.planner.nvml), cached for GPU_READ_INTERVAL_S.
-
-    Every field is None when it cannot be read: no NVML, no GPU, a CPU engine, or a reading the
-    board does not support. It never raises.
-    """
-
-    FIELDS = (
-        "name",
-        "utilization_perc",
-        "memory_used_bytes",
-        "memory_total_bytes",
-        "power_w",
-        "temperature_c",
-        "sm_clock_mhz",
-    )
-
-    def __init__(self) -> None:
-        self._nvml = None
-        self._failed = False
-        self._cache: tuple[float, dict] | None = None
-
-    def read(self, device) -> dict:
-        now = time.monotonic()
-        if self._cache is not None and now - self._cache[0] < GPU_READ_INTERVAL_S:
-            return self._cache[1]
-        reading = dict.fromkeys(self.FIELDS)
-        handle = self._handle(device)
-        if handle is not None:
-            reading.update(self._readings(handle))
-        self._cache = (now, reading)
-        return reading
-
-    def _handle(self, device):
-        kind, _, number = str(device).partition(":")  # "cuda:0" (a torch.device or its name)
-        if device is None or kind != "cuda":
-            return None
-        lib = self._init()
-        if lib is None:
-            return None
-        return nvml.handle(lib, int(number) if number.isdigit() else 0)
-
-    def _init(self):
-        if self._nvml is not None or self._failed:
-            return self._nvml
-        try:
-            self._nvml = nvml.load()
-        except Exception as exc:
-            logger.info("GPU readings unavailable (NVML: %s)", exc)
-            self._failed = True
-        return self._nvml
-
-    def _readings(self, handle) -> dict:
-        lib = self._nvml
-        getters = {
-            "name": lambda: nvml.text(lib.nvmlDeviceGetName(handle)),
-            "utilization_perc": lambda: float(lib.nvmlDeviceGetUtilizationRates(handle).gpu),
-            "memory_used_bytes": lambda: int(lib.nvmlDeviceGetMemoryInfo(handle).used),
-            "memory_total_bytes": lambda: int(lib.nvmlDeviceGetMemoryInfo(handle).total),
-            "power_w": lambda: lib.nvmlDeviceGetPowerUsage(handle) / 1000.0,
-            "temperature_c": lambda: float(
-                lib.nvmlDeviceGetTemperature(handle, lib.NVML_TEMPERATURE_GPU)
-            ),
-            "sm_clock_mhz": lambda: float(lib.nvmlDeviceGetClockInfo(handle, lib.NVML_CLOCK_SM)),
-        }
-        out: dict = {}
-        for key, get in getters.items():
-            try:
-                out[key] = get()
-            except Exception:  # unsupported on this board, or the GPU went away
-                out[key] = None
-        return out
 
 
 def _model_params(engine) -> dict:

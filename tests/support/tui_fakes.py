@@ -1,16 +1,9 @@
-"""Fakes for the dashboard tests: recorded-style /v1/stats documents with fixed values, a small
-aiohttp server that streams them (and can be stopped and restarted on the same port), an
-in-memory source for the snapshots (screen helpers: tests/support/tui_screen.py).
+"""Fakes for the dashboard tests, the main screen's: recorded-style /v1/stats documents with
+fixed values (traces: tui_trace_fakes.py; the models table: tui_model_fakes.py; servers and
+sources that deliver them: tui_sources.py; screen helpers: tui_screen.py).
 tests/test_tui_fakes.py keeps the fakes honest against the server."""
 
 from __future__ import annotations
-
-import asyncio
-import copy
-import json
-from collections.abc import AsyncIterator
-
-from aiohttp import web
 
 MODEL = "SmolLM2-135M-Instruct"
 MODEL_PARAMS = 134_515_008
@@ -79,7 +72,8 @@ SPEC = {"num_speculative_tokens": 4, "drafted": 2400, "accepted": 1488, "drafts"
 make_trace(spec=True)'s request drafted 120 tokens and had 74 accepted."""
 
 
-def _row(spec: tuple, step: int) -> dict:
+def request_row(spec: tuple, step: int) -> dict:
+    """One /v1/stats request row of ROWS' `spec` at `step`."""
     rid, state, prompt, cached, gen, queue, ttft, tpot, kv, pre, finish, structured, tools = spec
     running = state == "running" and queue is not None
     return {
@@ -245,6 +239,7 @@ def make_doc(step: int = 0, gpu: bool = True, spec: bool = False) -> dict:
         "gpu": dict(GPU) if gpu else dict.fromkeys(GPU),
         "requests_in_flight": 4,
         "models": None,  # one model; with several, each one's status, memory and requests
+        "by_model": None,  # with several, each loaded model's engine sections (tui_model_fakes)
         "counters": {
             "requests_total": 60,
             "finished_total": 50,
@@ -259,166 +254,7 @@ def make_doc(step: int = 0, gpu: bool = True, spec: bool = False) -> dict:
             "window_s": 10.0,
         },
         "latency": latency,
-        "requests": [_row(spec, step) for spec in ROWS],
+        "requests": [request_row(spec, step) for spec in ROWS],
         "traces": [],
         "keys": _keys(step),
     }
-
-
-def make_trace(request_id: str = "req-done-e", spec: bool = False) -> dict:
-    """A finished request that starts from a cached prefix, with one preemption; a structured
-    one also compiles its grammar before it is scheduled and reports its mask time at the end;
-    with `spec`, its drafted and accepted tokens just before it finishes (as the engine does)."""
-    summary = next(_row(s, 0) for s in ROWS if s[0] == request_id)
-    structured = summary["structured"]
-    events = [
-        (0.0, "server", None, "received", None),
-        (0.0, "engine", 0, "arrived", None),
-        (0.1, "server", None, "admitted", {"num_choices": 1}),
-        (0.2, "server", None, "queued", {"engine_ids": [request_id]}),
-        (20.0, "engine", 0, "scheduled", None),
-        (20.0, "engine", 0, "prefix_cache_hit", {"tokens": summary["cached_tokens"]}),
-        (20.0, "engine", 0, "prefill_chunk", {"tokens": 244, "start": 256}),
-        (110.0, "engine", 0, "first_token", None),
-        (900.0, "engine", 0, "preempted", None),
-        (1300.0, "engine", 0, "scheduled", None),
-        (1300.0, "engine", 0, "prefill_chunk", {"tokens": 500, "start": 0}),
-        (1380.0, "engine", 0, "first_token", None),
-        (3190.0, "engine", 0, "finished", {"reason": "length"}),
-        (3200.0, "server", None, "closed", {"status": "finished", "http_status": 200}),
-    ]
-    grammar = None
-    if structured:
-        kind = "grammar" if structured == "tool_call" else structured  # the engine's kind
-        grammar = {
-            "kind": kind,
-            "compile_ms": 1.1,
-            "mask_steps": summary["completion_tokens"],
-            "mask_ms_mean": 0.048,
-            "mask_ms_max": 0.21,
-            "tokens_accepted": summary["completion_tokens"],
-        }
-        finished = next(i for i, e in enumerate(events) if e[3] == "finished")
-        events.insert(finished, (3190.0, "engine", 0, "grammar", grammar))  # as the engine does
-        events += [
-            (0.05, "engine", 0, "grammar_compiling", {"kind": kind}),
-            (1.2, "engine", 0, "grammar_compiled", {"ms": 1.1}),
-        ]
-        events.sort(key=lambda e: e[0])  # stable: "grammar" stays before "finished"
-    if spec:
-        finished = next(i for i, e in enumerate(events) if e[3] == "finished")
-        events.insert(finished, (3190.0, "engine", 0, "spec", {"drafted": 120, "accepted": 74}))
-    out = []
-    for t_ms, source, choice, event, detail in events:
-        e = {"time": T0 + t_ms / 1000, "event": event, "source": source, "t_ms": t_ms}
-        if choice is not None:
-            e["choice"] = choice
-        if detail:
-            e["detail"] = detail
-        out.append(e)
-    choice = {
-        "index": 0,
-        "engine_id": request_id,
-        "prompt_tokens": summary["prompt_tokens"],
-        "cached_tokens": summary["cached_tokens"],
-        "completion_tokens": summary["completion_tokens"],
-        "finish_reason": summary["finish_reasons"][0],
-        "queue_s": summary["queue_s"],
-        "tpot_s": summary["tpot_s"],
-        "num_preemptions": summary["num_preemptions"],
-        "grammar": grammar,
-    }
-    summary.pop("kv_blocks")  # a /v1/stats row's, not a trace's
-    sampling = {
-        "temperature": 0.7,
-        "top_p": 1.0,
-        "top_k": -1,
-        "repetition_penalty": 1.0,
-        "max_tokens": 256,
-        "sources": {"temperature": "request", "max_tokens": "request"},
-    }
-    return {
-        **summary,
-        "key_name": None,
-        "stream": True,
-        "sampling": sampling,
-        "choices": [choice],
-        "events": out,
-    }
-
-
-class FakeStatsServer:
-    """Streams `docs` in order (every `interval` s), then keeps the stream open and idle;
-    serves `traces` by id; `stop()` and `start()` simulate a server restart on the same port."""
-
-    def __init__(self, docs: list[dict], interval: float = 0.02, api_key: str | None = None):
-        self.docs, self.interval, self.api_key = docs, interval, api_key
-        self.traces = {rid: make_trace(rid) for rid in ("req-done-e", "req-done-f")}
-        self.port = 0
-        self.runner: web.AppRunner | None = None
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def _app(self) -> web.Application:
-        app = web.Application()
-        app.router.add_get("/v1/stats/stream", self._stream)
-        app.router.add_get("/v1/requests/{rid}", self._trace)
-        return app
-
-    def _authorized(self, request: web.Request) -> bool:
-        return not self.api_key or request.headers.get("Authorization") == f"Bearer {self.api_key}"
-
-    async def _stream(self, request: web.Request) -> web.StreamResponse:
-        if not self._authorized(request):
-            body = {
-                "error": {"message": "invalid API key", "type": "x", "param": None, "code": None}
-            }
-            return web.json_response(body, status=401)
-        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
-        await resp.prepare(request)
-        sent = 0
-        while True:
-            if sent < len(self.docs):
-                await resp.write(f"data: {json.dumps(self.docs[sent])}\n\n".encode())
-                sent += 1
-            await asyncio.sleep(self.interval)
-
-    async def _trace(self, request: web.Request) -> web.Response:
-        trace = self.traces.get(request.match_info["rid"])
-        if trace is None:
-            return web.json_response({"error": {"message": "no recent request"}}, status=404)
-        return web.json_response(trace)
-
-    async def start(self) -> None:
-        self.runner = web.AppRunner(self._app(), shutdown_timeout=0.1)
-        await self.runner.setup()
-        site = web.TCPSite(self.runner, "127.0.0.1", self.port, reuse_address=True)
-        await site.start()
-        self.port = self.runner.addresses[0][1]
-
-    async def stop(self) -> None:
-        if self.runner is not None:
-            await self.runner.cleanup()
-            self.runner = None
-
-
-class ReplaySource:
-    """An in-memory StatsSource for the snapshots: a fixed URL, fixed documents, then silence."""
-
-    url = "http://appliance.lan:8000"
-
-    def __init__(self, docs: list[dict]) -> None:
-        self.docs = docs
-
-    async def stream(self) -> AsyncIterator[dict]:
-        for doc in self.docs:
-            yield copy.deepcopy(doc)
-        await asyncio.Event().wait()
-
-    async def trace(self, request_id: str) -> dict:
-        return make_trace(request_id)
-
-    async def close(self) -> None:
-        pass

@@ -20,6 +20,7 @@ KEYS = (
     ("k", "per-key table: in place of the requests (small screens), or hide it"),
     ("Tab", "next panel"),
     ("c", "engine configuration and plan"),
+    ("m / M", "next / previous model, or Enter or a click on its row (several models)"),
     ("o", "show / hide the server log (serve --tui)"),
     ("Esc", "back"),
     ("?", "this help"),

@@ -1,6 +1,6 @@
-"""MainScreen: the dashboard: header, the four gauge panels (KV cache, queue, throughput,
-GPU), the request table, the per-key table and, when the server runs in this process, its
-log."""
+"""MainScreen: the dashboard: header, the models table (several models), the four gauge panels
+(KV cache, queue, throughput, GPU), the request table, the per-key table and, when the server
+runs in this process, its log."""
 
 from __future__ import annotations
 
@@ -20,6 +20,7 @@ from tui.widgets.header import HeaderBar
 from tui.widgets.keys import KeysPanel
 from tui.widgets.kv import KVPanel
 from tui.widgets.logpanel import LogPanel
+from tui.widgets.models import ModelsPanel
 from tui.widgets.queue import QueuePanel
 from tui.widgets.requests import RequestsPanel
 from tui.widgets.throughput import ThroughputPanel
@@ -53,6 +54,7 @@ class MainScreen(Screen):
         yield HeaderBar(self.url, self.clock, id="header").data_bind(
             MainScreen.view, MainScreen.connection, MainScreen.paused
         )
+        yield ModelsPanel(id="models").data_bind(MainScreen.view)
         with Grid(id="panels"):
             yield KVPanel(id="kv").data_bind(MainScreen.view)
             yield QueuePanel(id="queue").data_bind(MainScreen.view)
@@ -97,6 +99,10 @@ class MainScreen(Screen):
     def action_toggle_log(self) -> None:
         if self.log_panel is not None:
             self.log_panel.display = not self.log_panel.display
+
+    @on(ModelsPanel.Chosen)
+    def _choose_model(self, event: ModelsPanel.Chosen) -> None:
+        self.app.choose_model(event.name)
 
     @on(RequestsPanel.TraceRequested)
     def _open_trace(self, event: RequestsPanel.TraceRequested) -> None:

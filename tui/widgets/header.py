@@ -1,5 +1,6 @@
-"""HeaderBar: the top two lines: model, device, weight format, KV dtype, limits, uptime,
-health, and the connection (connected, paused, or disconnected since when)."""
+"""HeaderBar: the top two lines: model (and, with several models, whether the one shown is
+loaded), device, weight format, KV dtype, limits, uptime, health, and the connection
+(connected, paused, or disconnected since when)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from textual.reactive import reactive
 from textual.widgets import Static
 
 from tui import format as fmt
+from tui import models
 from tui.model import Connection, View
 
 HEALTH = {"ok": "OK", "loading": "LOADING", "draining": "DRAINING", "error": "ERROR"}
@@ -80,6 +82,10 @@ class HeaderBar(Static):
         # The bold run ends with the space: a run that starts with one reads as joined to the
         # word before it where runs are taken apart (the SVG snapshots' <text> elements).
         top.append(str(doc.get("model") or "no model yet") + " ", "bold")
+        absent = models.not_loaded(doc)
+        if absent is not None:  # several models, and the one shown has no engine now
+            top.append(f" NOT LOADED ({absent}) ", "bold reverse")
+            top.append(" ")
         top.append(f"({params_text(doc)}) on {doc.get('device') or fmt.NA}")
         top.append(f" · weights {weight_format(config) if config else fmt.NA}")
         top.append(f" · KV {config.get('kv_cache_dtype') or fmt.NA}")
