@@ -66,8 +66,8 @@ class LLM:
         for token_ids, p, pictures in zip(encoded, params, images):
             self.engine.validate(token_ids, p)  # all or nothing: raise before queueing any
             self.engine.check_structured(p)
-            if pictures:
-                check_images(token_ids, pictures, *self.engine.image_limits)
+            if pictures or self.engine.image_limits[0] is not None:
+                check_images(token_ids, pictures or [], *self.engine.image_limits)
         ids = [f"offline-{next(self._ids)}" for _ in prompts]
         for request_id, token_ids, p, pictures in zip(ids, encoded, params, images):
             self.engine.add_request(request_id, token_ids, p, images=pictures)

@@ -16,8 +16,7 @@ from engine.memory.bandwidth import BandwidthMeter
 from engine.memory.memory_check import Measurement, MemoryItems
 from engine.memory.state_pool import SlotAllocator
 from engine.models.model_kind import model_kind
-from engine.models.vision import image_token_id
-from engine.multimodal import ImageInput, check_images
+from engine.multimodal import ImageInput, check_images, image_token_id
 from engine.planner import Device
 from engine.runner import compile_count
 from engine.runner.model_runner import Forward, ModelRunner, Prepared
@@ -216,8 +215,9 @@ class LLMEngine:
         self.validate(token_ids, params)
         seed = params.seed if params.seed is not None else self._rng.getrandbits(63)
         req = Request(request_id, token_ids, params, seed, self.eos_token_ids, arrival_time, images)
+        if images or self.image_limits[0] is not None:
+            check_images(token_ids, req.images, *self.image_limits)
         if images:
-            check_images(token_ids, images, *self.image_limits)
             req.mrope = self.runner.rope_positions(token_ids, req.images)
         self._requests[request_id] = req
         if self.tokenizer is not None:

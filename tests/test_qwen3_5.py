@@ -160,8 +160,9 @@ def test_block_manager_hands_out_state_slots():
 
 
 def test_multimodal_checkpoint_runs_its_text_part(tiny, tmp_path, caplog):
-    """A Qwen3_5ForConditionalGeneration folder: text weights under model.language_model.,
-    the vision tower's and the MTP head's skipped with one log line."""
+    """A Qwen3_5ForConditionalGeneration folder whose config has no vision_config: text weights
+    under model.language_model., the vision tower's and the MTP head's skipped with one log
+    line (tests/test_vision_engine_qwen3_5.py serves one with its vision tower)."""
     folder, hf = tiny
     weights = load_file(folder / "model.safetensors")
     renamed = {
@@ -176,7 +177,6 @@ def test_multimodal_checkpoint_runs_its_text_part(tiny, tmp_path, caplog):
         "architectures": ["Qwen3_5ForConditionalGeneration"],
         "model_type": "qwen3_5",
         "text_config": {k: v for k, v in text.items() if k != "architectures"},
-        "vision_config": {"depth": 1},
         "eos_token_id": EOS_ID,
         "tie_word_embeddings": text["tie_word_embeddings"],
     }

@@ -120,6 +120,8 @@ def test_images_the_engine_cannot_take_are_refused(gemma3):
         llm.generate([ids[:-6] + [5] * 6], PARAMS, images=[images])  # a placeholder is text
     with pytest.raises(ValueError, match="prompt's end"):
         llm.generate([ids[: images[0].offset + 3]], PARAMS, images=[images])
+    with pytest.raises(ValueError, match="placeholder text"):
+        llm.generate([ids], PARAMS)  # placeholders with no image
     small = LLM(str(folder), device="cpu", max_model_len=256, max_num_batched_tokens=8)
     with pytest.raises(ValueError, match="max_num_batched_tokens"):
         small.generate([ids], PARAMS, images=[images])

@@ -217,7 +217,6 @@ def test_missing_weight_raises(saved):
     [
         "vision_tower.encoder.layers.2.mlp.fc1.bias",  # a layer the config does not have
         "multi_modal_projector.extra.weight",
-        "vision_tower.head.probe",  # a pooling head
         "language_model.model.norm.weight",  # a text weight: the caller filters by PREFIXES
     ],
 )
@@ -226,6 +225,15 @@ def test_extra_weight_raises(saved, name):
     weights = {**vision_weights(folder), name: torch.zeros(32)}
     with pytest.raises(ValueError, match="unexpected weight"):
         build(config, weights.items())
+
+
+def test_a_pooling_head_is_skipped(saved, ours):
+    """vision_use_head checkpoints hold SigLIP's pooling head: unused, as in transformers."""
+    folder, _, config = saved
+    weights = {**vision_weights(folder), "vision_tower.head.probe": torch.zeros(1, 1, 32)}
+    pixels = torch.randn(1, 3, IMAGE_SIZE, IMAGE_SIZE)
+    image = [ImageInput(0, TOKENS, {"pixel_values": pixels})]
+    torch.testing.assert_close(build(config, weights.items())(image)[0], ours(image)[0])
 
 
 def test_misshapen_weight_raises(saved):

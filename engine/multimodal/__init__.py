@@ -64,6 +64,19 @@ def hash_tensors(data: dict[str, torch.Tensor]) -> bytes:
     return digest.digest()
 
 
+IMAGE_TOKEN_KEYS = ("image_token_id", "image_token_index")
+"""config.json keys holding the id of the placeholder token the encoder's rows replace."""
+
+
+def image_token_id(config: dict) -> int | None:
+    """The image placeholder's token id of a config.json dict, or None (a text model)."""
+    for key in IMAGE_TOKEN_KEYS:
+        value = config.get(key)
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+    return None
+
+
 def images_key(images: list[ImageInput], start: int, end: int) -> bytes:
     """The hashes of the images whose placeholders meet [start, end), with their offsets: the
     part of a prefix-cache block's key that tells two images with the same placeholders apart
@@ -79,7 +92,8 @@ def check_images(
     max_image_tokens: int | None = None,
 ) -> None:
     """ValueError, saying what is wrong, unless every image's run lies inside the prompt, holds
-    only the model's image token, and meets no other image's. image_token_id None: the model
+    only the model's image token, and meets no other image's, and no image token stands
+    outside them (typed as text). image_token_id None: the model
     takes text only. max_image_tokens: the most placeholders one image may have (a model whose
     images run whole in one step: the step's token budget)."""
     if image_token_id is None:
@@ -102,3 +116,10 @@ def check_images(
                 f"max_num_batched_tokens={max_image_tokens}: raise max_num_batched_tokens"
             )
         previous_end = image.end
+    placeholders = sum(1 for t in token_ids if t == image_token_id)
+    if placeholders != sum(image.length for image in images):
+        raise ValueError(
+            f"the prompt holds {placeholders} image placeholder tokens (id {image_token_id}) "
+            f"but its images fill {sum(i.length for i in images)}: send each image as an image "
+            "part, not its placeholder text"
+        )

@@ -27,28 +27,17 @@ from typing import Any
 
 import torch
 
-from engine.multimodal import ImageInput
+from engine.multimodal import ImageInput, image_token_id
 from engine.text.tokenizer import render_chat_template
 
 logger = logging.getLogger("engine.multimodal")
 
-IMAGE_TOKEN_KEYS = ("image_token_id", "image_token_index")
-"""config.json keys holding the id of the placeholder token the encoder's rows replace."""
 TEXT_KEYS = frozenset({"input_ids", "attention_mask", "token_type_ids", "mm_token_type_ids"})
 """Processor outputs that describe the text, not an image."""
 PROCESSOR_FILES = ("preprocessor_config.json", "processor_config.json")
 """Where a model folder keeps its image processor's settings."""
 COUNT_KEYS = frozenset({"num_crops", "num_soft_tokens_per_image", "num_patches"})
 """Processor outputs that only size the placeholder runs."""
-
-
-def image_token_id(config: dict) -> int | None:
-    """The image placeholder's token id of a config.json dict, or None (a text model)."""
-    for key in IMAGE_TOKEN_KEYS:
-        value = config.get(key)
-        if isinstance(value, int) and not isinstance(value, bool):
-            return value
-    return None
 
 
 def model_takes_images(folder: str | Path | None) -> bool:

@@ -34,14 +34,6 @@ def build_vision(config: dict | None) -> nn.Module | None:
     return getattr(importlib.import_module(module), cls)(config)
 
 
-def image_token_id(config: dict) -> int:
-    """The placeholder token id whose embeddings an image's encoder rows replace."""
-    for key in ("image_token_id", "image_token_index"):
-        if config.get(key) is not None:
-            return int(config[key])
-    raise ValueError("the multimodal config names no image_token_id")
-
-
 Weights = Iterable[tuple[str, torch.Tensor]]
 
 

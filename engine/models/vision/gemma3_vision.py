@@ -128,6 +128,8 @@ class Gemma3Vision(nn.Module):
         loaded: set[str] = set()
         for name, tensor in weights:
             target = param_name(name)
+            if target is not None and target.startswith(UNUSED):
+                continue
             if target not in params:
                 raise ValueError(f"unexpected weight {name!r} in a Gemma 3 vision checkpoint")
             if target in loaded:
@@ -143,6 +145,11 @@ class Gemma3Vision(nn.Module):
 
     def init_buffers(self, device: torch.device) -> None:
         """Nothing to build: the encoder has no non-persistent buffers."""
+
+
+UNUSED = ("vision_tower.head.",)
+"""SigLIP's pooling head, saved where the vision config sets vision_use_head: Gemma 3 reads the
+tower's last hidden states, never the head's output."""
 
 
 def param_name(name: str) -> str | None:

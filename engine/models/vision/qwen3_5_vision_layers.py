@@ -20,6 +20,22 @@ _ACTIVATIONS = {
 }
 
 
+DEFAULTS = {
+    "depth": 27,
+    "hidden_size": 1152,
+    "intermediate_size": 4304,
+    "num_heads": 16,
+    "in_channels": 3,
+    "patch_size": 16,
+    "temporal_patch_size": 2,
+    "spatial_merge_size": 2,
+    "out_hidden_size": 3584,
+    "num_position_embeddings": 2304,
+    "hidden_act": "gelu_pytorch_tanh",
+}
+"""transformers' Qwen3_5VisionConfig defaults: a config.json may leave fields to them."""
+
+
 @dataclass(frozen=True)
 class VisionConfig:
     """The fields of config.json's vision_config the encoder reads."""
@@ -39,6 +55,7 @@ class VisionConfig:
 
     @classmethod
     def from_dict(cls, vision: dict) -> VisionConfig:
+        vision = {**DEFAULTS, **{k: v for k, v in vision.items() if v is not None}}
         rope = vision.get("rope_parameters") or {}
         cfg = cls(
             depth=vision["depth"],
