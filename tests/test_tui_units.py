@@ -88,7 +88,7 @@ def test_out_and_cached_columns_only_in_a_wide_table():
     assert model.columns(wide=True) == model.COLUMNS and "out" in model.COLUMNS
     narrow = model.columns(wide=False)
     assert "out" not in narrow and "cached" not in narrow
-    assert len(narrow) == len(model.COLUMNS) - 2
+    assert len(narrow) == len(model.COLUMNS) - len(model.WIDE_ONLY)
     assert row.cells(24)[:3] == ("req-run-b", "running", "json")
     assert row.cells(8, narrow)[:3] == ("req-run…", "running", "300")
 
@@ -98,6 +98,7 @@ def test_cached_column_and_sort():
     wide = model.columns(wide=True)
     cells = dict(zip(wide, rows["req-run-a"].cells(24, wide), strict=True))
     assert (cells["prompt"], cells["cached"]) == ("900", "768")
+    assert cells["img"] == "2"  # the prompt's images
     by_cached = model.select(list(rows.values()), "", "cached", reverse=False)
     assert [r.id for r in by_cached[:3]] == ["req-run-a", "req-done-e", "req-done-h"]
     assert model.rows({"requests": [{"id": "x"}]})[0].cells(8, ("cached",)) == ("n/a",)

@@ -92,6 +92,8 @@ class Row:
     tpot_s: float | None
     kv_blocks: int | None
     num_preemptions: int | None
+    num_images: int | None
+    """Images in the prompt; their encoder time is in the trace (images_encoded)."""
     finish: str
     order: int
     """Position in the server's list (running first, then the newest finished)."""
@@ -112,6 +114,7 @@ class Row:
             "tpot": fmt.seconds(self.tpot_s),
             "kv": fmt.integer(self.kv_blocks),
             "pre": fmt.integer(self.num_preemptions),
+            "img": fmt.integer(self.num_images) if self.num_images else "",
             "finish": self.finish,
         }
         return tuple(cells[c] for c in columns or COLUMNS)
@@ -129,9 +132,10 @@ COLUMNS = (
     "tpot",
     "kv",
     "pre",
+    "img",
     "finish",
 )
-WIDE_ONLY = ("out", "cached")
+WIDE_ONLY = ("out", "cached", "img")
 """Columns left out of a narrow table (80 columns), where they would push `finish` off."""
 
 
@@ -152,6 +156,7 @@ SORTS: dict[str, Callable[[Row], object]] = {
     "tpot": lambda r: r.tpot_s or 0.0,
     "kv": lambda r: r.kv_blocks or 0,
     "pre": lambda r: r.num_preemptions or 0,
+    "img": lambda r: r.num_images or 0,
     "id": lambda r: r.id,
 }
 """Sort orders `s` cycles through; each sorts largest first (`live` = the server's order)."""
@@ -217,6 +222,7 @@ def rows(doc: dict) -> list[Row]:
                 tpot_s=fmt.num(item.get("tpot_s")),
                 kv_blocks=item.get("kv_blocks"),
                 num_preemptions=item.get("num_preemptions"),
+                num_images=item.get("images"),
                 finish=finish_text(item),
                 order=order,
                 out=out_mark(item),

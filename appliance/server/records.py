@@ -33,6 +33,9 @@ class ChoiceRecord:
     finished_at: float | None = None
     queue_s: float | None = None
     num_preemptions: int = 0
+    num_images: int = 0
+    encoder_s: float = 0.0
+    """Seconds of vision-encoder steps that encoded its images."""
     engine_trace: list[dict] = field(default_factory=list)
 
     def update(self, output: RequestOutput, now: float) -> int:
@@ -46,6 +49,7 @@ class ChoiceRecord:
         if m.first_scheduled_time is not None:
             self.queue_s = max(0.0, m.first_scheduled_time - m.arrival_time)
         self.num_preemptions = m.num_preemptions
+        self.num_images, self.encoder_s = m.num_images, m.encoder_s
         if output.finished:
             self.finish_reason = output.finish_reason
             self.finished_at = now
@@ -158,6 +162,8 @@ class RequestRecord:
             "tpot_s": sum(tpots) / len(tpots) if tpots else None,
             "e2e_s": self.e2e_s,
             "num_preemptions": sum(c.num_preemptions for c in self.choices),
+            "images": max((c.num_images for c in self.choices), default=0),
+            "encoder_s": sum(c.encoder_s for c in self.choices),
             "finish_reasons": [c.finish_reason for c in self.choices],
             "error": self.error,
             "structured": self.structured,

@@ -91,7 +91,8 @@ class VisionStep:
         outputs = self.vision(todo)
         if cuda:
             torch.cuda.synchronize(self.device)
-        ms = round((time.perf_counter() - start) * 1000, 2)
+        seconds = time.perf_counter() - start
+        ms = round(seconds * 1000, 2)
         for image, out in zip(todo, outputs):
             if out.shape[0] != image.length:
                 raise RuntimeError(
@@ -104,6 +105,7 @@ class VisionStep:
             mine = sum(1 for image in req.images if image.hash in hashes)
             if mine:
                 req.record("images_encoded", images=mine, step_images=len(todo), ms=ms)
+                req.metrics.encoder_s += seconds
 
 
 def both_ways(model: nn.Module) -> bool:

@@ -87,6 +87,10 @@ class RequestMetrics:
     """Speculative decoding: drafted tokens verified for this request."""
     num_accepted_tokens: int = 0
     """Of those, accepted."""
+    num_images: int = 0
+    """Images in the prompt (engine.multimodal)."""
+    encoder_s: float = 0.0
+    """Seconds of vision-encoder steps that encoded its images."""
 
     def snapshot(self) -> RequestMetrics:
         """A copy for readers on other threads (4x cheaper than copy.copy)."""
@@ -188,7 +192,7 @@ class Request:
         self.grammar = None
         """The request's GrammarState (engine.structured) once compiled; None = unconstrained."""
         now = time.time() if arrival_time is None else arrival_time
-        self.metrics = RequestMetrics(arrival_time=now)
+        self.metrics = RequestMetrics(arrival_time=now, num_images=len(self.images))
         self.trace: list[TraceEvent] = [TraceEvent(now, "arrived")]
 
     # --- derived sizes -------------------------------------------------------------------

@@ -33,6 +33,7 @@ CONFIG = {
     "long_prompt_tokens": None,
     "queue_aging_s": 30.0,
     "fair_share_window_s": 60.0,
+    "max_encoder_tokens": 2048,
 }
 GPU = {
     "name": "NVIDIA H200",
@@ -91,6 +92,8 @@ def request_row(spec: tuple, step: int) -> dict:
         "tpot_s": tpot,
         "e2e_s": None if state == "running" else 3.2,
         "num_preemptions": pre,
+        "images": 2 if rid == "req-run-a" else 0,
+        "encoder_s": 0.041 if rid == "req-run-a" else 0.0,
         "finish_reasons": [finish],
         "error": "ttft_timeout: too slow" if state == "timeout" else None,
         "structured": structured,
