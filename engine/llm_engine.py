@@ -14,9 +14,8 @@ from pathlib import Path
 from engine.engine_stats import engine_stats
 from engine.memory.bandwidth import BandwidthMeter
 from engine.memory.memory_check import Measurement, MemoryItems
-from engine.memory.state_pool import SlotAllocator
 from engine.models.model_kind import model_kind
-from engine.multimodal import ImageInput, check_images, image_token_id
+from engine.multimodal import ImageInput, check_images
 from engine.planner import Device
 from engine.runner import compile_count
 from engine.runner.model_runner import Forward, ModelRunner, Prepared
@@ -24,9 +23,8 @@ from engine.runner.pending_step import PendingStep, request_rows
 from engine.runner.pooler import pooler_for
 from engine.runner.warmup import WarmUp, run_peak_step
 from engine.sampling_params import SamplingParams
-from engine.scheduling.block_manager import BlockManager
 from engine.scheduling.request import Request, RequestOutput, RequestStatus, check_prompt
-from engine.scheduling.scheduler import Scheduler
+from engine.scheduling.setup import build_scheduling
 from engine.spec.step import SpecCounters, spec_decoder
 from engine.startup.model_setup import set_up_model
 from engine.startup.phases import StartupTimer, startup_line
@@ -123,26 +121,17 @@ class LLMEngine:
         logger.info(startup_line(self.startup_s))
 
     def _new_scheduler(self, num_blocks: int) -> None:
-        cfg = self.config
-        extra = f"{cfg.dtype}|{cfg.kv_cache_dtype}|{cfg.quantization}".encode()
-        # A model with linear-attention layers keeps a state slot per running sequence and no
-        # prefix cache: a cached prefix would skip the tokens its state is built from.
-        slots = SlotAllocator(cfg.max_num_seqs) if self.model_config.linear_layer_ids() else None
-        # An encoder's tokens attend both ways: a cached prefix's states depend on what follows.
-        caching = cfg.prefix_caching and slots is None and not self.is_encoder
-        self.block_manager = BlockManager(num_blocks, cfg.block_size, caching, extra, slots)
         vision = self.runner.vision_step
-        self.scheduler = Scheduler(
+        built = build_scheduling(
             self.config,
-            self.block_manager,
-            whole_prompts=self.is_encoder,
-            whole_images=vision is not None and vision.both_ways,
+            self.model_config,
+            num_blocks,
+            self.is_encoder,
+            None if vision is None else vision.both_ways,
         )
-        self.image_limits = (None, None)
+        self.block_manager, self.scheduler = built.block_manager, built.scheduler
+        self.image_limits = built.image_limits
         """check_images' (image token id, most tokens of one image) for this model."""
-        if vision is not None:
-            whole = self.config.max_num_batched_tokens if vision.both_ways else None
-            self.image_limits = (image_token_id(self.model_config.vision), whole)
 
     def _reset_counters(self) -> None:
         self.num_steps = self.prompt_tokens_total = self.generation_tokens_total = 0
