@@ -9,7 +9,6 @@ from __future__ import annotations
 import copy
 
 import pytest
-import torch
 
 from engine import LLM, SamplingParams
 from tests.support.greedy_reference import assert_greedy_agrees
@@ -18,6 +17,7 @@ from tests.support.tiny_vision import (
     gemma3_pixels,
     gemma3_prompt,
     gemma3_reference_inputs,
+    random_ids,
     tiny_gemma3_vision,
 )
 
@@ -26,8 +26,7 @@ ATOL = 1e-4
 
 
 def _text(seed: int, n: int) -> list[int]:
-    g = torch.Generator().manual_seed(seed)
-    return torch.randint(2, 290, (n,), generator=g).tolist()
+    return random_ids(seed, n, 2, 290)
 
 
 @pytest.fixture(scope="module")

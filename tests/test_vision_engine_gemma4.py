@@ -6,7 +6,6 @@ on the sliding layers only), small steps, preemption."""
 from __future__ import annotations
 
 import pytest
-import torch
 
 from engine import LLM, SamplingParams
 from tests.support.greedy_reference import assert_greedy_agrees
@@ -14,6 +13,7 @@ from tests.support.tiny_vision import (
     gemma4_image,
     gemma4_prompt,
     gemma4_reference_inputs,
+    random_ids,
     tiny_gemma4_vision,
 )
 
@@ -21,8 +21,7 @@ PARAMS = SamplingParams(max_tokens=10, temperature=0.0, ignore_eos=True, logprob
 
 
 def _text(seed: int, n: int) -> list[int]:
-    g = torch.Generator().manual_seed(seed)
-    return torch.randint(0, 256, (n,), generator=g).tolist()
+    return random_ids(seed, n, 0, 256)
 
 
 @pytest.fixture(scope="module")

@@ -6,7 +6,6 @@ image's placeholders (its encoder rows are cached and sliced, not recomputed), p
 from __future__ import annotations
 
 import pytest
-import torch
 
 from engine import LLM, SamplingParams
 from tests.support.greedy_reference import assert_greedy_agrees
@@ -14,6 +13,7 @@ from tests.support.tiny_vision import (
     qwen_image,
     qwen_prompt,
     qwen_reference_inputs,
+    random_ids,
     tiny_qwen3_5_vision,
 )
 
@@ -22,8 +22,7 @@ ATOL = 1e-4
 
 
 def _text(seed: int, n: int) -> list[int]:
-    g = torch.Generator().manual_seed(seed)
-    return torch.randint(0, 100, (n,), generator=g).tolist()
+    return random_ids(seed, n, 0, 100)
 
 
 @pytest.fixture(scope="module")

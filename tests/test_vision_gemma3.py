@@ -13,55 +13,24 @@ import pytest
 import torch
 from PIL import Image, ImageOps
 from transformers import (
-    Gemma3Config,
     Gemma3ForConditionalGeneration,
-    Gemma3TextConfig,
-    SiglipVisionConfig,
 )
 from transformers.models.gemma3.image_processing_pil_gemma3 import Gemma3ImageProcessorPil
 
 from engine.models.loader import ParallelCopy, iter_safetensors
 from engine.models.vision.gemma3_vision import PREFIXES, Gemma3Vision
 from engine.multimodal import ImageInput
+from tests.support.tiny_vision import GEMMA3_IMAGE_SIZE, tiny_gemma3_vision
 
-IMAGE_SIZE, TOKENS, TEXT_HIDDEN = 32, 4, 48
+IMAGE_SIZE, TOKENS, TEXT_HIDDEN = GEMMA3_IMAGE_SIZE, 4, 64
 
 
 @pytest.fixture(scope="module")
 def saved(tmp_path_factory):
     """(folder, transformers model, config.json dict) of a tiny random Gemma 3 checkpoint whose
     vision weights are all drawn at random (transformers starts the projector at zeros)."""
-    vision = SiglipVisionConfig(
-        image_size=IMAGE_SIZE,
-        patch_size=4,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        vision_use_head=False,
-    )
-    text = Gemma3TextConfig(
-        vocab_size=300,
-        hidden_size=TEXT_HIDDEN,
-        intermediate_size=64,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        head_dim=16,
-    )
-    config = Gemma3Config(
-        text_config=text, vision_config=vision, mm_tokens_per_image=TOKENS, image_token_id=299
-    )
-    torch.manual_seed(0)
-    model = Gemma3ForConditionalGeneration(config).eval()
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if "vision_tower" in name or "multi_modal_projector" in name:
-                p.normal_(0.0, 0.2)
-                if ("layernorm" in name or "layer_norm" in name) and name.endswith("weight"):
-                    p.add_(1.0)  # LayerNorm scales near 1
     folder = tmp_path_factory.mktemp("gemma3") / "model"
-    model.save_pretrained(folder)
+    model = tiny_gemma3_vision(folder, tokens=TOKENS)
     return folder, model, json.loads((folder / "config.json").read_text())
 
 

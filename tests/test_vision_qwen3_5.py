@@ -11,7 +11,6 @@ import pytest
 import torch
 from PIL import Image, ImageOps
 from safetensors.torch import load_file
-from transformers import Qwen3_5Config, Qwen3_5ForConditionalGeneration
 from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
 from transformers.models.qwen3_5.configuration_qwen3_5 import Qwen3_5TextConfig
 from transformers.models.qwen3_5.modeling_qwen3_5 import Qwen3_5TextRotaryEmbedding
@@ -20,6 +19,7 @@ from engine.models.rope_tables import rope_tables
 from engine.models.vision.mrope import mrope_positions, mrope_tables
 from engine.models.vision.qwen3_5_vision import PREFIXES, Qwen3_5Vision
 from engine.multimodal import ImageInput
+from tests.support.tiny_vision import tiny_qwen3_5_vision
 
 IMAGE_TOKEN, VISION_START, VISION_END = 100, 102, 103
 PATCH, MERGE, TEMPORAL = 4, 2, 2
@@ -30,44 +30,8 @@ PATCH_DIM = 3 * TEMPORAL * PATCH * PATCH
 def checkpoint(tmp_path_factory):
     """(config.json dict, vision weights by name, the transformers model) of a tiny model whose
     vision weights are all drawn at a scale that makes every layer matter."""
-    torch.manual_seed(0)
-    cfg = Qwen3_5Config(
-        text_config=dict(
-            vocab_size=128,
-            hidden_size=64,
-            intermediate_size=96,
-            num_hidden_layers=2,
-            layer_types=["linear_attention", "full_attention"],
-            num_attention_heads=4,
-            num_key_value_heads=2,
-            head_dim=16,
-            linear_key_head_dim=8,
-            linear_value_head_dim=8,
-            linear_num_key_heads=2,
-            linear_num_value_heads=4,
-        ),
-        vision_config=dict(
-            depth=2,
-            hidden_size=32,
-            intermediate_size=48,
-            num_heads=2,
-            patch_size=PATCH,
-            spatial_merge_size=MERGE,
-            temporal_patch_size=TEMPORAL,
-            out_hidden_size=64,
-            num_position_embeddings=16,
-        ),
-        image_token_id=IMAGE_TOKEN,
-        video_token_id=101,
-        vision_start_token_id=VISION_START,
-        vision_end_token_id=VISION_END,
-    )
-    model = Qwen3_5ForConditionalGeneration(cfg).eval()
-    with torch.no_grad():
-        for p in model.model.visual.parameters():
-            p.normal_(0.0, 0.3)
     path = tmp_path_factory.mktemp("qwen3_5")
-    model.save_pretrained(path)
+    model = tiny_qwen3_5_vision(path)
     config = json.loads((path / "config.json").read_text())
     weights = load_file(path / "model.safetensors")
     vision = {k: v for k, v in weights.items() if k.startswith(PREFIXES)}

@@ -23,6 +23,12 @@ GEMMA3_TOKENS = 16
 """Placeholders per Gemma 3 image: a 4 x 4 pool of the 8 x 8 patch grid."""
 
 
+def random_ids(seed: int, n: int, low: int, high: int) -> list[int]:
+    """n token ids drawn from [low, high) (a prompt's text around its images)."""
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(low, high, (n,), generator=g).tolist()
+
+
 def _randomise_vision(model: torch.nn.Module, names: tuple[str, ...]) -> None:
     """Draw the vision weights wide enough that images steer the text (transformers starts the
     projector at zeros); LayerNorm scales near 1."""
