@@ -55,6 +55,24 @@ def expected_bytes(settings: ServeSettings) -> int:
     return weight_file_bytes(settings.model)
 
 
+def load_problem(settings: ServeSettings) -> str | None:
+    """Why the model of `settings` cannot load at all, read from its config alone (no config.json,
+    an architecture the engine does not run), or None: the registry refuses such a model
+    before it unloads another to make room for it. A .gguf file is not converted here (None)."""
+    from appliance.model_presets import resolve_served_model
+    from engine.models.loader import needs_conversion, resolve_model_folder
+    from engine.models.model_config import ModelConfig
+
+    try:
+        model = resolve_served_model(settings.model, settings.load_format)
+        if needs_conversion(model):
+            return None
+        ModelConfig.from_folder(str(resolve_model_folder(model)))
+    except (ValueError, OSError) as exc:
+        return str(exc)
+    return None
+
+
 def _cpu_plan_bytes(settings: ServeSettings) -> int:
     from appliance.model_presets import resolve_served_model
     from engine.config import EngineConfig

@@ -133,14 +133,18 @@ async def test_a_swap_never_cuts_a_request_in_flight(client):
 
 
 async def test_a_broken_model_fails_only_its_own_requests(client):
+    await complete(client, "a")  # loaded: the broken model must not unload it to make room
     resp = await client.post("/v1/completions", json={**PROMPT, "model": "broken"})
     body = await resp.json()
     assert resp.status == 503
     assert body["error"]["code"] == "model_load_failed"
     assert "broken" in body["error"]["message"] and "failed to load" in body["error"]["message"]
     assert (await complete(client, "smol"))["model"] == "smol"
-    card = (await models(client))["broken"]
-    assert card["status"] == "unloaded" and card["error"]
+    cards = await models(client)
+    assert cards["broken"]["status"] == "unloaded" and cards["broken"]["error"]
+    error = cards["broken"]["error"]
+    assert "no-such-family" in error or "architecture" in error
+    assert cards["a"]["status"] == "loaded"
 
 
 async def test_an_unknown_model_gets_the_404_envelope(client):

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from appliance.model_memory import expected_bytes, planned_bytes
+from appliance.model_memory import expected_bytes, load_problem, planned_bytes
 from appliance.model_specs import ModelSpec
 from appliance.server.errors import APIError
 from appliance.server.model_names import alias_target
@@ -199,8 +199,13 @@ class ModelRegistry:
     async def _load(self, entry: ModelEntry) -> None:
         if entry.state is not None:  # a core that died or a failed load: clear it first
             await self._unload(entry)
+        loop = asyncio.get_running_loop()
+        problem = await loop.run_in_executor(None, load_problem, entry.settings)
+        if problem is not None:  # refused before another model is unloaded for it
+            entry.status, entry.error = "failed", problem
+            logger.error("the model %s cannot load: %s", entry.name, problem)
+            return
         if entry.memory_bytes is None:  # plan it once, beside the event loop
-            loop = asyncio.get_running_loop()
             entry.memory_bytes = await loop.run_in_executor(None, expected_bytes, entry.settings)
         await self._make_room(entry)
         while True:
