@@ -102,7 +102,8 @@ def test_tiny_gemma3_run_measures_both_parts(tmp_path, capsys):
     assert ttft["floor_s"] > 0
     mixed = figures["throughput"]
     assert mixed["image_output_tokens"] == 2 * 4
-    assert mixed["tpot_alone_s"] and mixed["tpot_with_images_s"]
+    assert mixed["tpot_alone_s"] and mixed["tpot_prefill_s"]
+    assert len(mixed["image_ttft_s"]) == 2
     assert mixed["text_output_tokens"] > 0  # the text requests kept decoding
     out = capsys.readouterr().out
     assert "ratio TTFT / floor" in out and "text decode TPOT" in out
