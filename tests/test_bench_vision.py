@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import json
 
+import pytest
 import torch
 from transformers import Gemma3Config, Qwen3_5Config, SiglipVisionModel
 
 from benchmarks import bench_vision
 from benchmarks import bench_vision_shapes as shapes
+from engine.models.architectures import model_class
 from engine.models.model_config import ModelConfig
 
 
@@ -115,3 +117,18 @@ def test_tiny_qwen3_5_ttft():
     ttft = figures["ttft"]
     assert ttft["num_patches"] == 8 * 16  # 64 x 36 px: 64 x 32 in 4-px patches
     assert ttft["prompt_tokens"] == 1 + 32 + 1 + bench_vision.QUESTION_TOKENS
+
+
+@pytest.mark.parametrize("model", list(shapes.MODELS))
+def test_the_engine_builds_each_full_shape(model):
+    """The engine's model class of each shape (on the meta device): the text model of the
+    preset's size plus its vision encoder."""
+    config = shapes.checkpoint_config(model)
+    mc = ModelConfig.from_dict(config)
+    with torch.device("meta"):
+        built = model_class(mc.architecture)(mc, 4096)
+    assert built.vision is not None
+    vision = sum(p.numel() for p in built.vision.parameters())
+    assert sum(p.numel() for p in built.parameters()) == mc.num_params + vision
+    enc = shapes.encoder_shape(config)  # the rest: position embeddings, biases and norms
+    assert enc.tower_params + enc.head_params < vision < 1.02 * (enc.tower_params + enc.head_params)
