@@ -23,12 +23,13 @@ is followed by a 50-token question. The engine draws its own random weights from
    the text model's, both rates measured in the same run by benchmarks.embed_floor's
    prefill_matmul_rate at each part's own shape ([patches x vision hidden] x [vision hidden x
    vision MLP], [prompt tokens x hidden] x [hidden x MLP]). Goal for Gemma 3: TTFT <= 1.3 x floor.
-2. Throughput: `--concurrency` image requests (64 output tokens each) arrive together while
-   4 text-only requests are decoding; the engine's encoder budget (max_encoder_tokens) is its
-   default. Reports image requests/s, output tokens/s, the image requests' TTFT, and the
-   text requests' time between tokens (TPOT, timed at each step's return) while the images
-   encode and prefill and until the last image request ends, against the same before the
-   images arrived.
+2. Throughput (skipped with --skip-throughput, as for Qwen3.5-27B above, which then keeps
+   only 4 sequence slots): `--concurrency` image requests (--output-tokens, 64, each) arrive
+   together while 4 text-only requests are decoding; the engine's encoder budget
+   (max_encoder_tokens) is its default. Reports image requests/s, output tokens/s, the image
+   requests' TTFT, and the text requests' time between tokens (TPOT, timed at each step's
+   return) while the images encode and prefill and until the last image request ends,
+   against the same before the images arrived.
 
 --tiny runs the same code with small layers on the CPU in seconds:
 
