@@ -51,6 +51,13 @@ def answer(page, text: str, count: int) -> None:
     )
 
 
+def test_the_thinking_switch_shows_for_a_model_that_reasons(page):
+    page.wait_for_function("() => document.querySelector('#model').options.length > 0")
+    page.locator(".settings").evaluate("d => { d.open = true; }")
+    assert page.locator("#thinking-setting").is_visible()
+    assert page.locator("#attach").is_hidden()
+
+
 def test_model_html_runs_nothing_and_shows_as_text(page):
     answer(page, "w5 w6", 1)
     message = page.locator(".message.assistant").first
