@@ -1,22 +1,28 @@
 """The web page's routes without a browser: GET / and its files with a Content-Security-Policy
 that admits only the page's own scripts, the right content types, --no-web, the page open while
 the API wants a key, CORS off unless an origin is named, the vendored libraries with their
-licences, the refresher's integrity check, and `appliance top --web`'s command. Also what the
+licences, the refresher's integrity check, and `appliance top --web`: its command, and the real
+thing answering its page and drawing the dashboard over its websocket. Also what the
 page reads of the server: /v1/key (admin or not), the models' `reasoning` and `input_modalities`,
 and /openapi.json without the page's routes under --no-web."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import hashlib
 import io
 import os
 import re
 import shlex
+import socket
+import sys
 import tarfile
+import time
 from dataclasses import replace
 from html.parser import HTMLParser
 
+import aiohttp
 import pytest
 
 from appliance.cli import build_parser
@@ -228,3 +234,45 @@ def test_top_web_hands_textual_serve_the_command_and_the_key_in_the_environment(
     assert (server.host, server.port) == ("0.0.0.0", 8001)
     assert not server.public_url.startswith("http://0.0.0.0")
     assert os.environ[API_KEY_ENV] == KEY
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+async def test_top_web_answers_its_page_and_draws_the_dashboard_over_its_websocket():
+    port = free_port()
+    proc = await asyncio.create_subprocess_exec(
+        *[sys.executable, "-m", "appliance", "top", "--web", "--web-port", str(port)],
+        *["--url", f"http://127.0.0.1:{free_port()}"],  # no appliance there: it says so
+        stdout=asyncio.subprocess.DEVNULL,
+        stderr=asyncio.subprocess.DEVNULL,
+    )
+    base = f"http://127.0.0.1:{port}"
+    try:
+        async with aiohttp.ClientSession() as session:
+            deadline = time.monotonic() + 30
+            while True:
+                try:
+                    async with session.get(base + "/") as resp:
+                        page = await resp.text()
+                        break
+                except aiohttp.ClientConnectionError:
+                    assert proc.returncode is None and time.monotonic() < deadline
+                    await asyncio.sleep(0.1)
+            assert resp.status == 200
+            assert f'data-session-websocket-url="ws://127.0.0.1:{port}/ws"' in page
+            async with session.get(base + "/static/js/textual.js") as resp:
+                assert resp.status == 200 and len(await resp.read()) > 1000
+            screen = ""
+            async with session.ws_connect(base + "/ws?width=100&height=30") as ws:
+                while "DISCONNECTED" not in screen:  # `appliance top` ran and drew its header
+                    msg = await ws.receive(timeout=30)
+                    assert msg.type in (aiohttp.WSMsgType.BINARY, aiohttp.WSMsgType.TEXT), msg
+                    data = msg.data if isinstance(msg.data, bytes) else msg.data.encode()
+                    screen += data.decode(errors="replace")
+    finally:
+        proc.terminate()
+        await asyncio.wait_for(proc.wait(), 30)
