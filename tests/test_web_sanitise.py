@@ -1,7 +1,8 @@
 """The web page in headless Chromium against a scripted fake engine whose answers and reasoning
 carry HTML that would run script (`<script>`, `<img onerror>`, `<svg onload>`, a javascript:
 link): nothing runs, nothing is even attempted against the page's Content-Security-Policy, and
-the text shows as written. Also edit-and-resend, and conversations through export and import."""
+the text shows as written. Also edit-and-resend, conversations through export and import, the
+thinking switch of a model that reasons, and no usage by key on a server without keys."""
 
 from __future__ import annotations
 
@@ -100,3 +101,11 @@ def test_conversations_export_and_import(page, tmp_path):
     page.on("dialog", lambda dialog: dialog.accept("renamed"))
     page.locator("#conversation-list li .rename").first.click()
     assert "renamed" in page.locator("#conversation-list").text_content()
+
+
+def test_no_usage_by_key_on_a_server_without_keys(page):
+    page.click("#show-dashboard")
+    page.wait_for_function("() => document.querySelector('#dash-model').textContent.length > 0")
+    assert page.locator("#keys-section").is_hidden()
+    assert page.locator("#keys-table tbody tr").count() == 0
+    page.click("#show-chat")
