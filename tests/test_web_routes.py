@@ -143,6 +143,13 @@ async def test_models_say_whether_they_reason_and_take_text(template, reasons):
         assert one["reasoning"] is reasons and one["input_modalities"] == ["text"]
 
 
+async def test_a_model_that_reads_images_says_so(tmp_path):
+    (tmp_path / "config.json").write_text('{"vision_config": {}, "image_token_id": 7}')
+    async with fake_client(FakeEngine(folder=str(tmp_path))) as client:
+        (card,) = (await (await client.get("/v1/models")).json())["data"]
+        assert card["input_modalities"] == ["text", "image"]
+
+
 async def test_the_page_opens_without_a_key_and_the_api_still_wants_one():
     async with fake_client(api_key=[f"web:{KEY}"]) as client:
         assert (await client.get("/")).status == 200

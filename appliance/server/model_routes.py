@@ -53,9 +53,11 @@ def _model_card(state: ServerState) -> ModelCard:
 
 def _abilities(engine) -> dict:
     """What a loaded engine's card says of it: reasoning when its chat template writes
-    `<think>` (as chat_output reads it); every model takes text only so far."""
+    `<think>` (as chat_output reads it), and images when it reads them (as image_inputs
+    checks)."""
     template = getattr(engine.tokenizer, "chat_template", None) or ""
-    return {"reasoning": REASONING_OPEN in str(template), "input_modalities": ["text"]}
+    modalities = ["text", "image"] if getattr(engine, "takes_images", False) else ["text"]
+    return {"reasoning": REASONING_OPEN in str(template), "input_modalities": modalities}
 
 
 def registry_card(app: web.Application, entry: ModelEntry) -> ModelCard:
