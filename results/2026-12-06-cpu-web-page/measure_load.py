@@ -100,7 +100,9 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=200)
     parser.add_argument("--screenshots", metavar="DIR")
     args = parser.parse_args()
-    proc, url = launch_serve(["--device", "cpu", "--max-model-len", "512", "--log-level", "warning"])
+    proc, url = launch_serve(
+        ["--device", "cpu", "--max-model-len", "512", "--log-level", "warning"]
+    )
     try:
         rows = cold_load(url)
         print(f"cold load: {len(rows)} requests")
