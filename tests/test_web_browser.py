@@ -1,7 +1,8 @@
 """The web page in headless Chromium against a real `appliance serve` on the embedded model,
 with API keys required: a wrong key is refused on the page and a right one works; an answer
 streams in with its figures; stopping a long answer frees its KV on the server; regenerate;
-the conversation survives a reload; and the dashboard shows a running request and its KV."""
+the conversation survives a reload; and the dashboard shows a running request and its KV. The
+embedded model neither reasons nor takes images: no thinking switch, no image control."""
 
 from __future__ import annotations
 
@@ -95,6 +96,18 @@ def test_a_wrong_key_shows_an_error_and_the_right_one_works(page):
     assert not dialog.is_visible()
 
 
+def test_no_thinking_switch_or_image_control_for_the_embedded_model(page):
+    card = page.evaluate(
+        """async () => (await (await fetch('/v1/models', {headers: {Authorization:
+             'Bearer ' + sessionStorage.getItem('appliance.apiKey')}})).json()).data[0]"""
+    )
+    assert card["reasoning"] is False and card["input_modalities"] == ["text"]
+    page.locator(".settings").evaluate("d => { d.open = true; }")
+    assert page.locator("#temperature").is_visible()
+    assert page.locator("#thinking-setting").is_hidden()
+    assert page.locator("#attach").is_hidden()
+
+
 def test_an_answer_streams_in_with_its_figures(page):
     set_field(page, "#temperature", "0")
     set_field(page, "#max-tokens", "12")
@@ -161,6 +174,7 @@ def test_the_dashboard_shows_a_running_request_and_its_kv(page):
     row.first.wait_for()
     page.wait_for_function("() => Number(document.querySelector('#kv-gauge').ariaValueNow) > 0")
     assert "running" in page.text_content("#queue-text")
+    assert page.locator("#keys-section").is_hidden()  # usage by key is for admin keys
     row.first.click()
     page.wait_for_selector("#trace .timeline .mark")
     page.click("#show-chat")

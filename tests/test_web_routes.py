@@ -1,27 +1,35 @@
 """The web page's routes without a browser: GET / and its files with a Content-Security-Policy
 that admits only the page's own scripts, the right content types, --no-web, the page open while
 the API wants a key, CORS off unless an origin is named, the vendored libraries with their
-licences, the refresher's integrity check, and `appliance top --web`'s command."""
+licences, the refresher's integrity check, and `appliance top --web`: its command, and the real
+thing answering its page and drawing the dashboard over its websocket. Also what the
+page reads of the server: /v1/key (admin or not), the models' `reasoning` and `input_modalities`,
+and /openapi.json without the page's routes under --no-web."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import hashlib
 import io
 import os
 import re
 import shlex
+import socket
+import sys
 import tarfile
+import time
 from dataclasses import replace
 from html.parser import HTMLParser
 
+import aiohttp
 import pytest
 
 from appliance.cli import build_parser
 from appliance.server.web_routes import CONTENT_SECURITY_POLICY
 from appliance.web import STATIC_DIR, VENDOR_DIR
 from appliance.web.vendor_refresh import PINS, unpack
-from tests.support.fake_engine import fake_client
+from tests.support.fake_engine import FakeEngine, fake_client
 from tui.browser import API_KEY_ENV, top_command
 
 KEY = "sk-web-0123456789"
@@ -90,6 +98,56 @@ async def test_no_web_answers_404_as_before():
         assert (await client.get("/")).status == 404
         assert (await client.get("/web/js/main.js")).status == 404
         assert (await client.get("/health")).status == 200
+
+
+async def test_no_web_leaves_the_pages_routes_out_of_openapi():
+    async with fake_client(web=False) as client:
+        spec = await (await client.get("/openapi.json")).json()
+        routes = {
+            (r.resource.canonical, r.method.lower())
+            for r in client.app.router.routes()
+            if r.method != "HEAD"
+        }
+        documented = {(p, m) for p, ops in spec["paths"].items() for m in ops}
+        assert routes == documented
+        assert not {"/", "/web/{path}", "/v1/key"} & set(spec["paths"])
+        assert "/v1/chat/completions" in spec["paths"]
+        assert (await client.get("/v1/key")).status == 404
+    async with fake_client() as client:
+        spec = await (await client.get("/openapi.json")).json()
+        assert {"/", "/web/{path}", "/v1/key"} <= set(spec["paths"])
+
+
+async def test_v1_key_says_whether_the_key_is_an_admin_key():
+    admin = "sk-admin-0123456789"
+    async with fake_client(api_key=[f"web:{KEY}"], admin_key=[f"boss:{admin}"]) as client:
+        assert (await client.get("/v1/key")).status == 401
+        bad = await client.get("/v1/key", headers={"Authorization": "Bearer sk-nope"})
+        assert bad.status == 401
+        r = await client.get("/v1/key", headers={"Authorization": f"Bearer {KEY}"})
+        assert await r.json() == {"auth": True, "name": "web", "admin": False}
+        r = await client.get("/v1/key", headers={"Authorization": f"Bearer {admin}"})
+        assert await r.json() == {"auth": True, "name": "boss", "admin": True}
+    async with fake_client() as client:
+        r = await client.get("/v1/key")
+        assert await r.json() == {"auth": False, "name": None, "admin": False}
+
+
+@pytest.mark.parametrize("template,reasons", [("role: content", False), ("{{ m }} <think>", True)])
+async def test_models_say_whether_they_reason_and_take_text(template, reasons):
+    async with fake_client(FakeEngine(chat_template=template)) as client:
+        (card,) = (await (await client.get("/v1/models")).json())["data"]
+        assert card["reasoning"] is reasons
+        assert card["input_modalities"] == ["text"]
+        one = await (await client.get(f"/v1/models/{card['id']}")).json()
+        assert one["reasoning"] is reasons and one["input_modalities"] == ["text"]
+
+
+async def test_a_model_that_reads_images_says_so(tmp_path):
+    (tmp_path / "config.json").write_text('{"vision_config": {}, "image_token_id": 7}')
+    async with fake_client(FakeEngine(folder=str(tmp_path))) as client:
+        (card,) = (await (await client.get("/v1/models")).json())["data"]
+        assert card["input_modalities"] == ["text", "image"]
 
 
 async def test_the_page_opens_without_a_key_and_the_api_still_wants_one():
@@ -183,3 +241,45 @@ def test_top_web_hands_textual_serve_the_command_and_the_key_in_the_environment(
     assert (server.host, server.port) == ("0.0.0.0", 8001)
     assert not server.public_url.startswith("http://0.0.0.0")
     assert os.environ[API_KEY_ENV] == KEY
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+async def test_top_web_answers_its_page_and_draws_the_dashboard_over_its_websocket():
+    port = free_port()
+    proc = await asyncio.create_subprocess_exec(
+        *[sys.executable, "-m", "appliance", "top", "--web", "--web-port", str(port)],
+        *["--url", f"http://127.0.0.1:{free_port()}"],  # no appliance there: it says so
+        stdout=asyncio.subprocess.DEVNULL,
+        stderr=asyncio.subprocess.DEVNULL,
+    )
+    base = f"http://127.0.0.1:{port}"
+    try:
+        async with aiohttp.ClientSession() as session:
+            deadline = time.monotonic() + 30
+            while True:
+                try:
+                    async with session.get(base + "/") as resp:
+                        page = await resp.text()
+                        break
+                except aiohttp.ClientConnectionError:
+                    assert proc.returncode is None and time.monotonic() < deadline
+                    await asyncio.sleep(0.1)
+            assert resp.status == 200
+            assert f'data-session-websocket-url="ws://127.0.0.1:{port}/ws"' in page
+            async with session.get(base + "/static/js/textual.js") as resp:
+                assert resp.status == 200 and len(await resp.read()) > 1000
+            screen = ""
+            async with session.ws_connect(base + "/ws?width=100&height=30") as ws:
+                while "DISCONNECTED" not in screen:  # `appliance top` ran and drew its header
+                    msg = await ws.receive(timeout=30)
+                    assert msg.type in (aiohttp.WSMsgType.BINARY, aiohttp.WSMsgType.TEXT), msg
+                    data = msg.data if isinstance(msg.data, bytes) else msg.data.encode()
+                    screen += data.decode(errors="replace")
+    finally:
+        proc.terminate()
+        await asyncio.wait_for(proc.wait(), 30)

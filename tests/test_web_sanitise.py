@@ -1,7 +1,8 @@
 """The web page in headless Chromium against a scripted fake engine whose answers and reasoning
 carry HTML that would run script (`<script>`, `<img onerror>`, `<svg onload>`, a javascript:
 link): nothing runs, nothing is even attempted against the page's Content-Security-Policy, and
-the text shows as written. Also edit-and-resend, and conversations through export and import."""
+the text shows as written. Also edit-and-resend, conversations through export and import, the
+thinking switch of a model that reasons, and no usage by key on a server without keys."""
 
 from __future__ import annotations
 
@@ -51,6 +52,13 @@ def answer(page, text: str, count: int) -> None:
     )
 
 
+def test_the_thinking_switch_shows_for_a_model_that_reasons(page):
+    page.wait_for_function("() => document.querySelector('#model').options.length > 0")
+    page.locator(".settings").evaluate("d => { d.open = true; }")
+    assert page.locator("#thinking-setting").is_visible()
+    assert page.locator("#attach").is_hidden()
+
+
 def test_model_html_runs_nothing_and_shows_as_text(page):
     answer(page, "w5 w6", 1)
     message = page.locator(".message.assistant").first
@@ -93,3 +101,11 @@ def test_conversations_export_and_import(page, tmp_path):
     page.on("dialog", lambda dialog: dialog.accept("renamed"))
     page.locator("#conversation-list li .rename").first.click()
     assert "renamed" in page.locator("#conversation-list").text_content()
+
+
+def test_no_usage_by_key_on_a_server_without_keys(page):
+    page.click("#show-dashboard")
+    page.wait_for_function("() => document.querySelector('#dash-model').textContent.length > 0")
+    assert page.locator("#keys-section").is_hidden()
+    assert page.locator("#keys-table tbody tr").count() == 0
+    page.click("#show-chat")

@@ -147,4 +147,4 @@ async def request_trace(request: web.Request) -> web.Response:
 
 @routes.get("/openapi.json")
 async def openapi(request: web.Request) -> web.Response:
-    return web.json_response(openapi_spec())
+    return web.json_response(openapi_spec(request.app[STATE].settings.web))

@@ -1,7 +1,8 @@
 """The model routes: /v1/models (with several models, each one's status, kind and memory),
 /v1/models/{name}, and loading and unloading by hand, POST /v1/models/{name}/load and /unload
 (admin keys only when the server has API keys), each answering the model's card once the load
-or the unload (after its requests finish) is done."""
+or the unload (after its requests finish) is done. A loaded model's card also says whether it
+reasons (`reasoning`) and what its prompts may hold (`input_modalities`), for the web page."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from appliance.server.app_keys import REGISTRY, STATE
 from appliance.server.errors import APIError
 from appliance.server.model_route import check_model, ensure_ready, require_admin
 from appliance.server.registry import ModelEntry, ModelRegistry, load_failed
+from appliance.server.request_grammar import REASONING_OPEN
 from appliance.server.schema.responses import ModelCard, ModelList
 from appliance.server.state import ServerState
 
@@ -45,7 +47,17 @@ def _model_card(state: ServerState) -> ModelCard:
         owned_by="llm-appliance",
         root=state.engine.model_name,
         max_model_len=state.engine.config.max_model_len,
+        **_abilities(state.engine),
     )
+
+
+def _abilities(engine) -> dict:
+    """What a loaded engine's card says of it: reasoning when its chat template writes
+    `<think>` (as chat_output reads it), and images when it reads them (as image_inputs
+    checks)."""
+    template = getattr(engine.tokenizer, "chat_template", None) or ""
+    modalities = ["text", "image"] if getattr(engine, "takes_images", False) else ["text"]
+    return {"reasoning": REASONING_OPEN in str(template), "input_modalities": modalities}
 
 
 def registry_card(app: web.Application, entry: ModelEntry) -> ModelCard:
@@ -62,6 +74,7 @@ def registry_card(app: web.Application, entry: ModelEntry) -> ModelCard:
         memory_bytes=entry.memory_bytes,
         pinned=entry.spec.pinned,
         error=entry.error if entry.status == "failed" else None,
+        **(_abilities(engine) if engine is not None else {}),
     )
 
 

@@ -137,13 +137,19 @@ ROUTES: dict[tuple[str, str], Route] = {
         "One recent request's trace", params=("request_id",)
     ),
     ("/openapi.json", "get"): Route("This document"),
-    ("/", "get"): Route(
-        "The web page: chat and live dashboard (off with --no-web)", media="text/html"
-    ),
+}
+WEB_ROUTES: dict[tuple[str, str], Route] = {
+    ("/", "get"): Route("The web page: chat and live dashboard", media="text/html"),
     ("/web/{path}", "get"): Route(
         "The web page's files (HTML, CSS, JavaScript modules)", media="text/plain", params=("path",)
     ),
+    ("/v1/key", "get"): Route(
+        "The API key this request carries: its name and whether it is an admin key (the web "
+        "page shows usage by key to admin keys)"
+    ),
 }
+"""The web page's routes (appliance.server.web_routes), listed only when it is served: off with
+--no-web."""
 
 
 class _Schema(GenerateJsonSchema):
@@ -191,10 +197,12 @@ def _operation(route: Route) -> dict:
 
 
 @cache
-def openapi_spec() -> dict:
-    """The OpenAPI 3.1 document (its schemas are JSON Schema 2020-12, as pydantic writes them)."""
+def openapi_spec(web: bool = True) -> dict:
+    """The OpenAPI 3.1 document (its schemas are JSON Schema 2020-12, as pydantic writes them);
+    with `web`, the web page's routes too."""
+    routes = {**ROUTES, **WEB_ROUTES} if web else ROUTES
     models = {ErrorResponse}
-    for route in ROUTES.values():
+    for route in routes.values():
         models.update(m for m in (route.body, route.response, route.stream) if m is not None)
     keyed = [
         (m, "validation" if issubclass(m, RequestModel) else "serialization")
@@ -202,7 +210,7 @@ def openapi_spec() -> dict:
     ]
     _, defs = models_json_schema(keyed, ref_template=REF, schema_generator=_Schema)
     paths: dict = {}
-    for (path, method), route in ROUTES.items():
+    for (path, method), route in routes.items():
         paths.setdefault(path, {})[method] = _operation(route)
     return {
         "openapi": "3.1.0",

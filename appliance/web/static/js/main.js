@@ -15,6 +15,7 @@ function showNotice(text) {
   notice.hidden = !text;
 }
 
+store.onError(showNotice);
 const chat = new Chat(store, showNotice);
 const conversations = new ConversationList(store, showNotice);
 const dashboard = new Dashboard();

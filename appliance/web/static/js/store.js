@@ -1,5 +1,6 @@
 // Conversations kept in this browser's localStorage: list, new, rename, delete, export, import.
-// A conversation: {id, title, updated, messages: [{role, content, reasoning?, stats?}]}.
+// A conversation: {id, title, updated, messages: [{role, content, images?, reasoning?, stats?}]},
+// images as data URLs.
 
 const STORAGE = "appliance.conversations";
 const CURRENT = "appliance.currentConversation";
@@ -18,6 +19,10 @@ function isConversation(c) {
   return c && typeof c.id === "string" && Array.isArray(c.messages);
 }
 
+function isImageList(images) {
+  return Array.isArray(images) && images.every((url) => typeof url === "string" && url.startsWith("data:image/"));
+}
+
 function newId() {
   return `c${Date.now().toString(36)}${Math.random().toString(36).slice(2, 8)}`;
 }
@@ -26,6 +31,12 @@ export class Store {
   constructor() {
     this.conversations = load();
     this.listeners = [];
+    this.errorListeners = [];
+  }
+
+  /** `listener(message)` runs when the browser refuses to keep the conversations (full). */
+  onError(listener) {
+    this.errorListeners.push(listener);
   }
 
   /** `listener()` runs after every change. */
@@ -34,7 +45,12 @@ export class Store {
   }
 
   save() {
-    localStorage.setItem(STORAGE, JSON.stringify(this.conversations));
+    try {
+      localStorage.setItem(STORAGE, JSON.stringify(this.conversations));
+    } catch (error) {
+      const message = `this browser's storage is full, the conversations are not saved: ${error.message}`;
+      this.errorListeners.forEach((listener) => listener(message));
+    }
     this.listeners.forEach((listener) => listener());
   }
 
@@ -80,8 +96,12 @@ export class Store {
     }
   }
 
+  /** Removing the current conversation makes the newest of the rest current (before anyone
+   * hears of the change: a view drawing "the current one" would otherwise start a new one). */
   remove(id) {
     this.conversations = this.conversations.filter((c) => c.id !== id);
+    const next = this.list()[0];
+    if (this.currentId() === id && next) this.setCurrent(next.id);
     this.save();
   }
 
@@ -98,7 +118,12 @@ export class Store {
     for (const c of list.filter(isConversation)) {
       const messages = c.messages
         .filter((m) => m && typeof m.content === "string" && ["user", "assistant"].includes(m.role))
-        .map((m) => ({ role: m.role, content: m.content, reasoning: String(m.reasoning || "") }));
+        .map((m) => ({
+          role: m.role,
+          content: m.content,
+          reasoning: String(m.reasoning || ""),
+          ...(isImageList(m.images) && { images: m.images }),
+        }));
       const id = this.get(c.id) ? newId() : c.id;
       const title = String(c.title || "Imported chat").slice(0, 80);
       this.conversations.push({ id, title, updated: Number(c.updated) || Date.now(), messages });
