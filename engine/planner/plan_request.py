@@ -29,6 +29,9 @@ PINNABLE = (
 the order a refusal tries them."""
 PLANNED = (*PINNABLE, "block_size")
 """Every engine setting a Plan carries."""
+IMAGE_LIMITS = ("max_image_pixels", "max_images_per_request")
+"""The server's image limits (appliance.settings.ServeSettings fields) that PlanRequest takes
+too: they size the vision encoder's share of the plan."""
 AUTO = "auto"
 """A str setting left to the planner (None for numbers)."""
 CPU_NAMES = {"gpu_memory_utilization": "memory_utilization"}
