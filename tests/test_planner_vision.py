@@ -1,5 +1,5 @@
 """The planner counts a multimodal model's vision encoder: its weights and its activation peak
-come out of the KV pool (engine/planner/vision.py)."""
+come out of the KV pool (engine/planner/vision_bytes.py)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from engine.models.vision_params import vision_params
 from engine.multimodal.images import MAX_IMAGE_PIXELS
 from engine.planner import GIB, Device, PlanRequest, plan
 from engine.planner.formulas import layout_for, quantized_bytes
-from engine.planner.vision import vision_activation_bytes, vision_weight_bytes
+from engine.planner.vision_bytes import vision_activation_bytes, vision_weight_bytes
 
 PRESETS = Path(__file__).resolve().parent.parent / "profiles" / "models"
 SO400M = {

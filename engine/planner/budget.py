@@ -24,7 +24,7 @@ from engine.planner.formulas import (
     weight_bytes,
 )
 from engine.planner.plan_state import FORMAT_NAMES, Misfit, PlanPass
-from engine.planner.vision import vision_activation_bytes, vision_weight_bytes
+from engine.planner.vision_bytes import vision_activation_bytes, vision_weight_bytes
 
 
 def budget(d: PlanPass) -> None:

@@ -77,7 +77,7 @@ class PlanRequest:
     or None: its weights (16-bit) are counted with the target's, and its K/V in every block."""
     max_encoder_tokens: int = EngineConfig.max_encoder_tokens
     """Image placeholders one step sends to the vision encoder (the engine's setting): sizes
-    the encoder's activation peak (engine/planner/vision.py)."""
+    the encoder's activation peak (engine/planner/vision_bytes.py)."""
     max_image_pixels: int = 4096 * 4096
     """The largest image the server accepts (`serve --max-image-pixels`; its default)."""
     max_images_per_request: int = 8
@@ -204,7 +204,7 @@ class Plan:
     does not read them); 0 for a text model."""
     vision_activation_bytes: int = 0
     """The vision encoder's peak in one step plus one request's cached image rows
-    (engine/planner/vision.py); 0 for a text model."""
+    (engine/planner/vision_bytes.py); 0 for a text model."""
 
     def decode_weight_bytes(self, num_seqs: int) -> int:
         """The weight bytes a decode step of num_seqs sequences reads: all of weight_bytes but
