@@ -43,15 +43,8 @@ def budget(d: PlanPass) -> None:
         if req.draft_model is None
         else weight_bytes(req.draft_model, "none", d.dtype_bytes, False)
     )
-    # SDPA's fused kernels hold no scores: 16-bit on a GPU, and torch's CPU kernel
-    fused = dev.kind == "cpu" or d.dtype_bytes == 2
     d.vision_act = vision_activation_bytes(
-        d.m,
-        d.dtype_bytes,
-        req.max_encoder_tokens,
-        req.max_image_pixels,
-        req.max_images_per_request,
-        fused,
+        d.m, d.dtype_bytes, req.max_encoder_tokens, req.max_image_pixels, req.max_images_per_request
     )
     d.limit, why = model_length_limit(d.m, dev.kind)
     if req.max_model_len is not None and req.max_model_len > d.limit:

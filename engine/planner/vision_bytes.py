@@ -50,9 +50,11 @@ def vision_activation_bytes(
     its images one at a time (Qwen3.5) holds one largest image's patches instead.
 
     Per patch: HIDDEN_TENSORS x hidden + mlp_outputs x intermediate elements in the activation
-    dtype, plus its float32 pixel values and their cast. Attention scores are not counted where
-    SDPA runs a fused kernel (fused_attention: 16-bit on a GPU, and torch's CPU kernel); else
-    patches^2 x heads x 4 B per image attended at once (Gemma 3: the step's images together).
+    dtype, plus its float32 pixel values and their cast. The encoders attend with SDPA, whose
+    fused kernels (flash or memory-efficient on a GPU, fp32 included; flash on the CPU) keep
+    no scores for these shapes (no mask, head_dim a multiple of 8), so none are counted; with
+    fused_attention=False (a math-path fallback) patches^2 x heads x 4 B per image attended at
+    once are (Gemma 3: the step's images together).
 
     The encoder cache keeps every live image's rows until its request finishes:
     max_images_per_request x the largest image's rows x the text width are counted (one
