@@ -21,14 +21,14 @@ from appliance.probe import probe
 from appliance.profile_measure import measure_plan, report_dict
 from appliance.profile_registry import is_registry_profile, run_registry_profile
 from appliance.profile_report import print_tables, probe_dict
-from engine.planner import GIB, PINNABLE, Device, PlanError
+from engine.planner import GIB, IMAGE_LIMITS, PINNABLE, Device, PlanError
 
 TARGETS = ("target_num_seqs", "useful_context", "typical_len")
 """The planner's targets profile lets you set (engine.planner.PlanRequest fields)."""
 
 
 def add_profile_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
-    from appliance.settings import add_engine_flags
+    from appliance.settings import add_engine_flags, serve_options
 
     p = subparsers.add_parser(
         "profile",
@@ -58,9 +58,26 @@ def add_profile_parser(subparsers: argparse._SubParsersAction) -> argparse.Argum
     p.add_argument("--useful-context", type=int, default=4096, help="...at this many tokens")
     p.add_argument("--typical-len", type=int, default=1024, help="a typical request's tokens")
     add_engine_flags(
-        p, (*PINNABLE, "block_size", "enforce_eager", "quant_block_size", "quantize_embeddings")
+        p,
+        (
+            *PINNABLE,
+            "block_size",
+            "enforce_eager",
+            "quant_block_size",
+            "quantize_embeddings",
+            "max_encoder_tokens",
+        ),
     )
+    for name in IMAGE_LIMITS:  # serve's image limits size a multimodal model's encoder peak
+        serve_options()[name].add_flag(p)
     return p
+
+
+def plan_targets(args: argparse.Namespace) -> dict:
+    """The planner's targets and the image limits the flags set (PlanRequest fields)."""
+    targets = {t: getattr(args, t) for t in TARGETS}
+    limits = {n: getattr(args, n, None) for n in IMAGE_LIMITS}
+    return {**targets, **{n: v for n, v in limits.items() if v is not None}}
 
 
 def model_folder(model: str | None) -> tuple[str, str]:
@@ -99,8 +116,7 @@ def run_profile(args: argparse.Namespace) -> int:
 
     if isinstance(args.model, list):  # the flag repeats: several models, or one
         if is_registry_profile(args.model):
-            targets = {t: getattr(args, t) for t in TARGETS}
-            return run_registry_profile(args, targets, model_folder)
+            return run_registry_profile(args, plan_targets(args), model_folder)
         args.model = args.model[0]
     notes: list[str] = []
     try:
@@ -118,9 +134,8 @@ def run_profile(args: argparse.Namespace) -> int:
         return 2
     measured: dict[str, float] = {}
     memory = None
-    targets = {t: getattr(args, t) for t in TARGETS}
     try:
-        result, config = plan_engine(pins, model, kind, device, **targets)
+        result, config = plan_engine(pins, model, kind, device, **plan_targets(args))
     except PlanError as exc:
         if args.json:
             print(json.dumps({"error": str(exc), "setting": exc.setting, "value": exc.value}))

@@ -31,6 +31,13 @@ def params_text(model) -> str:
     return text
 
 
+def vision_text(model) -> str:
+    """The vision encoder's parameters for the report ("0.42 B params, the image encoder")."""
+    from engine.models.vision_params import vision_params
+
+    return f"{vision_params(model.vision).total / 1e9:.2f} B params, the image encoder"
+
+
 def kv_text(model, p: Plan) -> str:
     """The KV formula with the model's numbers: "2 x 32 layers x 8 KV heads x 128 x 2 B
     (bfloat16)", counting only the layers that hold K/V (a hybrid model's full layers), and
@@ -108,6 +115,13 @@ def print_tables(
     mem.add_row(
         "activation peak", g(p.activation_bytes), f"a step of {p.max_num_batched_tokens} tokens"
     )
+    if p.vision_weight_bytes:
+        mem.add_row("vision weights", g(p.vision_weight_bytes), vision_text(model))
+        mem.add_row(
+            "vision activations",
+            g(p.vision_activation_bytes),
+            "a step's images in the encoder (max_encoder_tokens) + a request's image rows",
+        )
     if p.device == "cuda":  # a CPU engine has neither
         mem.add_row("CUDA graph pool", g(p.graph_pool_bytes), "decode graphs up to max_num_seqs")
     mem.add_row("allocator cache", g(p.allocator_bytes), "cached blocks beyond live tensors")

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from appliance.settings import ServeSettings
-from engine.planner import plan_settings
+from engine.planner import IMAGE_LIMITS, plan_settings
 
 logger = logging.getLogger("appliance.plan")
 
@@ -36,7 +36,10 @@ class EngineLoader:
 
         s = self.settings
         model = resolve_served_model(s.model, s.load_format)
-        return LLMEngine(model, device=s.device, on_phase=on_phase, **s.engine_kwargs())
+        limits = {name: getattr(s, name) for name in IMAGE_LIMITS}  # the encoder's share
+        return LLMEngine(
+            model, device=s.device, on_phase=on_phase, plan_targets=limits, **s.engine_kwargs()
+        )
 
 
 def log_plan(plan: dict | None) -> None:

@@ -50,15 +50,18 @@ class LLMEngine:
         device_info: Device | None = None,
         measure: Callable[..., Measurement] | None = None,
         on_phase: Callable[[str], None] | None = None,
+        plan_targets: dict | None = None,
         **config,
     ) -> None:
         """`config`: EngineConfig settings; every one left out (or "auto") is planned for this
         model on this device (engine.planner), as `appliance serve` plans it. device_info: the
         Device to plan for (default: read here). measure: replaces the CUDA memory measurement
         after warm-up (tests). on_phase: called with each start-up phase's name as it begins
-        (engine.startup.phases.PHASE_WORDS; the engine core reports them to the front end)."""
+        (engine.startup.phases.PHASE_WORDS; the engine core reports them to the front end).
+        plan_targets: PlanRequest fields that are no engine setting (the server's image limits,
+        engine.planner.IMAGE_LIMITS), for the plan."""
         timer = StartupTimer(on_phase)
-        setup = set_up_model(model, device, device_info, config, timer)
+        setup = set_up_model(model, device, device_info, config, timer, plan_targets)
         self.device, self.folder, self.model_name = setup.device, setup.folder, setup.model_name
         self.model_config, self.plan, self.config = setup.model_config, setup.plan, setup.config
         self.tokenizer, self.eos_token_ids = setup.tokenizer, setup.eos_token_ids

@@ -11,6 +11,7 @@ from __future__ import annotations
 from engine.planner.device import Device, DeviceReadings, device_for, read_device
 from engine.planner.formulas import GIB, WEIGHT_FORMATS, size_text
 from engine.planner.plan_request import (
+    IMAGE_LIMITS,
     PINNABLE,
     PLANNED,
     Plan,
@@ -22,6 +23,7 @@ from engine.planner.refusal import plan
 
 __all__ = [
     "GIB",
+    "IMAGE_LIMITS",
     "PINNABLE",
     "PLANNED",
     "WEIGHT_FORMATS",

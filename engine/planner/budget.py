@@ -24,6 +24,7 @@ from engine.planner.formulas import (
     weight_bytes,
 )
 from engine.planner.plan_state import FORMAT_NAMES, Misfit, PlanPass
+from engine.planner.vision_bytes import vision_activation_bytes, vision_weight_bytes
 
 
 def budget(d: PlanPass) -> None:
@@ -41,6 +42,9 @@ def budget(d: PlanPass) -> None:
         0
         if req.draft_model is None
         else weight_bytes(req.draft_model, "none", d.dtype_bytes, False)
+    )
+    d.vision_act = vision_activation_bytes(
+        d.m, d.dtype_bytes, req.max_encoder_tokens, req.max_image_pixels, req.max_images_per_request
     )
     d.limit, why = model_length_limit(d.m, dev.kind)
     if req.max_model_len is not None and req.max_model_len > d.limit:
@@ -79,7 +83,7 @@ def _sized_rooms(d: PlanPass, options: list, weights: dict) -> tuple[dict, dict,
     for the class's cap (at most that cap, unrounded: the count grows smoothly with memory, so
     a little more memory never plans fewer blocks), and the memory that frees goes to the KV
     cache."""
-    fixed = d.context + d.margin
+    fixed = d.context + d.margin + d.vision_act
     typical = min(d.req.typical_len, d.limit, d.req.max_model_len or d.limit)
     rows, slots, room = {}, {}, {}
     for kv, fmt in options:
@@ -108,9 +112,13 @@ def weights_and_kv_dtype(d: PlanPass) -> None:
         kv_dtypes.append("int8")
     options = [(kv, f) for f in formats for kv in kv_dtypes]
     layout = req.checkpoint_layout  # a quantized checkpoint's formats list only its own
-    weights = {  # a draft model's (16-bit) weights come with every format
+    vision = {
+        f: vision_weight_bytes(m, f, d.dtype_bytes, req.quant_block_size, layout) for f in formats
+    }
+    weights = {  # a draft model's (16-bit) weights and the vision encoder's come with every format
         f: weight_bytes(m, f, d.dtype_bytes, req.quantize_embeddings, req.quant_block_size, layout)
         + d.draft_weights
+        + vision[f]
         for f in formats
     }
     rows, slots, room = _sized_rooms(d, options, weights)
@@ -120,12 +128,14 @@ def weights_and_kv_dtype(d: PlanPass) -> None:
     need = {o: target_tokens * per_token[o] + unreserved[o] for o in options}
     fit = [o for o in options if room[o] >= need[o]]
     d.kv_dtype, d.fmt = chosen = fit[0] if fit else options[-1]
-    d.weights, d.room, d.rows = weights[d.fmt] - d.draft_weights, room[chosen], rows[chosen]
+    d.vision_weights = vision[d.fmt]
+    d.weights = weights[d.fmt] - d.draft_weights - d.vision_weights
+    d.room, d.rows = room[chosen], rows[chosen]
     d.target_met = bool(fit)
     d.slots = slots[chosen]
     sized = _overheads(d, d.fmt, d.rows)
     d.act, d.allocator, d.graphs = sized["act"], sized["alloc"], sized["graphs"]
-    d.fixed = d.act + d.allocator + d.graphs + d.context + d.margin
+    d.fixed = d.act + d.allocator + d.graphs + d.context + d.margin + d.vision_act
     name = {f: FORMAT_NAMES[f] or d.dtype for f in FORMAT_NAMES}
     if layout is not None and layout.name:
         name[d.fmt] = layout.name

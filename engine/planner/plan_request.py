@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
+from engine.config import EngineConfig
 from engine.planner.formulas import (
     CHECKPOINT_FORMATS,
     ELEMENT_BYTES,
@@ -28,6 +29,9 @@ PINNABLE = (
 the order a refusal tries them."""
 PLANNED = (*PINNABLE, "block_size")
 """Every engine setting a Plan carries."""
+IMAGE_LIMITS = ("max_image_pixels", "max_images_per_request")
+"""The server's image limits (appliance.settings.ServeSettings fields) that PlanRequest takes
+too: they size the vision encoder's share of the plan."""
 AUTO = "auto"
 """A str setting left to the planner (None for numbers)."""
 CPU_NAMES = {"gpu_memory_utilization": "memory_utilization"}
@@ -71,6 +75,13 @@ class PlanRequest:
     draft_model: object | None = None
     """The ModelConfig of a draft model for speculative decoding (engine/spec/draft_model.py),
     or None: its weights (16-bit) are counted with the target's, and its K/V in every block."""
+    max_encoder_tokens: int = EngineConfig.max_encoder_tokens
+    """Image placeholders one step sends to the vision encoder (the engine's setting): sizes
+    the encoder's activation peak (engine/planner/vision_bytes.py)."""
+    max_image_pixels: int = 4096 * 4096
+    """The largest image the server accepts (`serve --max-image-pixels`; its default)."""
+    max_images_per_request: int = 8
+    """Most images one request may send (`serve --max-images-per-request`; its default)."""
 
     def __post_init__(self) -> None:
         for name in (
@@ -84,6 +95,9 @@ class PlanRequest:
             "max_num_seqs",
             "max_num_batched_tokens",
             "num_kv_blocks",
+            "max_encoder_tokens",
+            "max_image_pixels",
+            "max_images_per_request",
         ):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or value <= 0):
@@ -118,6 +132,7 @@ class PlanRequest:
             quantize_embeddings=config.quantize_embeddings,
             quant_block_size=config.quant_block_size,
             enforce_eager=config.enforce_eager,
+            max_encoder_tokens=config.max_encoder_tokens,
             **pins,
             **targets,
         )
@@ -184,6 +199,12 @@ class Plan:
     draft_kv_bytes_per_token: int = 0
     """A draft model's K/V bytes per token, held in the same blocks as the target's (a block
     is block_size x (kv_bytes_per_token + this)); 0 without a draft model."""
+    vision_weight_bytes: int = 0
+    """A multimodal model's vision encoder weights (not part of weight_bytes: a decode step
+    does not read them); 0 for a text model."""
+    vision_activation_bytes: int = 0
+    """The vision encoder's peak in one step plus one request's cached image rows
+    (engine/planner/vision_bytes.py); 0 for a text model."""
 
     def decode_weight_bytes(self, num_seqs: int) -> int:
         """The weight bytes a decode step of num_seqs sequences reads: all of weight_bytes but

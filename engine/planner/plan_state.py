@@ -6,7 +6,8 @@ The budget splits as (docs/design.md, "Memory: the KV-cache formula and the plan
 
     budget    = total x utilization - memory other processes hold
     KV pool   = budget - weights - activation peak - CUDA graph pool - CUDA context
-                - allocator cache - margin - state pool
+                - allocator cache - margin - state pool - vision weights and activations
+                (a multimodal model's encoder: engine/planner/vision_bytes.py)
     KV blocks = KV pool // (block_size x KV bytes per token)
     KV bytes per token = 2 (K and V) x layers holding K/V x KV heads x head_dim x bytes
     state pool = max_num_seqs x state bytes per sequence (a hybrid model's linear layers:

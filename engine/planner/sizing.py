@@ -25,18 +25,20 @@ def kv_blocks(d: PlanPass) -> None:
     d.left = size_text(d.room)
     if pool_blocks < 1:
         culprit = "quantization" if req.quantization else "gpu_memory_utilization"
-        state = ""
+        held = [f"{d.format_name} weights ({size_text(d.weights)})"]
         if d.state_seq:
             culprit = "max_num_seqs" if req.max_num_seqs else culprit
             slots = f"{d.slots} slot{'s' if d.slots != 1 else ''}"
-            state = f", a state pool of {slots} ({size_text(d.slots * d.state_seq)}),"
+            held.append(f"a state pool of {slots} ({size_text(d.slots * d.state_seq)})")
         if d.draft_weights:
-            state += f" a draft model ({size_text(d.draft_weights)}),"
+            held.append(f"a draft model ({size_text(d.draft_weights)})")
+        if d.vision_weights:
+            held.append(f"a vision encoder's weights ({size_text(d.vision_weights)})")
+        held.append(f"overheads ({size_text(d.fixed)})")
         raise Misfit(
             3,
             culprit,
-            f"{d.format_name} weights ({size_text(d.weights)}) and overheads "
-            f"({size_text(d.fixed)}){state} leave no room for a KV cache in "
+            f"{', '.join(held[:-1])} and {held[-1]} leave no room for a KV cache in "
             f"{size_text(d.budget)}",
         )
     if req.num_kv_blocks is not None and req.num_kv_blocks > pool_blocks:
@@ -201,4 +203,6 @@ def finish(d: PlanPass) -> Plan:
         state_pool_bytes=d.state_pool,
         draft_weight_bytes=d.draft_weights,
         draft_kv_bytes_per_token=d.draft_kv_tok,
+        vision_weight_bytes=d.vision_weights,
+        vision_activation_bytes=d.vision_act,
     )

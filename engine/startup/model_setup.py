@@ -47,9 +47,11 @@ def set_up_model(
     device_info: Device | None,
     config: dict,
     timer: StartupTimer,
+    plan_targets: dict | None = None,
 ) -> ModelSetup:
     """Resolve the model, plan every setting the caller did not pin (`config`: EngineConfig
-    settings by name) for this device, and load the tokenizer, timing each phase."""
+    settings by name; `plan_targets`: PlanRequest fields beyond them) for this device, and
+    load the tokenizer, timing each phase."""
     if needs_conversion(model):
         with timer.phase("convert"):
             resolve_model_folder(model)  # once: the call below finds it in the cache
@@ -66,6 +68,7 @@ def set_up_model(
             torch_device.type,
             device_info,
             draft_model=None if draft is None else draft[1],
+            **(plan_targets or {}),
         )
         settings = prefix_caching_for(model_config, settings)
     with timer.phase("tokenizer"):
