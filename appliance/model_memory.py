@@ -20,6 +20,8 @@ PLAN_PARTS = (
     "activation_bytes",
     "graph_pool_bytes",
     "draft_weight_bytes",
+    "vision_weight_bytes",
+    "vision_activation_bytes",
 )
 """The parts of a plan that a loaded model holds (the planner's Plan fields)."""
 WEIGHT_FILES = ("*.safetensors", "*.gguf", "*.bin")

@@ -15,7 +15,6 @@ from engine.models.model_config import ModelConfig
 from engine.models.vision_params import vision_params
 from engine.multimodal.images import MAX_IMAGE_PIXELS
 from engine.planner import GIB, Device, PlanRequest, plan
-from engine.planner.formulas import layout_for, quantized_bytes
 from engine.planner.vision_bytes import vision_activation_bytes, vision_weight_bytes
 
 PRESETS = Path(__file__).resolve().parent.parent / "profiles" / "models"
@@ -98,15 +97,28 @@ def test_qwen_peak_follows_the_image_limit_one_image_at_a_time():
     assert many - small == 7 * cached[4096]
 
 
-def test_quantized_vision_weights_quantize_the_quantized_projections():
+def test_quantization_leaves_the_vision_weights_in_16_bits():
     m = gemma3_12b(True)
-    counts = vision_params(m.vision)
-    int8 = vision_weight_bytes(m, "int8", 2, 64, None)
-    expected = quantized_bytes(layout_for("int8", 64), counts.linear, counts.linear_rows)
-    assert int8 == expected + counts.other * 2
-    assert int8 < vision_weight_bytes(m, "none", 2, 64, None)
+    dense = vision_weight_bytes(m, "none", 2, 64, None)
+    assert vision_weight_bytes(m, "int8", 2, 64, None) == dense
+    assert dense == vision_params(m.vision).total * 2
     q = plan(m, H100, PlanRequest(**{**PINS, "quantization": "int8"}))
-    assert q.vision_weight_bytes == int8
+    assert q.vision_weight_bytes == dense
+
+
+def test_an_int8_engine_keeps_its_vision_encoder_in_16_bits(tmp_path):
+    from torch import nn
+
+    from engine import LLM
+    from tests.support.tiny_vision import tiny_gemma3_vision
+
+    tiny_gemma3_vision(tmp_path)
+    llm = LLM(str(tmp_path), device="cpu", quantization="int8", max_model_len=128)
+    model = llm.engine.runner.model
+    vision = [type(m) for m in model.vision.modules() if hasattr(m, "weight")]
+    assert nn.Linear in vision or any(issubclass(t, nn.Linear) for t in vision)
+    assert not [t for t in vision if t.__name__ == "QuantLinear"]
+    assert any(type(m).__name__ == "QuantLinear" for m in model.layers.modules())
 
 
 def test_a_tight_card_names_the_vision_encoder():

@@ -39,8 +39,8 @@ class MemoryItems:
         """The prediction of an engine.planner Plan: memory other processes held when planning
         is counted with the context, as measured."""
         return cls(
-            weights=plan.weight_bytes + plan.draft_weight_bytes,
-            activation=plan.activation_bytes,
+            weights=plan.weight_bytes + plan.draft_weight_bytes + plan.vision_weight_bytes,
+            activation=plan.activation_bytes + plan.vision_activation_bytes,
             graph_pool=plan.graph_pool_bytes,
             kv_pool=plan.kv_pool_bytes,
             context=plan.cuda_context_bytes + max(0, plan.others_bytes),

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from engine.models.model_config import ModelConfig
 from engine.models.vision_params import max_image_patches, vision_params, vision_shape
-from engine.planner.formulas import WeightLayout, layout_for, quantized_bytes
+from engine.planner.formulas import WeightLayout
 
 HIDDEN_TENSORS = 8
 """Hidden-wide tensors a patch holds at an encoder layer's peak: the residual stream, the
@@ -20,16 +20,13 @@ PIXEL_BYTES = 4
 def vision_weight_bytes(
     m: ModelConfig, fmt: str, dtype_bytes: int, group_size: int, layout: WeightLayout | None
 ) -> int:
-    """The encoder's weights: the projections the engine quantizes (VisionParams.linear) in
-    the weight format, as the text model's (`layout`: a quantized checkpoint's own, else
-    layout_for(fmt, group_size)), everything else in the activation dtype."""
+    """The encoder's weights, all in the activation dtype: the engine quantizes the text model
+    only (engine/quant/modules.py quantize_model leaves `vision.` alone, as AWQ, GPTQ and FP8
+    checkpoints leave their vision towers in 16 bits). `fmt`, `group_size` and `layout` are
+    the text model's, taken for the day the encoder is quantized too."""
     if not m.vision:
         return 0
-    counts = vision_params(m.vision)
-    if fmt == "none" or not counts.linear:
-        return counts.total * dtype_bytes
-    layout = layout or layout_for(fmt, group_size)
-    return quantized_bytes(layout, counts.linear, counts.linear_rows) + counts.other * dtype_bytes
+    return vision_params(m.vision).total * dtype_bytes
 
 
 def vision_activation_bytes(

@@ -169,10 +169,12 @@ def quantize_model(
     if embeddings and model.config.tie_word_embeddings:
         model.lm_head.weight = model.embed_tokens.weight  # the tie may not survive materialising
     wanted = QUANTIZED_LINEARS + (("lm_head",) if embeddings else ())
-    names = [
+    names = [  # the text model's: a vision encoder (`vision.`) stays in 16 bits
         name
         for name, module in model.named_modules()
-        if isinstance(module, nn.Linear) and name.rsplit(".", 1)[-1] in wanted
+        if isinstance(module, nn.Linear)
+        and name.rsplit(".", 1)[-1] in wanted
+        and not name.startswith("vision.")
     ]
     for name in names:
         parent_name, _, attr = name.rpartition(".")
