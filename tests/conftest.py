@@ -10,6 +10,8 @@ real server on it (`shared_server`)."""
 
 from __future__ import annotations
 
+import gc
+
 import pytest
 import torch
 from transformers import LlamaConfig
@@ -27,6 +29,16 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture(autouse=True)
+def _free_gpu_memory(request):
+    """After a GPU test, free what its engines held, so the next one plans on an empty card
+    (an engine plans its KV pool from the memory free when it starts)."""
+    yield
+    if "gpu" in request.keywords and torch.cuda.is_available():
+        gc.collect()
+        torch.cuda.empty_cache()
 
 
 @pytest.fixture(scope="session", params=ARCHS)

@@ -67,7 +67,7 @@ class WarmUp:
         self.count = 0
 
     def add(self, num_tokens: int, params: SamplingParams, max_tokens: int) -> None:
-        prompt = [self.gen.randrange(self.vocab) for _ in range(num_tokens)]
+        prompt = dummy_prompt(self.engine, self.gen, num_tokens)
         self.engine.add_request(
             f"__warmup-{self.count}", prompt, replace(params, max_tokens=max_tokens)
         )
@@ -115,11 +115,19 @@ def run_peak_step(engine) -> None:
     sampled with every sampling feature (penalties, top-k/top-p/min-p, logprobs), so the logits
     and sampler temporaries peak. The caller steps them to completion."""
     cfg = engine.config
-    vocab = engine.model_config.vocab_size
     gen = random.Random(1)
     params = replace(EVERY_FEATURE, max_tokens=2)
     longs = cfg.budget_prompt_lengths(params.max_tokens) or [1]
     for i in range(cfg.max_num_seqs - len(longs)):
-        engine.add_request(f"__peak-{i}", [gen.randrange(vocab)], params)
+        engine.add_request(f"__peak-{i}", dummy_prompt(engine, gen, 1), params)
     for i, n in enumerate(longs):
-        engine.add_request(f"__peak-long-{i}", [gen.randrange(vocab) for _ in range(n)], params)
+        engine.add_request(f"__peak-long-{i}", dummy_prompt(engine, gen, n), params)
+
+
+def dummy_prompt(engine, gen: random.Random, num_tokens: int) -> list[int]:
+    """num_tokens random ids of the vocabulary, none the image placeholder (a prompt holding
+    one without its image is refused)."""
+    vocab = engine.model_config.vocab_size
+    image = engine.image_limits[0]
+    ids = [gen.randrange(vocab) for _ in range(num_tokens)]
+    return [(t + 1) % vocab if t == image else t for t in ids]
