@@ -24,15 +24,20 @@ pytestmark = pytest.mark.gpu
 TEXTS = ["hello world", "paris is the capital city of france", "x", "what is a yellow fruit?"]
 
 
+SMALL = {"max_num_seqs": 8, "num_kv_blocks": 256}
+"""A small pool: two engines of one test live at once (the second is built before the first
+is released)."""
+
+
 @pytest.mark.parametrize("eager", [True, False])
 def test_gpu_decoder_embeddings_and_scores(tmp_path, eager):
     folder = make_tiny_embedder(tmp_path / "tiny-qwen3-embedding")
-    llm = LLM(str(folder), device="cuda", dtype="float32", enforce_eager=eager, max_num_seqs=8, num_kv_blocks=256)
+    llm = LLM(str(folder), device="cuda", dtype="float32", enforce_eager=eager, **SMALL)
     want = reference_embeddings(folder, [llm.engine.encode(t) for t in TEXTS])
     for got, w in zip(llm.embed(TEXTS), want):
         torch.testing.assert_close(torch.tensor(got), w, atol=1e-4, rtol=0)
     folder = make_tiny_reranker(tmp_path / "tiny-qwen3-reranker")
-    llm = LLM(str(folder), device="cuda", dtype="float32", enforce_eager=eager, max_num_seqs=8, num_kv_blocks=256)
+    llm = LLM(str(folder), device="cuda", dtype="float32", enforce_eager=eager, **SMALL)
     scores = llm.score("capital of france?", TEXTS)
     from engine.text.rerank_prompt import rerank_prompt
 
@@ -42,10 +47,10 @@ def test_gpu_decoder_embeddings_and_scores(tmp_path, eager):
 
 def test_gpu_bert(tmp_path):
     folder = make_tiny_bert_embedder(tmp_path / "bert", "mean")
-    llm = LLM(str(folder), device="cuda", dtype="float32", max_num_seqs=8, num_kv_blocks=256)
+    llm = LLM(str(folder), device="cuda", dtype="float32", **SMALL)
     for got, w in zip(llm.embed(TEXTS), reference_bert_embeddings(folder, TEXTS, "mean")):
         torch.testing.assert_close(torch.tensor(got), w, atol=1e-4, rtol=0)
     folder = make_tiny_cross_encoder(tmp_path / "cross")
-    llm = LLM(str(folder), device="cuda", dtype="float32", max_num_seqs=8, num_kv_blocks=256)
+    llm = LLM(str(folder), device="cuda", dtype="float32", **SMALL)
     want = reference_cross_scores(folder, "capital of france?", TEXTS)
     assert llm.score("capital of france?", TEXTS) == pytest.approx(want, abs=1e-4)
