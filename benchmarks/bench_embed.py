@@ -172,7 +172,14 @@ class EmbedRun:
 
 
 def measure(
-    arch: str, num: int, length: int, batch: int, device: str, dtype: str, tiny: bool = False
+    arch: str,
+    num: int,
+    length: int,
+    batch: int,
+    device: str,
+    dtype: str,
+    tiny: bool = False,
+    step_tokens: int | None = None,
 ) -> EmbedRun:
     """Embed `num` seeded inputs of `length` tokens with the engine, measure the floor, and
     (for a saved shape) transformers."""
@@ -186,7 +193,12 @@ def measure(
         build(arch, cfg, folder)
         load_format = "auto" if ARCHS[arch].saved else "random"
         llm = LLM(
-            str(folder), device=device, dtype=dtype, prefix_caching=False, load_format=load_format
+            str(folder),
+            device=device,
+            dtype=dtype,
+            prefix_caching=False,
+            load_format=load_format,
+            max_num_batched_tokens=step_tokens,
         )
         # the engine's prefill step: its planned token budget, at most every input's tokens
         step_tokens = min(llm.engine.config.max_num_batched_tokens or num * length, num * length)
@@ -220,8 +232,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--dtype", choices=tuple(DTYPES), default="float32")
     parser.add_argument("--tiny", action="store_true", help="the shape with tiny dimensions")
+    parser.add_argument(
+        "--step-tokens", type=int, default=None, help="the engine's step budget (default planned)"
+    )
     args = parser.parse_args(argv)
-    run = measure(args.arch, args.num, args.len, args.batch, args.device, args.dtype, args.tiny)
+    run = measure(
+        args.arch, args.num, args.len, args.batch, args.device, args.dtype, args.tiny,
+        args.step_tokens,
+    )  # fmt: skip
     tiny = " (tiny)" if args.tiny else ""
     shape = f"{args.num} inputs x {args.len} tokens, {args.arch}{tiny}, {args.device}, {args.dtype}"
     ours = args.num / run.engine_s
