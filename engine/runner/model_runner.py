@@ -236,11 +236,17 @@ class ModelRunner:
         if shed:
             keep = num_blocks - shed
             if keep * cfg.block_size < cfg.max_model_len:
+                fits = max(0, keep) * cfg.block_size // 256 * 256
+                change = (
+                    f"set max_model_len to {fits}"
+                    if fits
+                    else "free the device memory other processes hold, or lower "
+                    "gpu_memory_utilization"
+                )
                 raise ValueError(
                     f"after warm-up the engine needs {report.excess / GIB:.2f} GiB more than "
                     f"planned and the KV pool cannot shrink below one max_model_len="
-                    f"{cfg.max_model_len} sequence: set max_model_len to "
-                    f"{max(0, keep) * cfg.block_size // 256 * 256}"
+                    f"{cfg.max_model_len} sequence: {change}"
                 )
             self.graphs = None  # they point at the old pool
             kv_dtype = self.kv_pool.dtype
