@@ -32,6 +32,7 @@ import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -40,6 +41,7 @@ from transformers import AutoModel, BertConfig, BertTokenizerFast, PretrainedCon
 
 from appliance import model_presets
 from benchmarks import embed_floor
+from benchmarks.op_profile import top_ops
 from benchmarks.presets import TINY_DIMS
 from engine import LLM
 
@@ -180,6 +182,7 @@ def measure(
     dtype: str,
     tiny: bool = False,
     step_tokens: int | None = None,
+    profile: int = 0,
 ) -> EmbedRun:
     """Embed `num` seeded inputs of `length` tokens with the engine, measure the floor, and
     (for a saved shape) transformers."""
@@ -203,6 +206,10 @@ def measure(
         # the engine's prefill step: its planned token budget, at most every input's tokens
         step_tokens = min(llm.engine.config.max_num_batched_tokens or num * length, num * length)
         llm.embed(inputs[: max(4, step_tokens // length)])  # first call: one full step, unmeasured
+        if profile:
+            one_step = inputs[: max(1, step_tokens // length)]
+            lines = top_ops(partial(llm.embed, one_step), profile, device)
+            print("\n".join(["one full step under the profiler:", *lines]))
         start = time.perf_counter()
         got = llm.embed(inputs)
         engine_s = time.perf_counter() - start
@@ -235,10 +242,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--step-tokens", type=int, default=None, help="the engine's step budget (default planned)"
     )
+    parser.add_argument("--profile", type=int, default=0, help="profile one step: its top N ops")
     args = parser.parse_args(argv)
     run = measure(
         args.arch, args.num, args.len, args.batch, args.device, args.dtype, args.tiny,
-        args.step_tokens,
+        args.step_tokens, args.profile,
     )  # fmt: skip
     tiny = " (tiny)" if args.tiny else ""
     shape = f"{args.num} inputs x {args.len} tokens, {args.arch}{tiny}, {args.device}, {args.dtype}"

@@ -45,6 +45,7 @@ import statistics
 import tempfile
 import time
 from dataclasses import asdict, dataclass, field
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -52,6 +53,7 @@ import torch
 from benchmarks import bench_vision_shapes as shapes
 from benchmarks.embed_floor import prefill_matmul_rate
 from benchmarks.floor import prefill_flops
+from benchmarks.op_profile import top_ops
 from engine.llm_engine import LLMEngine
 from engine.sampling_params import SamplingParams
 
@@ -240,6 +242,9 @@ def measure(args: argparse.Namespace) -> tuple[TTFTResult, MixedResult | None]:
         folder = shapes.write_folder(config, Path(tmp) / f"{args.model}-vision")
         bench = Bench(args.model, args.tiny, build_engine(folder, args))
         ttfts, encoder_ms, n_tokens = run_ttft(bench, args.repeats, args.warmups)
+        if args.profile:  # one more request, with an image not seen yet
+            lines = top_ops(partial(run_ttft, bench, 1, 0), args.profile, args.device)
+            print("\n".join(["one TTFT request under the profiler:", *lines]))
         mixed = None
         if not args.skip_throughput:
             mixed = run_mixed(
@@ -320,6 +325,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--alone-steps", type=int, default=32, help="text-only steps timed")
     parser.add_argument("--max-model-len", type=int, default=4096)
     parser.add_argument("--skip-throughput", action="store_true")
+    parser.add_argument(
+        "--profile", type=int, default=0, help="profile one more TTFT request: its top N ops"
+    )
     parser.add_argument("--out", type=Path, help="a folder for the figures' JSON")
     args = parser.parse_args(argv)
     if args.model == "tiny":
