@@ -33,7 +33,7 @@ CONFIG = {
     "long_prompt_tokens": None,
     "queue_aging_s": 30.0,
     "fair_share_window_s": 60.0,
-    "max_encoder_tokens": 2048,
+    "max_encoder_tokens": 512,
 }
 GPU = {
     "name": "NVIDIA H200",
