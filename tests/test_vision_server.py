@@ -101,3 +101,18 @@ def test_the_anthropic_client_sends_an_image_block(server):
         ]}],
     )  # fmt: skip
     assert reply.usage.output_tokens > 0 and reply.stop_reason in ("end_turn", "max_tokens")
+
+
+def test_the_responses_api_takes_an_input_image(server):
+    client = openai.OpenAI(base_url=f"{server}/v1", api_key="none", max_retries=0, timeout=120)
+    model = client.models.list().data[0].id
+    reply = client.responses.create(
+        model=model,
+        max_output_tokens=8,
+        input=[{"role": "user", "content": [
+            {"type": "input_text", "text": "What colour is the square?"},
+            {"type": "input_image", "image_url": png((255, 0, 255))},
+        ]}],
+    )  # fmt: skip
+    assert reply.status in ("completed", "incomplete") and reply.usage.output_tokens > 0
+    assert reply.usage.input_tokens >= 4  # the image's placeholders count
