@@ -32,7 +32,7 @@ from engine.startup.planned_config import TORCH_DTYPES
 from engine.structured.grammar_state import start_tokens
 from engine.structured.llguidance_backend import llguidance_pool
 from engine.structured.pool import GrammarPool
-from engine.text.detokenizer import IncrementalDetokenizer
+from engine.text.outputs import Outputs
 from engine.text.tokenizer import apply_chat_template, encode_prompt
 
 logger = logging.getLogger(__name__)
@@ -82,7 +82,10 @@ class LLMEngine:
         self.runner.pooler = pooler_for(self.kind, self.runner.model, self.tokenizer)
         self._rng = random.Random(self.config.seed)
         self._requests: dict[str, Request] = {}
-        self._detokenizers: dict[str, IncrementalDetokenizer] = {}
+        self._outputs_of = Outputs(
+            self.tokenizer, lambda req: self.scheduler.finish(req, RequestStatus.FINISHED_STOPPED)
+        )
+        """Each live request's detokenizer, and its RequestOutput each step."""
         self._aborted: list[Request] = []
         self._pooled: list[Request] = []
         """Pooling requests finished by a step's launch, reported at the end of that step."""
@@ -212,10 +215,7 @@ class LLMEngine:
         if images:
             req.mrope = self.runner.rope_positions(token_ids, req.images)
         self._requests[request_id] = req
-        if self.tokenizer is not None:
-            self._detokenizers[request_id] = IncrementalDetokenizer(
-                self.tokenizer, token_ids, params.skip_special_tokens, params.stop
-            )
+        self._outputs_of.start(req)
         if params.structured is None:
             self.scheduler.add(req)
         else:
@@ -411,44 +411,13 @@ class LLMEngine:
         return any(r.num_pending and r.has_penalties for r in self._pending.batch.requests)
 
     def _output(self, req: Request) -> RequestOutput:
-        detok = self._detokenizers.get(req.request_id)
-        if detok is not None and req.status is not RequestStatus.FINISHED_ABORTED:
-            self._detokenize(req, detok)
-        finished = req.is_finished
-        if finished:
+        out = self._outputs_of.output(req)
+        if out.finished:
             del self._requests[req.request_id]
-            self._detokenizers.pop(req.request_id, None)
             if self.spec is not None:
                 self.spec.release(req.request_id)
             self.runner.release(req)
-        return RequestOutput(
-            request_id=req.request_id,
-            prompt_token_ids=req.prompt_token_ids,
-            token_ids=req.output_token_ids,
-            text=detok.text if detok is not None else "",
-            finished=finished,
-            finish_reason=req.status.value if finished else None,
-            metrics=req.metrics.snapshot(),  # readers on other threads
-            logprobs=list(req.logprobs) if req.logprobs is not None else None,
-            stop_reason=req.stop_reason,
-            trace=list(req.trace) if finished else [],
-            pooled=req.pooled,
-        )
-
-    def _detokenize(self, req: Request, detok: IncrementalDetokenizer) -> None:
-        """Feed the new tokens to the detokenizer, one at a time; a matched stop string
-        finishes the request, dropping the tokens a speculative step emitted after it."""
-        if detok.stopped_on is not None:
-            return
-        # only the new ids (output_token_ids would copy the whole output every step)
-        start = req.num_prompt_tokens + len(detok.token_ids)
-        detok.step_each(req.token_ids[start : len(req.token_ids) - req.num_pending])
-        if detok.stopped_on is not None:
-            req.stop_reason = detok.stopped_on
-            req.truncate_output(len(detok.token_ids))
-            self.scheduler.finish(req, RequestStatus.FINISHED_STOPPED)
-        elif req.is_finished:
-            detok.finish()
+        return out
 
     def stats(self) -> dict:
         """Counters and gauges for /v1/stats, /metrics and the dashboard (engine_stats.py)."""
