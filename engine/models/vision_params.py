@@ -29,13 +29,17 @@ GEMMA4_DEFAULTS = {
     "num_attention_heads": 12,
     "num_key_value_heads": 12,
     "head_dim": 64,
+    "hidden_activation": "gelu_pytorch_tanh",
+    "rms_norm_eps": 1e-6,
+    "rope_parameters": {"rope_type": "axial", "rope_theta": 100.0},
     "pooling_kernel_size": 3,
     "patch_size": 16,
     "position_embedding_size": 10 * 1024,
     "use_clipped_linears": False,
     "standardize": False,
 }
-"""engine.models.vision.gemma4_vision.VISION_DEFAULTS (the fields counted here)."""
+"""transformers 5.25's Gemma4VisionConfig defaults, for the fields config.json leaves out (the
+encoder, engine/models/vision/gemma4_vision.py, reads them from here)."""
 GEMMA4_MAX_SOFT_TOKENS = 280
 """Soft tokens of Gemma 4's largest image: transformers' image processor resizes every image
 to at most max_soft_tokens x pooling_kernel_size**2 patches, max_soft_tokens 280 by default (a
@@ -51,8 +55,10 @@ QWEN3_5_DEFAULTS = {
     "spatial_merge_size": 2,
     "out_hidden_size": 3584,
     "num_position_embeddings": 2304,
+    "hidden_act": "gelu_pytorch_tanh",
 }
-"""engine.models.vision.qwen3_5_vision_layers.DEFAULTS (the fields counted here)."""
+"""transformers' Qwen3_5VisionConfig defaults: a config.json may leave fields to them (the
+encoder, engine/models/vision/qwen3_5_vision_layers.py, reads them from here)."""
 
 
 @dataclass(frozen=True)

@@ -28,6 +28,7 @@ from engine.models.vision.gemma4_vision_layers import (
     axial_inv_freq,
     rms_norm,
 )
+from engine.models.vision_params import GEMMA4_DEFAULTS
 from engine.models.weights import Copy, check_shape, missing_error
 from engine.multimodal import ImageInput
 
@@ -35,23 +36,8 @@ PREFIXES = ("model.vision_tower.", "model.embed_vision.", "vision_tower.", "embe
 """Checkpoint name prefixes of the encoder and its projection: transformers 5's (under
 `model.`), and the same at the top level as transformers 4 laid out multimodal checkpoints."""
 
-VISION_DEFAULTS = {
-    "hidden_size": 768,
-    "intermediate_size": 3072,
-    "num_hidden_layers": 16,
-    "num_attention_heads": 12,
-    "num_key_value_heads": 12,
-    "head_dim": 64,
-    "hidden_activation": "gelu_pytorch_tanh",
-    "rms_norm_eps": 1e-6,
-    "rope_parameters": {"rope_type": "axial", "rope_theta": 100.0},
-    "pooling_kernel_size": 3,
-    "patch_size": 16,
-    "position_embedding_size": 10 * 1024,
-    "use_clipped_linears": False,
-    "standardize": False,
-}
-"""transformers 5.25's Gemma4VisionConfig defaults, for the fields config.json leaves out."""
+VISION_DEFAULTS = GEMMA4_DEFAULTS
+"""transformers 5.25's Gemma4VisionConfig defaults (engine/models/vision_params.py owns them)."""
 
 
 def vision_config(config: dict) -> dict:

@@ -12,6 +12,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine.models.layers import Linear
+from engine.models.vision_params import QWEN3_5_DEFAULTS
 
 _ACTIVATIONS = {
     "gelu_pytorch_tanh": lambda x: F.gelu(x, approximate="tanh"),
@@ -20,20 +21,8 @@ _ACTIVATIONS = {
 }
 
 
-DEFAULTS = {
-    "depth": 27,
-    "hidden_size": 1152,
-    "intermediate_size": 4304,
-    "num_heads": 16,
-    "in_channels": 3,
-    "patch_size": 16,
-    "temporal_patch_size": 2,
-    "spatial_merge_size": 2,
-    "out_hidden_size": 3584,
-    "num_position_embeddings": 2304,
-    "hidden_act": "gelu_pytorch_tanh",
-}
-"""transformers' Qwen3_5VisionConfig defaults: a config.json may leave fields to them."""
+DEFAULTS = QWEN3_5_DEFAULTS
+"""transformers' Qwen3_5VisionConfig defaults (engine/models/vision_params.py owns them)."""
 
 
 @dataclass(frozen=True)
