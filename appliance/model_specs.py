@@ -32,6 +32,10 @@ class ModelSpec:
     """The model's most sequences in a batch (None = the server's setting, else planned)."""
     num_kv_blocks: int | None = None
     """The model's KV-cache blocks (None = the server's setting, else planned)."""
+    gpu_memory_utilization: float | None = None
+    """The share of the card's memory this model's engine may bring the card to, the models
+    loaded before it included (None = the server's setting): with a chat model at 0.7, an
+    embedding model at 0.8 takes a tenth of the card beside it."""
     pinned: bool = False
     """Loaded at start and never unloaded to make room or for idleness."""
     keep_alive: float | None = None
@@ -46,6 +50,9 @@ class ModelSpec:
             self.keep_alive > 0 and math.isfinite(self.keep_alive)
         ):
             raise SettingsError(f"[models.{self.name}] keep_alive must be > 0 seconds")
+        util = self.gpu_memory_utilization
+        if util is not None and not (isinstance(util, (int, float)) and 0 < util <= 1):
+            raise SettingsError(f"[models.{self.name}] gpu_memory_utilization must be in (0, 1]")
         for limit in ("max_model_len", "max_num_seqs", "num_kv_blocks"):
             value = getattr(self, limit)
             if value is not None and (not isinstance(value, int) or value < 1):
@@ -54,7 +61,10 @@ class ModelSpec:
     @property
     def engine_pins(self) -> dict:
         """The engine settings this model pins over the server's."""
-        names = ("quantization", "max_model_len", "max_num_seqs", "num_kv_blocks")
+        names = (
+            "quantization", "max_model_len", "max_num_seqs", "num_kv_blocks",
+            "gpu_memory_utilization",
+        )  # fmt: skip
         return {n: getattr(self, n) for n in names if getattr(self, n) is not None}
 
 

@@ -36,6 +36,7 @@ def test_repeated_model_flags_name_a_registry_with_the_config_files_tables(tmp_p
         [models.small]
         keep_alive = 300
         quantization = "int8"
+        gpu_memory_utilization = 0.95
         """)
     )
     cli = flags("--model", "chat=/m/chat", "--model", "small=/m/s.gguf", "--models-max", "2")
@@ -45,6 +46,7 @@ def test_repeated_model_flags_name_a_registry_with_the_config_files_tables(tmp_p
     assert (small.keep_alive, small.pinned, settings.models_max) == (300.0, False, 2)
     one = settings.for_model(small)
     assert (one.model, one.served_model_name, one.quantization) == ("/m/s.gguf", "small", "int8")
+    assert one.gpu_memory_utilization == 0.95  # its share of the card, chat's included
     assert one.model_specs == [] and settings.for_model(chat).max_model_len == 2048
 
 
@@ -68,6 +70,10 @@ def test_models_dir_names_each_model_by_its_file(tmp_path):
         ({"model": ["a=/x"], "models": {"b": {}}}, "[models.b] names no served model"),
         ({"model": ["a=/x"], "models": {"a": {"pin": True}}}, "unknown key 'pin'"),
         ({"model": ["a=/x"], "models": {"a": {"keep_alive": 0}}}, "keep_alive must be > 0"),
+        (
+            {"model": ["a=/x"], "models": {"a": {"gpu_memory_utilization": 1.5}}},
+            "gpu_memory_utilization must be in",
+        ),
         ({"model": ["a=/x", "b=/y"], "api_workers": 2}, "drop --api-workers"),
         ({"model": ["a=/x", "b=/y"], "models_max": 0}, "models_max must be >= 1"),
         ({"model": "/x", "models": {"a": {}}}, "need --model NAME=PATH"),
