@@ -9,6 +9,7 @@ from __future__ import annotations
 import copy
 
 import pytest
+import torch
 
 from engine import LLM, SamplingParams
 from tests.support.greedy_reference import assert_greedy_agrees
@@ -18,6 +19,7 @@ from tests.support.tiny_vision import (
     gemma3_prompt,
     gemma3_reference_inputs,
     random_ids,
+    tiny_gemma3_served,
     tiny_gemma3_vision,
 )
 
@@ -140,3 +142,30 @@ def test_gpu_images_agree_under_small_steps(gemma3, eager):
     outs = llm.generate([one[0], two[0]], PARAMS, images=[one[1], two[1]])
     assert min(o.metrics.num_prefill_chunks for o in outs) >= 2
     _check(copy.deepcopy(hf).cuda(), [one[0], two[0]], outs, pixels)
+
+
+def test_pan_and_scan_crops_agree_with_transformers(tmp_path):
+    """A preprocessor config with pan-and-scan: a wide image becomes the whole image and its
+    crops, each its own placeholder run (ImageInput), and the answer is transformers'."""
+    from PIL import Image
+
+    from engine.multimodal.processing import ImageProcessor
+
+    hf = tiny_gemma3_served(tmp_path, pan_and_scan=True)
+    processor = ImageProcessor.load(tmp_path)
+    wide = Image.effect_mandelbrot((96, 32), (-2.0, -1.0, 1.0, 1.0), 60).convert("RGB")
+    content = [{"type": "image"}, {"type": "text", "text": "What is in the picture?"}]
+    ids, images = processor.render([{"role": "user", "content": content}], images=[wide])
+    assert len(images) == 4  # the image and 3 crops, in prompt order
+    llm = LLM(str(tmp_path), device="cpu", max_model_len=256)
+    out = llm.generate([ids], PARAMS, images=[images])
+    pixels = [[image.data["pixel_values"] for image in images]]
+    token = hf.config.image_token_id
+
+    def inputs(i, seq):
+        return {
+            "pixel_values": torch.cat(pixels[i]),
+            "token_type_ids": (seq == token).long(),
+        }
+
+    assert_greedy_agrees(hf, [ids], out, ATOL, inputs=inputs)

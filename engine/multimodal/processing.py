@@ -126,13 +126,25 @@ class ImageProcessor:
             for (offset, length), data in zip(runs, split_images(out, len(runs)), strict=True)
         ]
 
+    def _image_settings(self) -> dict:
+        """The image processor's own settings of the keys the processor's call would otherwise
+        set to its class defaults (Gemma 3's pan-and-scan: off in Gemma3Processor's defaults,
+        on where the model's preprocessor config says so)."""
+        defaults = getattr(type(self.processor), "images_kwargs", None) or {}
+        return {
+            key: getattr(self.images, key)
+            for key in defaults
+            if getattr(self.images, key, None) is not None
+        }
+
     def _process(self, text: str, images: list) -> dict[str, torch.Tensor]:
         """The processor's output for one prompt: input_ids [1, num_tokens] and the images'
         tensors."""
         if self.processor is not None:
             return self.processor(
-                text=[text], images=images, return_tensors="pt", add_special_tokens=False
-            )
+                text=[text], images=images, return_tensors="pt", add_special_tokens=False,
+                **self._image_settings(),
+            )  # fmt: skip
         out = dict(self.images(images, return_tensors="pt"))
         marker = getattr(
             self.tokenizer, "image_token", None

@@ -320,15 +320,28 @@ def gemma4_reference_inputs(images: list[dict[str, torch.Tensor]]):
     return inputs
 
 
-def tiny_gemma3_served(folder: Path) -> torch.nn.Module:
+def tiny_gemma3_served(folder: Path, pan_and_scan: bool = False) -> torch.nn.Module:
     """A folder `appliance serve` takes with images: tests/support/tiny_processors.py's Gemma 3
-    processor (byte tokenizer, a chat template, 32 x 32 images of 4 placeholders) and a tiny
-    random Gemma3ForConditionalGeneration whose ids match its tokenizer's."""
+    processor (byte tokenizer, a chat template, 32 x 32 images of 4 placeholders; with
+    pan_and_scan its preprocessor config cuts wide images into crops of at least 8 pixels) and
+    a tiny random Gemma3ForConditionalGeneration whose ids match its tokenizer's."""
+    import json
+
     from transformers import AutoTokenizer
 
     from tests.support.tiny_processors import GEMMA3_IMAGE, GEMMA3_TOKENS, gemma3_folder
 
     gemma3_folder(folder, size=GEMMA3_IMAGE_SIZE)
+    if pan_and_scan:
+        path = folder / "processor_config.json"
+        saved = json.loads(path.read_text())
+        saved["image_processor"].update(
+            do_pan_and_scan=True,
+            pan_and_scan_min_crop_size=8,
+            pan_and_scan_max_num_crops=4,
+            pan_and_scan_min_ratio_to_activate=1.2,
+        )
+        path.write_text(json.dumps(saved))
     tokenizer = AutoTokenizer.from_pretrained(folder)
     names = (GEMMA3_IMAGE, GEMMA3_TOKENS["boi_token"], GEMMA3_TOKENS["eoi_token"])
     ids = tuple(tokenizer.convert_tokens_to_ids(n) for n in names)
