@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 from pydantic import TypeAdapter
 
-from tests.support.fake_engine import FakeEngine, fake_client
+from tests.support.fake_engine import FakeEngine
+from tests.support.fake_server import fake_client
 
 anthropic = pytest.importorskip("anthropic")
 from anthropic.types import Message, MessageTokensCount, RawMessageStreamEvent  # noqa: E402

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import pytest
 
-from tests.support.fake_engine import FakeEngine, fake_client
+from tests.support.fake_engine import FakeEngine
+from tests.support.fake_server import fake_client
 
 anthropic = pytest.importorskip("anthropic")
 

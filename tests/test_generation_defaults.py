@@ -15,7 +15,7 @@ from appliance.cli import main
 from appliance.generation_defaults import load_generation_defaults, server_defaults
 from appliance.settings import ServeSettings, SettingsError
 from engine.models.gguf_metadata import read_gguf_metadata
-from tests.support.fake_engine import fake_client
+from tests.support.fake_server import fake_client
 
 COMPLETIONS = "/v1/completions"
 MODEL = {"temperature": 0.6, "top_p": 0.9, "top_k": 20, "repetition_penalty": 1.1}

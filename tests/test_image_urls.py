@@ -16,7 +16,8 @@ from PIL import Image
 from appliance.server.errors import APIError
 from appliance.server.image_inputs import fetch_image, public_address
 from appliance.server.protocol import ImageSource
-from tests.support.fake_engine import FakeEngine, fake_client
+from tests.support.fake_engine import FakeEngine
+from tests.support.fake_server import fake_client
 from tests.support.tiny_processors import gemma3_folder
 
 openai = pytest.importorskip("openai")

@@ -17,7 +17,8 @@ from PIL import Image
 from appliance.server.generation import Choice, Generation
 from engine.core.core_client import CoreClient
 from engine.multimodal.processing import ImageProcessor
-from tests.support.fake_engine import FakeEngine, fake_client
+from tests.support.fake_engine import FakeEngine
+from tests.support.fake_server import fake_client
 from tests.support.tiny_processors import GEMMA3_TOKENS_PER_IMAGE, gemma3_folder
 
 openai = pytest.importorskip("openai")

@@ -11,7 +11,7 @@ import pytest
 
 from appliance.cli import build_parser
 from appliance.settings import ServeSettings, SettingsError, load_settings
-from tests.support.fake_engine import fake_client
+from tests.support.fake_server import fake_client
 
 
 def flags(*argv: str) -> dict:

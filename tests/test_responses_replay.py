@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.fake_engine import FakeEngine, fake_client
+from tests.support.fake_engine import FakeEngine
+from tests.support.fake_server import fake_client
 
 DATA = Path(__file__).parent / "data" / "responses_requests"
 BODIES = sorted(DATA.glob("*.json"))

@@ -18,7 +18,7 @@ from appliance.server import create_app
 from appliance.settings import ServeSettings
 from engine.memory.memory_check import MemoryItems, MemoryReport
 from engine.planner import GIB, Device, Plan, plan_settings
-from tests.support.fake_engine import wait_until_served
+from tests.support.fake_server import wait_until_served
 from tests.support.serve_process import start_server
 
 MIB = 1024**2

@@ -10,7 +10,8 @@ import time
 import aiohttp
 import pytest
 
-from tests.support.fake_engine import FakeEngine, fake_client
+from tests.support.fake_engine import FakeEngine
+from tests.support.fake_server import fake_client
 
 COMPLETIONS = "/v1/completions"
 

@@ -6,13 +6,8 @@ from __future__ import annotations
 import asyncio
 import json
 
-from tests.support.fake_engine import (
-    COMPILE_MARK,
-    EOS_MARK,
-    FakeEngine,
-    fake_client,
-    sse_events,
-)
+from tests.support.fake_engine import COMPILE_MARK, EOS_MARK, FakeEngine
+from tests.support.fake_server import fake_client, sse_events
 
 
 async def test_completion_shape_and_usage():

@@ -7,7 +7,8 @@ import asyncio
 import json
 
 from appliance.server.app_keys import STATE
-from tests.support.fake_engine import STALL_MARK, FakeEngine, fake_client
+from tests.support.fake_engine import STALL_MARK, FakeEngine
+from tests.support.fake_server import fake_client
 
 COMPLETIONS = "/v1/completions"
 

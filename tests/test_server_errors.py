@@ -12,14 +12,8 @@ import aiohttp
 import pytest
 
 from appliance.server.app_keys import STATE
-from tests.support.fake_engine import (
-    CRASH_MARK,
-    STALL_MARK,
-    FakeEngine,
-    SlowLoader,
-    fake_client,
-    wait_until_served,
-)
+from tests.support.fake_engine import CRASH_MARK, STALL_MARK, FakeEngine
+from tests.support.fake_server import SlowLoader, fake_client, wait_until_served
 
 CHAT = "/v1/chat/completions"
 COMPLETIONS = "/v1/completions"

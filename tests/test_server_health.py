@@ -13,7 +13,8 @@ from aiohttp.test_utils import TestClient, TestServer
 from appliance.server import create_app
 from appliance.server.app_keys import STATE
 from appliance.settings import ServeSettings
-from tests.support.fake_engine import FakeEngine, SlowLoader, fake_client, wait_until_served
+from tests.support.fake_engine import FakeEngine
+from tests.support.fake_server import SlowLoader, fake_client, wait_until_served
 from tests.support.waiting import wait_until
 
 COMPLETIONS = "/v1/completions"

@@ -12,7 +12,8 @@ import time
 import pytest
 
 from appliance.server.protocol import parse_completion
-from tests.support.fake_engine import FakeEngine, fake_client
+from tests.support.fake_engine import FakeEngine
+from tests.support.fake_server import fake_client
 
 COMPLETIONS = "/v1/completions"
 BATCH = {"Authorization": "Bearer sk-batch-0123456"}

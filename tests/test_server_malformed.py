@@ -16,7 +16,7 @@ from aiohttp.test_utils import TestClient, TestServer
 
 from appliance.server.body import read_json
 from appliance.server.errors import APIError, answers_errors_in, error_middleware
-from tests.support.fake_engine import app_server, fake_client
+from tests.support.fake_server import app_server, fake_client
 from tests.test_server_errors import expect_error
 
 CHAT = "/v1/chat/completions"

@@ -16,7 +16,8 @@ from appliance.server.responses import usage
 from appliance.server.schema.responses import CompletionChunk, CompletionResponse
 from appliance.server.stats import PREFIX_CACHE_WINDOW_S, StatsTracker
 from engine.scheduling.request import RequestMetrics, RequestOutput
-from tests.support.fake_engine import FakeEngine, fake_client, sse_events
+from tests.support.fake_engine import FakeEngine
+from tests.support.fake_server import fake_client, sse_events
 
 COMPLETIONS = "/v1/completions"
 CHAT = "/v1/chat/completions"

@@ -18,7 +18,8 @@ import pytest
 from appliance.listener import make_ssl_context
 from appliance.serve import serve
 from appliance.settings import ServeSettings
-from tests.support.fake_engine import BrokenLoader, FakeEngine
+from tests.support.fake_engine import FakeEngine
+from tests.support.fake_server import BrokenLoader
 from tests.support.serve_process import wait_for_url
 
 

@@ -32,7 +32,8 @@ from appliance.server.schema.responses import (
 )
 from engine.sampling_params import SamplingParams
 from engine.scheduling.request import RequestMetrics, RequestOutput
-from tests.support.fake_engine import STALL_MARK, fake_client, sse_events
+from tests.support.fake_engine import STALL_MARK
+from tests.support.fake_server import fake_client, sse_events
 
 CHAT = "/v1/chat/completions"
 COMPLETIONS = "/v1/completions"

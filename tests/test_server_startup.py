@@ -21,7 +21,7 @@ from appliance.serve import serve
 from appliance.server import create_app
 from appliance.settings import ServeSettings
 from engine.startup.phases import phase_words
-from tests.support.fake_engine import (
+from tests.support.fake_server import (
     REFUSAL,
     BrokenLoader,
     PhasedLoader,

@@ -9,7 +9,8 @@ import json
 import pytest
 
 from appliance.settings import ServeSettings, SettingsError
-from tests.support.fake_engine import FakeEngine, fake_client, sse_events
+from tests.support.fake_engine import FakeEngine
+from tests.support.fake_server import fake_client, sse_events
 
 CHAT = "/v1/chat/completions"
 TOOLS = [

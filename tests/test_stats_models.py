@@ -16,7 +16,8 @@ from appliance.server.model_stats import ENGINE_SECTIONS
 from appliance.server.state import Phase
 from appliance.settings import ServeSettings
 from engine.models.embedded import default_model_path
-from tests.support.fake_engine import FakeEngine, fake_client
+from tests.support.fake_engine import FakeEngine
+from tests.support.fake_server import fake_client
 from tests.support.tui_model_fakes import make_models_doc
 from tests.support.waiting import wait_until
 

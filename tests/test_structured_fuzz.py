@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 
 from appliance.server import create_app
 from appliance.settings import ServeSettings
-from tests.support.fake_engine import sse_events, wait_until_served
+from tests.support.fake_server import sse_events, wait_until_served
 from tests.test_server_fuzz import (
     CHAT,
     SCHEMA_FORMAT,

@@ -12,7 +12,8 @@ import pytest
 from appliance.server.app_keys import METRICS, TRACKER
 from appliance.server.records import STRUCTURED_KINDS, ChoiceRecord, RequestRecord
 from engine.scheduling.request import RequestMetrics, RequestOutput, TraceEvent
-from tests.support.fake_engine import FakeEngine, fake_client
+from tests.support.fake_engine import FakeEngine
+from tests.support.fake_server import fake_client
 
 MARKED = {
     "req-json": ("json_schema", False, 0.0012),

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import asyncio
 
-from tests.support.fake_engine import FakeEngine, fake_client
+from tests.support.fake_engine import FakeEngine
+from tests.support.fake_server import fake_client
 from tests.support.tui_fakes import CONFIG, make_doc
 from tests.support.tui_trace_fakes import make_trace
 

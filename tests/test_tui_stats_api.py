@@ -9,7 +9,8 @@ import types
 import torch
 
 from appliance.server.stats import GpuReader
-from tests.support.fake_engine import FakeEngine, fake_client
+from tests.support.fake_engine import FakeEngine
+from tests.support.fake_server import fake_client
 
 
 class BlockEngine(FakeEngine):

@@ -29,7 +29,8 @@ from appliance.cli import build_parser
 from appliance.server.web_routes import CONTENT_SECURITY_POLICY
 from appliance.web import STATIC_DIR, VENDOR_DIR
 from appliance.web.vendor_refresh import PINS, unpack
-from tests.support.fake_engine import FakeEngine, fake_client
+from tests.support.fake_engine import FakeEngine
+from tests.support.fake_server import fake_client
 from tui.browser import API_KEY_ENV, top_command
 
 KEY = "sk-web-0123456789"
