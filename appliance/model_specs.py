@@ -32,6 +32,9 @@ class ModelSpec:
     """The model's most sequences in a batch (None = the server's setting, else planned)."""
     num_kv_blocks: int | None = None
     """The model's KV-cache blocks (None = the server's setting, else planned)."""
+    task: str | None = None
+    """What the model serves: generate, embed or rerank (None = the server's setting, else
+    read from its folder)."""
     gpu_memory_utilization: float | None = None
     """The share of the card's memory this model's engine may bring the card to, the models
     loaded before it included (None = the server's setting): with a chat model at 0.7, an
@@ -63,7 +66,7 @@ class ModelSpec:
         """The engine settings this model pins over the server's."""
         names = (
             "quantization", "max_model_len", "max_num_seqs", "num_kv_blocks",
-            "gpu_memory_utilization",
+            "gpu_memory_utilization", "task",
         )  # fmt: skip
         return {n: getattr(self, n) for n in names if getattr(self, n) is not None}
 

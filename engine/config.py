@@ -19,6 +19,7 @@ class EngineConfig:
         "kv_cache_dtype": ("auto", "float32", "float16", "bfloat16", "int8"),
         "quantization": ("none", "int8", "int4", "fp8", "auto"),
         "load_format": ("auto", "random"),
+        "task": ("auto", "generate", "embed", "rerank"),
     }
     """The allowed values of each str setting (checked here; `appliance serve` and `profile`
     offer them as the flags' choices)."""
@@ -96,6 +97,11 @@ class EngineConfig:
     load_format: str = "auto"
     """auto = the checkpoint's weights; random = random weights in the config's shapes
     (benchmarks: only config.json is needed, prompts are token ids)."""
+    task: str = "auto"
+    """What the model serves: auto (read from its folder: config.json's architecture, the
+    sentence-transformers files, "reranker" in a causal LM's name), generate, embed (pooled
+    vectors) or rerank (a cross-encoder's score, or a causal LM's yes/no logit as
+    Qwen3-Reranker's)."""
     max_encoder_tokens: int = 512
     """Image placeholders one step may send to the vision encoder (a step's first image always
     goes): bounds the time an image's encoding adds to the decodes sharing its step. 512 is two

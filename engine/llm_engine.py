@@ -78,7 +78,7 @@ class LLMEngine:
                 setup.draft,
             )
         self.is_encoder = self.model_config.encoder is not None
-        self.kind = model_kind(self.folder, self.is_encoder)
+        self.kind = model_kind(self.folder, self.is_encoder, self.config.task)
         self.runner.pooler = pooler_for(self.kind, self.runner.model, self.tokenizer)
         self._rng = random.Random(self.config.seed)
         self._requests: dict[str, Request] = {}

@@ -107,3 +107,19 @@ def test_a_prompt_prefilled_in_chunks_pools_its_last_token(embedder):
     assert got.metrics.num_prefill_chunks > 1
     want = reference_embeddings(folder, [llm.engine.encode(text)])[0]
     torch.testing.assert_close(torch.tensor(got.pooled), want, atol=1e-5, rtol=0)
+
+
+def test_task_names_a_reranker_its_folder_does_not(tmp_path, reranker, tiny_llama):
+    """A Qwen3-Reranker saved under another name reads as a text model; task="rerank" serves
+    it as the reranker it is, with the same scores."""
+    folder = make_tiny_reranker(tmp_path / "tiny-qwen3-scorer")
+    assert model_kind(folder).kind == "generate"
+    assert model_kind(folder, is_encoder=False, task="rerank").kind == "rerank"
+    assert model_kind(tiny_llama, is_encoder=False, task="embed").pooling == "lasttoken"
+    llm = LLM(str(folder), device="cpu", dtype="float32", task="rerank")
+    docs = ["paris is the capital of france", "bananas are yellow"]
+    assert llm.score("capital of france?", docs) == pytest.approx(
+        reranker[1].score("capital of france?", docs), abs=1e-6
+    )
+    with pytest.raises(ValueError, match="task must be one of"):
+        model_kind(folder, task="classify")

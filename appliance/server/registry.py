@@ -66,7 +66,7 @@ class ModelEntry:
         if not (folder / "config.json").is_file():
             return "generate"
         try:
-            return model_kind(folder).kind
+            return model_kind(folder, task=self.settings.task).kind
         except (OSError, ValueError):  # an unreadable config: the load will say why
             return "generate"
 

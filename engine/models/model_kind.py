@@ -1,7 +1,8 @@
 """What a model folder serves: "generate" (text), "embed" (vectors) or "rerank" (relevance
 scores), and how an embedding model pools its hidden states. Read from the folder alone:
 config.json's architectures, the sentence-transformers files (modules.json,
-1_Pooling/config.json) and, for Qwen3-Reranker (a causal LM by its config), its name."""
+1_Pooling/config.json) and, for Qwen3-Reranker (a causal LM by its config), its name; or
+what the engine's `task` setting says."""
 
 from __future__ import annotations
 
@@ -38,18 +39,32 @@ def _pooling_mode(folder: Path, default: str) -> str:
     return default
 
 
-def model_kind(folder: str | Path, is_encoder: bool = True) -> ModelKind:
-    """The kind of the model in `folder` (a Hugging Face folder with config.json). With
+def model_kind(folder: str | Path, is_encoder: bool = True, task: str = "auto") -> ModelKind:
+    """The kind of the model in `folder` (a Hugging Face folder with config.json), or `task`
+    where it names one (EngineConfig.task: a reranker whose name does not say so). With
     is_encoder=False (the engine runs it as a decoder), ValueError for an embedding model whose
     pooling needs more than the last token's hidden state: a decoder runs a prompt in chunks
     and keeps only the last chunk's states."""
     kind = _read_kind(Path(folder))
+    if task not in ("auto", kind.kind):
+        kind = _as_task(Path(folder), task, is_encoder)
     if kind.kind == "embed" and kind.pooling != "lasttoken" and not is_encoder:
         raise ValueError(
             f"{folder} is a decoder embedding model with {kind.pooling} pooling; the engine "
             "pools decoders by their last token (1_Pooling/config.json pooling_mode_lasttoken)"
         )
     return kind
+
+
+def _as_task(folder: Path, task: str, is_encoder: bool) -> ModelKind:
+    """The kind a model is told to serve (task: one of KINDS)."""
+    if task not in KINDS:
+        raise ValueError(f"task must be one of auto, {', '.join(KINDS)}; got {task!r}")
+    if task == "generate" and is_encoder:
+        raise ValueError(f"{folder} is an encoder: it cannot generate text (task generate)")
+    if task == "embed":
+        return ModelKind("embed", _pooling_mode(folder, "mean" if is_encoder else "lasttoken"))
+    return ModelKind(task)
 
 
 def _read_kind(folder: Path) -> ModelKind:

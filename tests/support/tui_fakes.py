@@ -33,6 +33,7 @@ CONFIG = {
     "long_prompt_tokens": None,
     "queue_aging_s": 30.0,
     "fair_share_window_s": 60.0,
+    "task": "auto",
     "max_encoder_tokens": 512,
 }
 GPU = {
