@@ -14,6 +14,7 @@ from tests.support.tiny_vision import (
     qwen_prompt,
     qwen_reference_inputs,
     random_ids,
+    tiny_qwen3_5_served,
     tiny_qwen3_5_vision,
 )
 
@@ -85,3 +86,30 @@ def test_preemption_with_images(qwen):
     outs = llm.generate(prompts, PARAMS, images=inputs)
     assert sum(o.metrics.num_preemptions for o in outs) > 0
     _check(hf, prompts, outs, images)
+
+
+def test_images_rendered_by_the_front_end_agree_with_transformers(tmp_path):
+    """The front end's rendering (engine/multimodal/processing.py: the Qwen2-VL image processor,
+    placeholders expanded around <|vision_start|>/<|vision_end|>) of two Pillow images of
+    different sizes, then the engine, against transformers on the same ids and pixels."""
+    from PIL import Image
+
+    from engine.multimodal.processing import ImageProcessor
+
+    hf = tiny_qwen3_5_served(tmp_path)
+    processor = ImageProcessor.load(tmp_path)
+    wide = Image.effect_mandelbrot((60, 36), (-2.0, -1.0, 1.0, 1.0), 40).convert("RGB")
+    tall = Image.linear_gradient("L").resize((24, 52)).convert("RGB")
+    content = [
+        {"type": "text", "text": "Compare"},
+        {"type": "image"},
+        {"type": "text", "text": "and"},
+        {"type": "image"},
+    ]
+    ids, images = processor.render([{"role": "user", "content": content}], images=[wide, tall])
+    assert len(images) == 2 and images[0].length != images[1].length
+    llm = LLM(str(tmp_path), device="cpu", max_model_len=512)
+    out = llm.generate([ids], PARAMS, images=[images])
+    data = [[image.data for image in images]]
+    reference = [qwen_reference_inputs(d, hf.config.image_token_id) for d in data]
+    assert_greedy_agrees(hf, [ids], out, ATOL, inputs=lambda i, seq: reference[i](seq))

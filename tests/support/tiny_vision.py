@@ -125,14 +125,20 @@ QWEN_IMAGE_TOKEN, QWEN_VISION_START, QWEN_VISION_END = 100, 102, 103
 QWEN_PATCH, QWEN_MERGE, QWEN_TEMPORAL = 4, 2, 2
 
 
-def tiny_qwen3_5_vision(folder: Path) -> torch.nn.Module:
+def tiny_qwen3_5_vision(
+    folder: Path,
+    ids: tuple[int, int, int, int] = (QWEN_IMAGE_TOKEN, 101, QWEN_VISION_START, QWEN_VISION_END),
+    vocab_size: int = 128,
+    patch_size: int = QWEN_PATCH,
+) -> torch.nn.Module:
     """A Qwen3_5ForConditionalGeneration (one Gated DeltaNet layer, one full-attention layer)
-    with a 2-block vision tower, saved in `folder`; returns transformers' model (fp32, eval)."""
+    with a 2-block vision tower, ids (image, video, vision start, vision end), saved in
+    `folder`; returns transformers' model (fp32, eval)."""
     from transformers import Qwen3_5Config, Qwen3_5ForConditionalGeneration
 
     config = Qwen3_5Config(
         text_config=dict(
-            vocab_size=128,
+            vocab_size=vocab_size,
             hidden_size=64,
             intermediate_size=96,
             num_hidden_layers=2,
@@ -145,23 +151,23 @@ def tiny_qwen3_5_vision(folder: Path) -> torch.nn.Module:
             linear_num_key_heads=2,
             linear_num_value_heads=4,
             max_position_embeddings=1024,
-            eos_token_id=127,
+            eos_token_id=vocab_size - 1,
         ),
         vision_config=dict(
             depth=2,
             hidden_size=32,
             intermediate_size=48,
             num_heads=2,
-            patch_size=QWEN_PATCH,
+            patch_size=patch_size,
             spatial_merge_size=QWEN_MERGE,
             temporal_patch_size=QWEN_TEMPORAL,
             out_hidden_size=64,
             num_position_embeddings=16,
         ),
-        image_token_id=QWEN_IMAGE_TOKEN,
-        video_token_id=101,
-        vision_start_token_id=QWEN_VISION_START,
-        vision_end_token_id=QWEN_VISION_END,
+        image_token_id=ids[0],
+        video_token_id=ids[1],
+        vision_start_token_id=ids[2],
+        vision_end_token_id=ids[3],
     )
     config.architectures = ["Qwen3_5ForConditionalGeneration"]
     torch.manual_seed(0)
@@ -197,11 +203,13 @@ def qwen_prompt(
     return ids, inputs
 
 
-def qwen_reference_inputs(images: list[dict[str, torch.Tensor]]):
+def qwen_reference_inputs(
+    images: list[dict[str, torch.Tensor]], image_token: int = QWEN_IMAGE_TOKEN
+):
     """transformers' extra inputs for a prompt with `images` (its M-RoPE needs the types)."""
 
     def inputs(ids: torch.Tensor) -> dict:
-        extra = {"mm_token_type_ids": (ids == QWEN_IMAGE_TOKEN).int()}
+        extra = {"mm_token_type_ids": (ids == image_token).int()}
         if images:
             extra["pixel_values"] = torch.cat([d["pixel_values"] for d in images]).to(ids.device)
             extra["image_grid_thw"] = torch.cat([d["image_grid_thw"] for d in images]).to(
@@ -346,3 +354,19 @@ def tiny_gemma3_served(folder: Path, pan_and_scan: bool = False) -> torch.nn.Mod
     names = (GEMMA3_IMAGE, GEMMA3_TOKENS["boi_token"], GEMMA3_TOKENS["eoi_token"])
     ids = tuple(tokenizer.convert_tokens_to_ids(n) for n in names)
     return tiny_gemma3_vision(folder, tokens=4, ids=ids, eos=tokenizer.eos_token_id)
+
+
+def tiny_qwen3_5_served(folder: Path) -> torch.nn.Module:
+    """tests/support/tiny_processors.py's Qwen2-VL image processor (8-pixel patches, images of
+    at most 64 x 64 pixels) and byte tokenizer, and a tiny random Qwen3.5 whose ids match the
+    tokenizer's: the folder the front end renders images for (no torchvision: it expands the
+    placeholders itself)."""
+    from transformers import AutoTokenizer
+
+    from tests.support.tiny_processors import qwen_vl_folder
+
+    qwen_vl_folder(folder)
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    names = ("<|image_pad|>", "<|video_pad|>", "<|vision_start|>", "<|vision_end|>")
+    ids = tuple(tokenizer.convert_tokens_to_ids(n) for n in names)
+    return tiny_qwen3_5_vision(folder, ids=ids, vocab_size=320, patch_size=8)
