@@ -236,7 +236,8 @@ class ModelRunner:
         if shed:
             keep = num_blocks - shed
             if keep * cfg.block_size < cfg.max_model_len:
-                fits = max(0, keep) * cfg.block_size // 256 * 256
+                tokens = max(0, keep) * cfg.block_size
+                fits = tokens // 256 * 256 or tokens  # a round figure where one fits
                 change = (
                     f"set max_model_len to {fits}"
                     if fits
