@@ -7,7 +7,6 @@ from __future__ import annotations
 
 from textual.widgets import DataTable
 
-from appliance.server.model_stats import ENGINE_SECTIONS
 from tests.support.tui_fakes import T0, make_doc
 from tests.support.tui_model_fakes import BROKEN, LLAMA, QWEN, SMOL, make_models_doc, never_used
 from tests.support.tui_screen import screen_text, wait_for
@@ -34,10 +33,6 @@ def table_ids(app: DashboardApp, table: str) -> list[str]:
 
 
 # --- the pure part ------------------------------------------------------------------------
-def test_the_dashboards_sections_are_the_servers():
-    assert models.MODEL_SECTIONS == ENGINE_SECTIONS
-
-
 def test_rows_and_the_default_model():
     doc = make_models_doc()
     rows = models.model_rows(doc)

@@ -24,8 +24,8 @@ MODEL_SECTIONS = (
     "requests",
     "traces",
 )
-"""The keys of one model's engine sections, as the server sends them under "by_model" (its
-ENGINE_SECTIONS; tests/test_tui_models.py checks that they agree)."""
+"""The keys of one model's engine sections, as the server sends them under "by_model" (the
+server's ENGINE_SECTIONS is this list: appliance/server/model_stats.py)."""
 COLUMNS = ("model", "status", "memory", "run", "served", "last used")
 STATUSES = ("loaded", "loading", "unloaded", "failed")
 NAME_WIDTH = 24

@@ -8,22 +8,9 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
 from appliance.server.records import RequestRecord
+from tui.models import MODEL_SECTIONS
 
-ENGINE_SECTIONS = (
-    "model",
-    "model_params",
-    "device",
-    "config",
-    "plan",
-    "engine",
-    "kv",
-    "queue",
-    "throughput",
-    "latency",
-    "requests_in_flight",
-    "requests",
-    "traces",
-)
+ENGINE_SECTIONS = MODEL_SECTIONS
 """The /v1/stats keys that describe one engine: at the top level the model used last, and under
 "by_model" each loaded model's (the dashboard swaps these when it shows another model)."""
 
