@@ -13,13 +13,13 @@ import torch
 
 from engine import LLM, SamplingParams
 from tests.support.greedy_reference import assert_greedy_agrees
+from tests.support.tiny_served import tiny_gemma3_served
 from tests.support.tiny_vision import (
     GEMMA3_TOKENS,
     gemma3_pixels,
     gemma3_prompt,
     gemma3_reference_inputs,
     random_ids,
-    tiny_gemma3_served,
     tiny_gemma3_vision,
 )
 

@@ -9,6 +9,7 @@ import pytest
 
 from engine import LLM, SamplingParams
 from tests.support.greedy_reference import assert_greedy_agrees
+from tests.support.tiny_served import tiny_gemma4_served
 from tests.support.tiny_vision import (
     gemma4_image,
     gemma4_prompt,
@@ -73,3 +74,25 @@ def test_preemption_with_images(gemma4):
     outs = llm.generate(prompts, PARAMS, images=inputs)
     assert sum(o.metrics.num_preemptions for o in outs) > 0
     _check(hf, prompts, outs, images)
+
+
+def test_images_rendered_by_the_front_end_agree_with_transformers(tmp_path):
+    """The front end's rendering (the Gemma 4 image processor; placeholders expanded between
+    the image's start and end tokens) of two Pillow images, then the engine, against
+    transformers on the same ids and pixels."""
+    from PIL import Image
+
+    from engine.multimodal.processing import ImageProcessor
+
+    hf = tiny_gemma4_served(tmp_path)
+    processor = ImageProcessor.load(tmp_path)
+    wide = Image.effect_mandelbrot((30, 14), (-2.0, -1.0, 1.0, 1.0), 40).convert("RGB")
+    tall = Image.linear_gradient("L").resize((10, 22)).convert("RGB")
+    content = [{"type": "image"}, {"type": "text", "text": "versus"}, {"type": "image"}]
+    ids, images = processor.render([{"role": "user", "content": content}], images=[wide, tall])
+    assert len(images) == 2
+    llm = LLM(str(tmp_path), device="cpu", max_model_len=512)
+    out = llm.generate([ids], PARAMS, images=[images])
+    token = hf.config.image_token_id
+    reference = gemma4_reference_inputs([image.data for image in images], token)
+    assert_greedy_agrees(hf, [ids], out, 1e-4, inputs=lambda i, seq: reference(seq))

@@ -9,12 +9,12 @@ import pytest
 
 from engine import LLM, SamplingParams
 from tests.support.greedy_reference import assert_greedy_agrees
+from tests.support.tiny_served import tiny_qwen3_5_served
 from tests.support.tiny_vision import (
     qwen_image,
     qwen_prompt,
     qwen_reference_inputs,
     random_ids,
-    tiny_qwen3_5_served,
     tiny_qwen3_5_vision,
 )
 

@@ -12,7 +12,7 @@ import pytest
 from PIL import Image
 
 from tests.support.serve_process import start_server
-from tests.support.tiny_vision import tiny_gemma3_served
+from tests.support.tiny_served import tiny_gemma3_served
 
 openai = pytest.importorskip("openai")
 anthropic = pytest.importorskip("anthropic")

@@ -12,7 +12,7 @@ from PIL import Image
 
 from tests.support.browser import chromium
 from tests.support.serve_process import start_server
-from tests.support.tiny_vision import tiny_gemma3_served
+from tests.support.tiny_served import tiny_gemma3_served
 
 pytestmark = pytest.mark.browser
 

@@ -1,5 +1,5 @@
 """An image question through the official openai client against `appliance serve` on a tiny
-random Gemma 3 with its processor (tests/support/tiny_vision.py): the answer, its usage, and the
+random Gemma 3 with its processor (tests/support/tiny_served.py): the answer, its usage, and the
 next turn with the same image hitting the prefix cache.
 
     .venv/bin/python results/2026-12-06-cpu-vision/transcript.py
@@ -18,7 +18,7 @@ from openai import OpenAI  # noqa: E402
 from PIL import Image  # noqa: E402
 
 from appliance.serve_process import launch_serve  # noqa: E402
-from tests.support.tiny_vision import tiny_gemma3_served  # noqa: E402
+from tests.support.tiny_served import tiny_gemma3_served  # noqa: E402
 
 
 def png() -> str:

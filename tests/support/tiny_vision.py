@@ -224,7 +224,13 @@ GEMMA4_IMAGE_TOKEN, GEMMA4_BOI, GEMMA4_EOI, GEMMA4_PAD = 300, 301, 302, 258
 GEMMA4_PATCH = 4
 
 
-def tiny_gemma4_vision(folder: Path) -> torch.nn.Module:
+def tiny_gemma4_vision(
+    folder: Path,
+    ids: tuple[int, int, int] = (GEMMA4_IMAGE_TOKEN, GEMMA4_BOI, GEMMA4_EOI),
+    patch_size: int = GEMMA4_PATCH,
+    pooling: int = 2,
+    tokenizer: bool = True,
+) -> torch.nn.Module:
     """A Gemma4ForConditionalGeneration (sliding and full layers, per-layer inputs, images
     attended both ways on the sliding layers) with a 2-layer vision tower and no audio tower,
     saved in `folder`; returns transformers' model (fp32, eval)."""
@@ -264,13 +270,13 @@ def tiny_gemma4_vision(folder: Path) -> torch.nn.Module:
         num_attention_heads=4,
         num_key_value_heads=2,
         head_dim=8,
-        patch_size=GEMMA4_PATCH,
-        pooling_kernel_size=2,
+        patch_size=patch_size,
+        pooling_kernel_size=pooling,
         position_embedding_size=64,
     )
     config = Gemma4Config(
         text_config=text, vision_config=vision, audio_config=None,
-        image_token_id=GEMMA4_IMAGE_TOKEN, boi_token_id=GEMMA4_BOI, eoi_token_id=GEMMA4_EOI,
+        image_token_id=ids[0], boi_token_id=ids[1], eoi_token_id=ids[2],
         video_token_id=303, boa_token_id=304, eoa_token_index=305, audio_token_id=306,
     )  # fmt: skip
     config.architectures = ["Gemma4ForConditionalGeneration"]
@@ -278,7 +284,8 @@ def tiny_gemma4_vision(folder: Path) -> torch.nn.Module:
     model = Gemma4ForConditionalGeneration(config).eval()
     _randomise_vision(model, ("vision_tower", "embed_vision"))
     model.save_pretrained(folder)
-    byte_tokenizer().save_pretrained(folder)
+    if tokenizer:
+        byte_tokenizer().save_pretrained(folder)
     return model
 
 
@@ -308,12 +315,14 @@ def gemma4_prompt(
     return ids, inputs
 
 
-def gemma4_reference_inputs(images: list[dict[str, torch.Tensor]]):
+def gemma4_reference_inputs(
+    images: list[dict[str, torch.Tensor]], image_token: int = GEMMA4_IMAGE_TOKEN
+):
     """transformers' extra inputs for a prompt with `images`: their patches padded to one
     count (as the processor pads a batch), and the token types of its both-ways attention."""
 
     def inputs(ids: torch.Tensor) -> dict:
-        extra = {"mm_token_type_ids": (ids == GEMMA4_IMAGE_TOKEN).int()}
+        extra = {"mm_token_type_ids": (ids == image_token).int()}
         if images:
             most = max(d["pixel_values"].shape[1] for d in images)
             pixels, where = [], []
@@ -326,47 +335,3 @@ def gemma4_reference_inputs(images: list[dict[str, torch.Tensor]]):
         return extra
 
     return inputs
-
-
-def tiny_gemma3_served(folder: Path, pan_and_scan: bool = False) -> torch.nn.Module:
-    """A folder `appliance serve` takes with images: tests/support/tiny_processors.py's Gemma 3
-    processor (byte tokenizer, a chat template, 32 x 32 images of 4 placeholders; with
-    pan_and_scan its preprocessor config cuts wide images into crops of at least 8 pixels) and
-    a tiny random Gemma3ForConditionalGeneration whose ids match its tokenizer's."""
-    import json
-
-    from transformers import AutoTokenizer
-
-    from tests.support.tiny_processors import GEMMA3_IMAGE, GEMMA3_TOKENS, gemma3_folder
-
-    gemma3_folder(folder, size=GEMMA3_IMAGE_SIZE)
-    if pan_and_scan:
-        path = folder / "processor_config.json"
-        saved = json.loads(path.read_text())
-        saved["image_processor"].update(
-            do_pan_and_scan=True,
-            pan_and_scan_min_crop_size=8,
-            pan_and_scan_max_num_crops=4,
-            pan_and_scan_min_ratio_to_activate=1.2,
-        )
-        path.write_text(json.dumps(saved))
-    tokenizer = AutoTokenizer.from_pretrained(folder)
-    names = (GEMMA3_IMAGE, GEMMA3_TOKENS["boi_token"], GEMMA3_TOKENS["eoi_token"])
-    ids = tuple(tokenizer.convert_tokens_to_ids(n) for n in names)
-    return tiny_gemma3_vision(folder, tokens=4, ids=ids, eos=tokenizer.eos_token_id)
-
-
-def tiny_qwen3_5_served(folder: Path) -> torch.nn.Module:
-    """tests/support/tiny_processors.py's Qwen2-VL image processor (8-pixel patches, images of
-    at most 64 x 64 pixels) and byte tokenizer, and a tiny random Qwen3.5 whose ids match the
-    tokenizer's: the folder the front end renders images for (no torchvision: it expands the
-    placeholders itself)."""
-    from transformers import AutoTokenizer
-
-    from tests.support.tiny_processors import qwen_vl_folder
-
-    qwen_vl_folder(folder)
-    tokenizer = AutoTokenizer.from_pretrained(folder)
-    names = ("<|image_pad|>", "<|video_pad|>", "<|vision_start|>", "<|vision_end|>")
-    ids = tuple(tokenizer.convert_tokens_to_ids(n) for n in names)
-    return tiny_qwen3_5_vision(folder, ids=ids, vocab_size=320, patch_size=8)
