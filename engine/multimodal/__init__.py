@@ -116,7 +116,7 @@ def check_images(
                 f"max_num_batched_tokens={max_image_tokens}: raise max_num_batched_tokens"
             )
         previous_end = image.end
-    placeholders = sum(1 for t in token_ids if t == image_token_id)
+    placeholders = token_ids.count(image_token_id)
     if placeholders != sum(image.length for image in images):
         raise ValueError(
             f"the prompt holds {placeholders} image placeholder tokens (id {image_token_id}) "

@@ -47,12 +47,15 @@ def prepare_inputs(
     block_size: int,
     device: torch.device,
     pending_rows: dict[int, int] | None = None,
+    multimodal_positions: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata, torch.Tensor, PendingFill | None]:
     """(input_ids [T], positions [T], metadata, logits_rows [num_logits], fill): logits_rows
     is the hidden-state row of each request that samples this step (the rows of all 1 + d
     query tokens of a decode with d drafted tokens, engine/spec/step.py). A decode whose input
     token is still on the device (a PLACEHOLDER) takes it from the previous step's sampled
-    tokens: `pending_rows` maps id(request) -> its row there, and `fill` says where it goes."""
+    tokens: `pending_rows` maps id(request) -> its row there, and `fill` says where it goes.
+    multimodal_positions: the model may take 3-D positions (Qwen3.5 with images,
+    Request.mrope); positions is then [3, T] where a prompt row with images is in the batch."""
     input_ids: list[int] = []
     positions: list[int] = []
     slots: list[int] = []
@@ -82,7 +85,7 @@ def prepare_inputs(
             )
         query_start_loc.append(query_start_loc[-1] + num_new)
         seq_lens.append(end)
-    if any(r.mrope is not None for r in batch.requests):
+    if multimodal_positions:
         positions = _multimodal_positions(batch, positions)
     logits_indices = [  # a decode with d drafts: its last d + 1 rows
         row

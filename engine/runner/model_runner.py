@@ -86,6 +86,8 @@ class ModelRunner:
             None if vision is None else VisionStep(vision, device, both_ways(self.model))
         )
         """Images: the encoder's rows and cache (None for a text-only model)."""
+        self.multimodal_positions = vision is not None and hasattr(self.model, "rope_positions")
+        """Its requests with images take 3-D positions (Request.mrope: Qwen3.5)."""
         self.block_size = config.block_size
         self.kv_pool = KVPool.empty()
         self.state_pool = StatePool.empty()
@@ -266,7 +268,10 @@ class ModelRunner:
     def prepare(self, batch: ScheduledBatch, pending_rows: dict[int, int] | None) -> Prepared:
         """The host half of `forward`: the batch's inputs, uploaded. pending_rows: id(request)
         -> its row in the step whose tokens the decodes will read (launched before `launch`)."""
-        return Prepared(batch, *prepare_inputs(batch, self.block_size, self.device, pending_rows))
+        inputs = prepare_inputs(
+            batch, self.block_size, self.device, pending_rows, self.multimodal_positions
+        )
+        return Prepared(batch, *inputs)
 
     @torch.inference_mode()
     def launch(self, prep: Prepared, prev: PendingStep | None) -> Forward:

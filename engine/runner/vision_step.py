@@ -42,6 +42,8 @@ class VisionStep:
         pieces: list[tuple[ImageInput, int, int]] = []
         spans: list[ImageSpan] = []
         for i, (req, num_new) in enumerate(zip(batch.requests, batch.num_new_tokens)):
+            if not req.has_images_ahead:
+                continue
             start = req.num_computed_tokens
             end = start + num_new
             for image in req.images:

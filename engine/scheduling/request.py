@@ -201,6 +201,12 @@ class Request:
         return len(self.prompt_token_ids)
 
     @property
+    def has_images_ahead(self) -> bool:
+        """Some image's placeholders are not computed yet (the scheduler and the runner look at
+        its images only then: a decode past the prompt costs nothing more)."""
+        return bool(self.images) and self.images[-1].end > self.num_computed_tokens
+
+    @property
     def is_pooling(self) -> bool:
         """An embedding or scoring request (SamplingParams.pooling): it samples nothing."""
         return self.params.pooling is not None

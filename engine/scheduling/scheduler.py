@@ -177,7 +177,7 @@ class Scheduler:
             num_new, is_long = min(num_new, long_left), True
         if self.whole_prompts and num_new < num_left:
             return 0, False  # waits for a step with room for all of it
-        if req.images and num_new:
+        if num_new and req.has_images_ahead:
             room = budget + max(0, self.config.max_num_batched_tokens - step_budget)
             num_new = self._fit_images(req, num_new, room)
         return num_new, is_long
@@ -236,7 +236,7 @@ class Scheduler:
                 continue
             # a cached prefix may leave fewer tokens to compute, and start inside an image
             num_new = min(req.num_tokens - req.num_computed_tokens, num_new)
-            if req.images:
+            if req.has_images_ahead:
                 room = budget + max(0, self.config.max_num_batched_tokens - step_budget)
                 num_new = self._fit_images(req, num_new, room)
             if is_aged:
@@ -305,7 +305,7 @@ class Scheduler:
     def _add_to_batch(self, batch: ScheduledBatch, req: Request, num_new: int) -> None:
         self.policy.charge(req, num_new)
         start = req.num_computed_tokens
-        for image in req.images:
+        for image in req.images if req.has_images_ahead else ():
             if image.overlaps(start, start + num_new) and image.hash not in req.images_encoded:
                 req.images_encoded.add(image.hash)
                 self.encoder_left -= image.length

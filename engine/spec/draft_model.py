@@ -136,8 +136,6 @@ class _View:
     num_pending: int = 0
     state_slot: None = None
     is_pooling: bool = False
-    mrope: None = None  # text positions: drafting does not take images
-    images: tuple = ()
 
     @property
     def num_tokens(self) -> int:
