@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 
 import msgpack
 
-from engine.multimodal import ImageInput
+from engine.multimodal import ImageInput, tensor_bytes
 from engine.sampling_params import SamplingParams
 from engine.scheduling.request import Logprob, RequestMetrics, RequestOutput, TraceEvent
 
@@ -57,18 +57,13 @@ def params_from_wire(data: dict) -> SamplingParams:
 
 def images_to_wire(images: list[ImageInput]) -> list:
     """Each image as [offset, length, hash, {name: [dtype, shape, row-major bytes]}]."""
-    import torch  # imported only where images cross (the front end runs without it)
-
-    def raw(t: torch.Tensor) -> bytes:
-        return t.detach().cpu().contiguous().view(-1).view(torch.uint8).numpy().tobytes()
-
     return [
         [
             image.offset,
             image.length,
             image.hash,
             {
-                name: [str(t.dtype).removeprefix("torch."), list(t.shape), raw(t)]
+                name: [str(t.dtype).removeprefix("torch."), list(t.shape), tensor_bytes(t)]
                 for name, t in image.data.items()
             },
         ]

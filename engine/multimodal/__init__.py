@@ -52,15 +52,22 @@ class ImageInput:
         return self.offset < end and start < self.end
 
 
-def hash_tensors(data: dict[str, torch.Tensor]) -> bytes:
-    """BLAKE2b-128 over the names, dtypes, shapes and bytes of `data`, in name order."""
+def tensor_bytes(t: torch.Tensor) -> bytes:
+    """A tensor's bytes in its dtype, row-major, from the CPU (what the hash and the core's
+    wire carry)."""
     import torch
 
+    t = t.detach().cpu().contiguous()
+    return t.view(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b""
+
+
+def hash_tensors(data: dict[str, torch.Tensor]) -> bytes:
+    """BLAKE2b-128 over the names, dtypes, shapes and bytes of `data`, in name order."""
     digest = hashlib.blake2b(digest_size=16)
     for name in sorted(data):
-        t = data[name].detach().cpu().contiguous()
+        t = data[name]
         digest.update(f"{name}|{t.dtype}|{tuple(t.shape)}|".encode())
-        digest.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+        digest.update(tensor_bytes(t))
     return digest.digest()
 
 

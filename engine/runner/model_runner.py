@@ -306,8 +306,7 @@ class ModelRunner:
     def rope_positions(self, token_ids: list[int], images: list) -> tuple | None:
         """A prompt's multimodal RoPE positions and delta (Request.mrope), for a model that
         has them (Qwen3.5 with images); None for the others."""
-        method = getattr(self.model, "rope_positions", None)
-        return None if method is None else method(token_ids, images)
+        return self.model.rope_positions(token_ids, images) if self.multimodal_positions else None
 
     def release(self, req) -> None:
         """A request left the engine: drop its hold on cached encoder rows."""
