@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from engine.llm_engine import LLMEngine
-from engine.multimodal import ImageInput, check_images
+from engine.multimodal import ImageInput
 from engine.sampling_params import SamplingParams
 from engine.scheduling.request import RequestOutput
 from engine.text.rerank_prompt import rerank_token_ids
@@ -64,10 +64,9 @@ class LLM:
         if len(images) != len(prompts):
             raise ValueError(f"got {len(prompts)} prompts but {len(images)} image lists")
         for token_ids, p, pictures in zip(encoded, params, images):
-            self.engine.validate(token_ids, p)  # all or nothing: raise before queueing any
+            # all or nothing: raise before queueing any
+            self.engine.validate(token_ids, p, pictures)
             self.engine.check_structured(p)
-            if pictures or self.engine.image_limits[0] is not None:
-                check_images(token_ids, pictures or [], *self.engine.image_limits)
         ids = [f"offline-{next(self._ids)}" for _ in prompts]
         for request_id, token_ids, p, pictures in zip(ids, encoded, params, images):
             self.engine.add_request(request_id, token_ids, p, images=pictures)

@@ -207,11 +207,9 @@ class LLMEngine:
         if request_id in self._requests:
             raise ValueError(f"request id {request_id!r} is already in use")
         token_ids = self.encode(prompt) if isinstance(prompt, str) else list(prompt)
-        self.validate(token_ids, params)
+        self.validate(token_ids, params, images)
         seed = params.seed if params.seed is not None else self._rng.getrandbits(63)
         req = Request(request_id, token_ids, params, seed, self.eos_token_ids, arrival_time, images)
-        if images or self.image_limits[0] is not None:
-            check_images(token_ids, req.images, *self.image_limits)
         if images:
             req.mrope = self.runner.rope_positions(token_ids, req.images)
         self._requests[request_id] = req
@@ -236,9 +234,15 @@ class LLMEngine:
             )
         return self.grammars
 
-    def validate(self, token_ids: list[int], params: SamplingParams) -> None:
-        """ValueError, saying what to change, for a request this engine cannot take."""
+    def validate(
+        self, token_ids: list[int], params: SamplingParams, images: list[ImageInput] | None = None
+    ) -> None:
+        """ValueError, saying what to change, for a request this engine cannot take (its
+        images included: engine.multimodal.check_images, for any request to a model that
+        reads images)."""
         check_prompt(token_ids, params, self.model_config.vocab_size, self.config.max_model_len)
+        if images or self.image_limits[0] is not None:
+            check_images(token_ids, images or [], *self.image_limits)
         if self.is_encoder:
             if params.pooling is None:
                 raise ValueError("this encoder model generates no text: send it pooling requests")
